@@ -1,0 +1,25 @@
+"""Algorithm math: advantages, policy losses, KL estimators. Pure tensor functions."""
+
+from dagrl.algos.advantages import compute_grpo_advantages
+from dagrl.algos.losses import (
+    KLEstimator,
+    LossAggMode,
+    agg_loss,
+    compute_policy_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    masked_mean,
+)
+
+__all__ = [
+    "KLEstimator",
+    "LossAggMode",
+    "agg_loss",
+    "compute_grpo_advantages",
+    "compute_policy_loss",
+    "entropy_from_logits",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+]

@@ -1,0 +1,30 @@
+"""Backend registry: a role's backend is chosen by config (strategy / rollout name)."""
+
+from __future__ import annotations
+
+from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN
+from dagrl.config.schema import DagrlConfig, RolloutName, TrainStrategy
+from dagrl.errors import ConfigError
+
+
+def build_backend(cfg: DagrlConfig, role: str, ctx):
+    arr = cfg.actor_rollout_ref
+    if role in (ROLE_TRAIN, ROLE_REF):
+        if arr.actor.strategy != TrainStrategy.torch:
+            raise ConfigError(
+                "actor_rollout_ref.actor.strategy", arr.actor.strategy.value,
+                "this build has only the 'torch' training backend; use actor_rollout_ref.actor.strategy=torch",
+            )
+        from dagrl.backends.torch.train import TorchTrainBackend
+
+        return TorchTrainBackend(cfg, ctx, forward_only=(role == ROLE_REF))
+    if role == ROLE_ROLLOUT:
+        if arr.rollout.name != RolloutName.hf:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.name", arr.rollout.name.value,
+                "this build has only the 'hf' rollout backend; use actor_rollout_ref.rollout.name=hf",
+            )
+        from dagrl.backends.hf.rollout import HFRolloutBackend
+
+        return HFRolloutBackend(cfg, ctx)
+    raise ConfigError("placement.colocate_groups", role, "unknown role; roles are train, rollout, ref")

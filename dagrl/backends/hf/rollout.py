@@ -1,0 +1,130 @@
+"""Rollout on HF transformers: batched sampling with a KV cache.
+
+Temperature, top-p, top-k; stops at EOS or max_response_length; returns the log-prob of each
+sampled token under the temperature-scaled distribution (what the trainer recomputes).
+Sampling is seeded per (step seed, DP rank), so a resumed run samples what the original would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+
+from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
+from dagrl.core.batch import Batch
+
+
+class HFRolloutBackend:
+    def __init__(self, cfg, ctx):
+        self.cfg, self.ctx = cfg, ctx
+        arr = cfg.actor_rollout_ref
+        path = resolve_model_path(arr.model.path)
+        self.model = load_causal_lm(path, arr.model.dtype, ctx.device, arr.model.trust_remote_code).eval()
+        self.model.requires_grad_(False)
+        tok = load_tokenizer(path, arr.model.trust_remote_code)
+        self.eos_ids = _eos_ids(tok, self.model)
+        self.pad_id = tok.pad_token_id
+        self.params = dict(self.model.named_parameters())
+        self.params.update(dict(self.model.named_buffers()))
+
+    def dp_info(self) -> tuple[int, int, bool]:
+        return self.ctx.rank, self.ctx.world_size, True
+
+    def offload(self) -> None:
+        self.model.to("cpu")
+
+    def onload(self) -> None:
+        self.model.to(self.ctx.device)
+
+    def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+        nbytes = 0
+        with torch.no_grad():
+            for bucket in buckets:
+                for name, tensor in bucket.items():
+                    target = self.params.get(name)
+                    if target is None:  # e.g. lm_head.weight when tied: already shares embed_tokens
+                        continue
+                    target.copy_(tensor, non_blocking=True)
+                    nbytes += tensor.numel() * tensor.element_size()
+        return nbytes
+
+    @torch.no_grad()
+    def generate(self, batch: Batch, seed: int, validate: bool = False) -> tuple[Batch, dict]:
+        r = self.cfg.actor_rollout_ref.rollout
+        s = r.val_kwargs if validate else r
+        greedy = (validate and not r.val_kwargs.do_sample) or s.temperature <= 0
+        gen = torch.Generator(device=self.ctx.device).manual_seed(seed * 1000003 + self.ctx.rank)
+        start = time.perf_counter()
+        outs = [
+            self._generate(mb, gen, s.temperature, s.top_p, s.top_k, greedy)
+            for mb in batch.chunks(r.micro_batch_size_per_gpu)
+        ]
+        responses = _pad_right([o[0] for o in outs], self.pad_id)
+        mask = _pad_right([o[1] for o in outs], 0)
+        logprobs = _pad_right([o[2] for o in outs], 0.0)
+        seconds = time.perf_counter() - start
+        tokens = int(mask.sum())
+        metrics = {"rollout/tokens_per_s": tokens / max(seconds, 1e-9)}
+        return Batch({"responses": responses, "response_mask": mask, "rollout_logprobs": logprobs}), metrics
+
+    def _generate(self, mb: Batch, gen, temperature: float, top_p: float, top_k: int, greedy: bool):
+        dev = self.ctx.device
+        max_new = self.cfg.data.max_response_length
+        ids, attn = mb["prompts"].to(dev), mb["prompt_mask"].to(dev)
+        pos = (attn.cumsum(1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1].float()
+        next_pos = pos[:, -1:] + 1
+        alive = torch.ones(ids.shape[0], dtype=torch.bool, device=dev)
+        tokens, masks, logps = [], [], []
+        eos = torch.tensor(self.eos_ids, device=dev)
+        for _ in range(max_new):
+            token, logp = _sample(logits, gen, temperature, top_p, top_k, greedy)
+            token = torch.where(alive, token, torch.full_like(token, self.pad_id))
+            tokens.append(token)
+            masks.append(alive.long())
+            logps.append(torch.where(alive, logp, torch.zeros_like(logp)))
+            alive = alive & ~torch.isin(token, eos)
+            if not alive.any():
+                break
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = self.model(
+                input_ids=token[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=past, use_cache=True
+            )
+            past, logits, next_pos = out.past_key_values, out.logits[:, -1].float(), next_pos + 1
+        return torch.stack(tokens, 1).cpu(), torch.stack(masks, 1).cpu(), torch.stack(logps, 1).cpu()
+
+
+def _sample(logits: torch.Tensor, gen, temperature: float, top_p: float, top_k: int, greedy: bool):
+    """Next token [B] and its log-prob under softmax(logits / temperature) [B]."""
+    t = temperature if temperature > 0 else 1.0
+    logprobs = torch.log_softmax(logits / t, dim=-1)
+    if greedy:
+        token = logits.argmax(-1)
+        return token, logprobs.gather(-1, token[:, None])[:, 0]
+    filtered = logits / t
+    if top_k > 0:
+        kth = torch.topk(filtered, min(top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(filtered, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_logits, -1) > top_p  # keep the token that crosses top_p
+        filtered = filtered.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
+    token = torch.multinomial(torch.softmax(filtered, -1), 1, generator=gen)[:, 0]
+    return token, logprobs.gather(-1, token[:, None])[:, 0]
+
+
+def _eos_ids(tok, model) -> list[int]:
+    ids = {tok.eos_token_id}
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def _pad_right(parts: list[torch.Tensor], value) -> torch.Tensor:
+    width = max(p.shape[1] for p in parts)
+    padded = [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=value) for p in parts]
+    return torch.cat(padded)

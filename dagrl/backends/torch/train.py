@@ -1,0 +1,221 @@
+"""Training backend on plain PyTorch + HF transformers: AdamW, grad clipping, micro-batch
+accumulation, DDP over gloo (CPU) or NCCL (GPU) when the pool has several workers.
+
+Used for the actor (train role) and, with forward_only=True, for the reference model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from dagrl.algos import (
+    KLEstimator,
+    LossAggMode,
+    agg_loss,
+    compute_policy_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+)
+from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
+from dagrl.core.batch import Batch, sequence_inputs
+
+
+class TorchTrainBackend:
+    def __init__(self, cfg, ctx, forward_only: bool = False):
+        self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
+        arr = cfg.actor_rollout_ref
+        self.path = resolve_model_path(arr.model.path)
+        torch.manual_seed(cfg.trainer.seed)
+        self.model = load_causal_lm(self.path, arr.model.dtype, ctx.device, arr.model.trust_remote_code)
+        self.temperature = arr.rollout.temperature
+        self.optimizer = None
+        self.ddp = None
+        if forward_only:
+            self.model.eval().requires_grad_(False)
+            self.micro = arr.ref.log_prob_micro_batch_size_per_gpu
+            return
+        self.micro = arr.rollout.log_prob_micro_batch_size_per_gpu
+        if arr.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        o = arr.actor.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        )
+        warmup = max(1, o.lr_warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        if ctx.distributed:
+            ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+            self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+
+    # ---- placement -----------------------------------------------------------------------------
+    def dp_info(self) -> tuple[int, int, bool]:
+        return self.ctx.rank, self.ctx.world_size, True
+
+    def offload(self) -> None:
+        self._move(torch.device("cpu"))
+
+    def onload(self) -> None:
+        self._move(self.ctx.device)
+
+    def _move(self, device: torch.device) -> None:
+        self.model.to(device)
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for k, v in state.items():
+                    if isinstance(v, torch.Tensor) and k != "step":
+                        state[k] = v.to(device)
+
+    # ---- forward -------------------------------------------------------------------------------
+    def _logits_logprobs(self, module, mb: Batch, with_entropy: bool):
+        dev = self.ctx.device
+        ids, attn, pos = sequence_inputs(
+            mb["prompts"].to(dev), mb["prompt_mask"].to(dev), mb["responses"].to(dev), mb["response_mask"].to(dev)
+        )
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+        resp_len = mb["responses"].shape[1]
+        # logits at t predict token t+1: the response tokens are predicted by positions P-1 .. P+R-2
+        logits = logits[:, -resp_len - 1 : -1].float() / self.temperature
+        logprobs = logprobs_from_logits(logits, ids[:, -resp_len:])
+        entropy = None
+        if with_entropy:  # a metric unless entropy_coeff != 0: then no graph is kept for it
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self.cfg.actor_rollout_ref.actor.entropy_coeff != 0):
+                entropy = entropy_from_logits(logits)
+        return logprobs, entropy
+
+    @torch.no_grad()
+    def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
+        self.model.eval()
+        out = [self._logits_logprobs(self.model, mb, False)[0].cpu() for mb in batch.chunks(self.micro)]
+        return Batch({output_key: torch.cat(out)}), {}
+
+    # ---- update --------------------------------------------------------------------------------
+    def train_step(self, batch: Batch) -> tuple[Batch, dict]:
+        assert not self.forward_only, "the reference model is not trained"
+        actor = self.cfg.actor_rollout_ref.actor
+        n = self.cfg.actor_rollout_ref.rollout.n
+        mini_rows = actor.ppo_mini_batch_size * n // self.ctx.world_size
+        module = self.ddp or self.model
+        module.train()
+        history: dict[str, list[float]] = {}
+        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + self.scheduler.last_epoch)
+        for _ in range(actor.ppo_epochs):
+            order = torch.randperm(len(batch), generator=gen) if actor.shuffle else torch.arange(len(batch))
+            for mini in batch.index(order).chunks(mini_rows):
+                for k, v in self._update_mini_batch(module, mini).items():
+                    history.setdefault(k, []).append(v)
+        self.scheduler.step()
+        metrics = {k: float(np.mean(v)) for k, v in history.items()}
+        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
+        return Batch(), metrics
+
+    def _update_mini_batch(self, module, mini: Batch) -> dict[str, float]:
+        actor = self.cfg.actor_rollout_ref.actor
+        mode = LossAggMode(actor.loss_agg_mode)
+        self.optimizer.zero_grad(set_to_none=True)
+        micro_batches = mini.chunks(actor.ppo_micro_batch_size_per_gpu)
+        total_tokens = float(mini["response_mask"].sum().clamp(min=1))
+        sums: dict[str, float] = {}
+        for i, mb in enumerate(micro_batches):
+            # weight makes the accumulated gradient equal to that of the whole mini-batch's loss
+            weight = (
+                float(mb["response_mask"].sum()) / total_tokens if mode == LossAggMode.TOKEN_MEAN else len(mb) / len(mini)
+            )
+            sync = i == len(micro_batches) - 1 or self.ddp is None
+            ctx = module.no_sync() if not sync else contextlib.nullcontext()
+            with ctx:
+                loss, metrics = self._micro_loss(module, mb, mode)
+                (loss * weight).backward()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * weight
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), actor.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        sums["actor/grad_norm"] = float(grad_norm)
+        return sums
+
+    def _micro_loss(self, module, mb: Batch, mode: LossAggMode) -> tuple[torch.Tensor, dict[str, float]]:
+        actor = self.cfg.actor_rollout_ref.actor
+        dev = self.ctx.device
+        mask = mb["response_mask"].to(dev).float()
+        logprobs, entropy = self._logits_logprobs(module, mb, True)
+        pg_loss, metrics = compute_policy_loss(
+            mb["old_logprobs"].to(dev),
+            logprobs,
+            mb["advantages"].to(dev),
+            mask,
+            clip_ratio_low=actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio,
+            clip_ratio_high=actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio,
+            loss_agg_mode=mode,
+            clip_ratio_c=actor.clip_ratio_c,
+        )
+        entropy_loss = agg_loss(entropy, mask, mode)
+        loss = pg_loss - actor.entropy_coeff * entropy_loss
+        metrics = dict(metrics, **{"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()})
+        if actor.use_kl_loss:
+            kl = kl_penalty(logprobs, mb["ref_logprobs"].to(dev), KLEstimator.parse(actor.kl_loss_type))
+            kl_loss = agg_loss(kl, mask, mode)
+            loss = loss + actor.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss.item()
+        return loss, metrics
+
+    # ---- weights and checkpoints ---------------------------------------------------------------
+    def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+        limit = self.cfg.actor_rollout_ref.rollout.weight_sync_bucket_mb * 2**20
+        bucket, size = {}, 0
+        for name, tensor in self.model.state_dict().items():
+            t = tensor.detach().cpu() if to_cpu else tensor.detach()
+            if bucket and size + t.numel() * t.element_size() > limit:
+                yield bucket
+                bucket, size = {}, 0
+            bucket[name] = t
+            size += t.numel() * t.element_size()
+        if bucket:
+            yield bucket
+
+    def save(self, path: str) -> None:
+        """Rank 0 writes the HF model; every rank its optimizer and RNG state."""
+        os.makedirs(path, exist_ok=True)
+        if self.ctx.rank == 0:
+            self.export_hf(path)
+        state = {"rng": _rng_state()}
+        if self.optimizer is not None:
+            state.update(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict())
+        torch.save(state, os.path.join(path, f"train_state_rank{self.ctx.rank}.pt"))
+
+    def load(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+        state = {}
+        for f in files:
+            state.update(load_file(os.path.join(path, f)))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        assert not unexpected and set(missing) <= tied, f"checkpoint {path} mismatch: {missing} {unexpected}"
+        extra = torch.load(os.path.join(path, f"train_state_rank{self.ctx.rank}.pt"), weights_only=False)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(extra["optimizer"])
+            self.scheduler.load_state_dict(extra["scheduler"])
+        _set_rng_state(extra["rng"])
+
+    def export_hf(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.model.save_pretrained(path, safe_serialization=True)
+        load_tokenizer(self.path).save_pretrained(path)
+
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])

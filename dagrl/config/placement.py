@@ -1,0 +1,154 @@
+"""Placement planning: roles → colocate groups → device slots on the declared cluster.
+
+The plan is made against `trainer.nnodes × trainer.n_gpus_per_node`, not against what this
+machine has, so an 8-GPU job can be dry-run on a laptop. Slots are numbered node-major
+(slot s lives on node s // n_gpus_per_node); groups take consecutive slots in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dagrl.config.schema import DagrlConfig, TrainStrategy
+from dagrl.errors import PlacementError
+
+ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER = "train", "rollout", "ref", "teacher"
+
+
+@dataclass
+class RoleLayout:
+    role: str
+    group: int
+    workers: int
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+
+
+@dataclass
+class GroupPlan:
+    roles: list[str]
+    slots: list[int]  # global slot indices
+
+    def nodes(self, n_gpus_per_node: int) -> dict[int, list[int]]:
+        """node index -> local device indices."""
+        out: dict[int, list[int]] = {}
+        for s in self.slots:
+            out.setdefault(s // n_gpus_per_node, []).append(s % n_gpus_per_node)
+        return out
+
+
+@dataclass
+class Plan:
+    nnodes: int
+    n_gpus_per_node: int
+    device: str  # "cpu" or "cuda"
+    groups: list[GroupPlan]
+    roles: dict[str, RoleLayout]
+    memory_gib: dict[str, float] = field(default_factory=dict)  # role -> estimate per device
+
+    @property
+    def total_slots(self) -> int:
+        return sum(len(g.slots) for g in self.groups)
+
+    def group_of(self, role: str) -> GroupPlan:
+        return self.groups[self.roles[role].group]
+
+
+def parallel_sizes(cfg: DagrlConfig, role: str) -> tuple[int, int, int]:
+    """(TP, PP, CP) a role's backend uses."""
+    arr = cfg.actor_rollout_ref
+    if role == ROLE_ROLLOUT:
+        return arr.rollout.tensor_model_parallel_size, 1, 1
+    if role in (ROLE_TRAIN, ROLE_REF) and arr.actor.strategy == TrainStrategy.megatron:
+        m = arr.actor.megatron if role == ROLE_TRAIN else arr.ref.megatron
+        return m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
+    return 1, 1, 1
+
+
+def make_plan(cfg: DagrlConfig, roles: set[str], device: str) -> Plan:
+    """Assign each role's colocate group a block of slots; raise PlacementError if they do not fit."""
+    t = cfg.trainer
+    total = t.nnodes * t.n_gpus_per_node
+    groups = _groups_for(cfg, roles)
+    sizes = _group_sizes(cfg, groups, total)
+    plans, next_slot = [], 0
+    for roles_in_group, size in zip(groups, sizes):
+        plans.append(GroupPlan(roles=roles_in_group, slots=list(range(next_slot, next_slot + size))))
+        next_slot += size
+    layouts = {}
+    for gi, g in enumerate(plans):
+        for role in g.roles:
+            tp, pp, cp = parallel_sizes(cfg, role)
+            model_parallel = tp * pp * cp
+            if len(g.slots) % model_parallel:
+                raise PlacementError(
+                    f"role {role!r} has {len(g.slots)} devices, not a multiple of TP×PP×CP = {tp}×{pp}×{cp};"
+                    f" change placement.gpus.{role} or the role's parallel sizes"
+                )
+            layouts[role] = RoleLayout(role, gi, len(g.slots), len(g.slots) // model_parallel, tp, pp, cp)
+    return Plan(t.nnodes, t.n_gpus_per_node, device, plans, layouts)
+
+
+def _groups_for(cfg: DagrlConfig, roles: set[str]) -> list[list[str]]:
+    groups, seen = [], set()
+    for i, group in enumerate(cfg.placement.colocate_groups):
+        dup = seen & set(group)
+        if dup:
+            raise PlacementError(
+                f"placement.colocate_groups[{i}] repeats role(s) {sorted(dup)}: a role belongs to one group"
+            )
+        seen |= set(group)
+        members = [r for r in group if r in roles]
+        if members:
+            groups.append(members)
+    groups += [[r] for r in sorted(roles - seen)]  # roles in no group own their devices
+    return groups
+
+
+def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[int]:
+    gpus = cfg.placement.gpus
+    sizes: list[int | None] = []
+    for group in groups:
+        asked = {r: gpus.get(r) for r in group if gpus.get(r) is not None}
+        if len(set(asked.values())) > 1:
+            raise PlacementError(
+                f"colocated roles {group} ask for different device counts {asked}: colocated roles share"
+                f" devices, so set the same placement.gpus for each of them"
+            )
+        sizes.append(next(iter(asked.values()), None))
+    fixed = sum(s for s in sizes if s is not None)
+    free = [i for i, s in enumerate(sizes) if s is None]
+    if free:
+        share, rest = divmod(total - fixed, len(free))
+        if share < 1 or rest:
+            raise PlacementError(
+                f"cannot split the {total - fixed} devices left (of trainer.nnodes×trainer.n_gpus_per_node ="
+                f" {total}) evenly among groups {[groups[i] for i in free]}; set placement.gpus.<role>"
+            )
+        for i in free:
+            sizes[i] = share
+    if sum(sizes) > total:
+        raise PlacementError(
+            f"roles ask for {sum(sizes)} devices ({dict(zip(map(tuple, groups), sizes))}) but the cluster"
+            f" declares trainer.nnodes×trainer.n_gpus_per_node = {total}; lower placement.gpus or grow the cluster"
+        )
+    if any(s < 1 for s in sizes):
+        raise PlacementError(f"every role needs at least one device; got {dict(zip(map(tuple, groups), sizes))}")
+    return sizes
+
+
+def format_plan(plan: Plan) -> str:
+    kind = "GPU" if plan.device == "cuda" else "CPU slot"
+    lines = [f"cluster: {plan.nnodes} node(s) × {plan.n_gpus_per_node} {kind}(s), {plan.total_slots} used"]
+    for gi, g in enumerate(plan.groups):
+        where = ", ".join(f"node {n}: {kind}s {ids}" for n, ids in g.nodes(plan.n_gpus_per_node).items())
+        mode = "colocated" if len(g.roles) > 1 else "separate"
+        lines.append(f"group {gi} ({mode}): roles {g.roles} on {where}")
+        for role in g.roles:
+            r = plan.roles[role]
+            mem = plan.memory_gib.get(role)
+            mem_s = f", est. {mem:.2f} GiB/device params+grads+optimizer" if mem is not None else ""
+            lines.append(f"  {role}: {r.workers} workers, DP={r.dp} TP={r.tp} PP={r.pp} CP={r.cp}{mem_s}")
+    return "\n".join(lines)

@@ -1,0 +1,178 @@
+"""Every cross-field rule, checked once before Ray starts anything.
+
+Each failure is a ConfigError naming the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+
+from dagrl.algos import KLEstimator, LossAggMode
+from dagrl.config.placement import ROLE_ROLLOUT, ROLE_TRAIN, Plan
+from dagrl.config.schema import DagrlConfig, Device, TrainStrategy
+from dagrl.errors import ConfigError
+
+A = "actor_rollout_ref.actor"
+R = "actor_rollout_ref.rollout"
+
+
+BUILTIN_LR = 2e-3  # the tiny built-in model learns at rates no real LLM survives
+
+
+def resolve_defaults(cfg: DagrlConfig) -> None:
+    """Fill the defaults that depend on which model runs; the only place the config is changed."""
+    optim = cfg.actor_rollout_ref.actor.optim
+    if optim.lr is None:
+        if cfg.actor_rollout_ref.model.path is not None:
+            raise ConfigError(f"{A}.optim.lr", None, "set the learning rate for your model (e.g. 1e-6 for 1B–8B)")
+        optim.lr = BUILTIN_LR
+
+
+def validate(cfg: DagrlConfig) -> None:
+    """Rules that need only the config."""
+    _check_data(cfg)
+    _check_actor(cfg)
+    _check_rollout(cfg)
+    _check_trainer(cfg)
+
+
+def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
+    """Rules that need the DP sizes of the placement plan."""
+    a, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
+    rows = cfg.data.train_batch_size * n
+    for role in (ROLE_TRAIN, ROLE_ROLLOUT):
+        dp = plan.roles[role].dp if role in plan.roles else 1
+        if rows % dp:
+            raise ConfigError(
+                "data.train_batch_size", cfg.data.train_batch_size,
+                f"train_batch_size × rollout.n = {rows} responses must split evenly over the {dp} DP ranks"
+                f" of role {role!r}; pick a batch size so that this divides",
+            )
+    dp = plan.roles[ROLE_TRAIN].dp
+    if (a.ppo_mini_batch_size * n) % dp:
+        raise ConfigError(
+            f"{A}.ppo_mini_batch_size", a.ppo_mini_batch_size,
+            f"ppo_mini_batch_size × rollout.n = {a.ppo_mini_batch_size * n} must divide evenly over DP = {dp}",
+        )
+    per_rank = a.ppo_mini_batch_size * n // dp
+    if per_rank % a.ppo_micro_batch_size_per_gpu and a.ppo_micro_batch_size_per_gpu < per_rank:
+        raise ConfigError(
+            f"{A}.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_gpu,
+            f"each DP rank gets {per_rank} responses per mini-batch; use a micro-batch size that divides it",
+        )
+
+
+def _check_data(cfg: DagrlConfig) -> None:
+    d = cfg.data
+    for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
+        if getattr(d, key) < 1:
+            raise ConfigError(f"data.{key}", getattr(d, key), "must be a positive integer")
+    for key in ("train_files", "val_files"):
+        for path in data_files(getattr(d, key)):
+            if not os.path.isfile(os.path.expanduser(path)):
+                raise ConfigError(
+                    f"data.{key}", path,
+                    "no such file; give parquet files written by examples/data_preprocess/*.py"
+                    " (leave unset for the built-in task)",
+                )
+    if (d.train_files is None) != (d.val_files is None) and d.val_files is not None:
+        raise ConfigError("data.train_files", None, "data.val_files is set but data.train_files is not; set both")
+
+
+def _check_actor(cfg: DagrlConfig) -> None:
+    a = cfg.actor_rollout_ref.actor
+    if a.optim.lr is None or a.optim.lr <= 0:
+        raise ConfigError(f"{A}.optim.lr", a.optim.lr, "set a positive learning rate (e.g. 1e-6 for 1B–8B models)")
+    if cfg.data.train_batch_size % a.ppo_mini_batch_size:
+        raise ConfigError(
+            f"{A}.ppo_mini_batch_size", a.ppo_mini_batch_size,
+            f"must divide data.train_batch_size={cfg.data.train_batch_size} (both count prompts)",
+        )
+    for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
+        if getattr(a, key) < 1:
+            raise ConfigError(f"{A}.{key}", getattr(a, key), "must be a positive integer")
+    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        v = getattr(a, key)
+        if v is not None and not 0 < v < 10:
+            raise ConfigError(f"{A}.{key}", v, "must be in (0, 10); 0.2 is the usual value")
+    if a.clip_ratio_c <= 1:
+        raise ConfigError(f"{A}.clip_ratio_c", a.clip_ratio_c, "dual-clip bound must be > 1 (e.g. 3.0)")
+    _parse_enum(LossAggMode, a.loss_agg_mode, f"{A}.loss_agg_mode")
+    _parse_kl(a.kl_loss_type, f"{A}.kl_loss_type")
+    _parse_kl(cfg.algorithm.kl_penalty, "algorithm.kl_penalty")
+    if a.strategy == TrainStrategy.torch:
+        m = a.megatron
+        sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size)
+        if sizes != (1, 1, 1) or m.sequence_parallel:
+            raise ConfigError(
+                f"{A}.megatron.*", sizes, "model-parallel settings need actor_rollout_ref.actor.strategy=megatron"
+            )
+
+
+def _check_rollout(cfg: DagrlConfig) -> None:
+    r = cfg.actor_rollout_ref.rollout
+    if r.n < 2:
+        raise ConfigError(f"{R}.n", r.n, "GRPO compares responses within a group: use rollout.n >= 2 (e.g. 8)")
+    if r.temperature < 0:
+        raise ConfigError(f"{R}.temperature", r.temperature, "must be >= 0 (0 = greedy)")
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"{R}.top_p", r.top_p, "must be in (0, 1]")
+    if r.tensor_model_parallel_size < 1:
+        raise ConfigError(f"{R}.tensor_model_parallel_size", r.tensor_model_parallel_size, "must be >= 1")
+    if r.name.value == "hf" and r.tensor_model_parallel_size != 1:
+        raise ConfigError(f"{R}.tensor_model_parallel_size", r.tensor_model_parallel_size,
+                          "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)")
+    if not 0 < r.gpu_memory_utilization <= 1:
+        raise ConfigError(f"{R}.gpu_memory_utilization", r.gpu_memory_utilization, "must be in (0, 1]")
+
+
+def _check_trainer(cfg: DagrlConfig) -> None:
+    t = cfg.trainer
+    if t.nnodes < 1 or t.n_gpus_per_node < 1:
+        raise ConfigError("trainer.n_gpus_per_node", (t.nnodes, t.n_gpus_per_node),
+                          "trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+    if t.total_training_steps is not None and t.total_training_steps < 1:
+        raise ConfigError("trainer.total_training_steps", t.total_training_steps, "must be >= 1 or null")
+    if t.save_freq == 0 or t.test_freq == 0:
+        raise ConfigError("trainer.save_freq", (t.save_freq, t.test_freq), "use a positive step count, or -1 for never")
+    unknown = set(t.logger) - {"console", "tensorboard", "jsonl"}
+    if unknown:
+        raise ConfigError("trainer.logger", list(t.logger), "loggers are console, tensorboard (jsonl is always on)")
+    if t.resume_mode not in ("auto", "disable") and not os.path.isdir(os.path.expanduser(t.resume_mode)):
+        raise ConfigError("trainer.resume_mode", t.resume_mode,
+                          "use auto, disable, or the path of an existing global_step_N checkpoint directory")
+
+
+def resolve_device(cfg: DagrlConfig) -> str:
+    """'cpu' or 'cuda'. auto = cuda when this machine sees a GPU, else cpu; never fails a dry run."""
+    import torch
+
+    if cfg.trainer.device == Device.auto:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.trainer.device == Device.cuda and not torch.cuda.is_available() and not cfg.trainer.dry_run:
+        if cfg.trainer.ray_address is None:
+            raise ConfigError("trainer.device", "cuda", "no GPU is visible here; use trainer.device=cpu or run on GPUs")
+    return cfg.trainer.device.value
+
+
+def data_files(value) -> list[str]:
+    """data.train_files may be one path, a comma-free list, or None."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def _parse_enum(enum, value, key):
+    try:
+        return enum(value)
+    except ValueError:
+        raise ConfigError(key, value, f"use one of {[e.value for e in enum]}") from None
+
+
+def _parse_kl(value, key):
+    try:
+        return KLEstimator.parse(value)
+    except ValueError as exc:
+        raise ConfigError(key, value, str(exc)) from None

@@ -1,0 +1,140 @@
+"""Batch: named tensors and per-row metadata under declared keys, with DP split/concat.
+
+Every key a node reads or writes is declared in KEYS (plugins add theirs through
+`declare_key`), so a typo fails at DAG validation instead of deep inside a worker.
+Tensors share dim 0 (rows). Layout of a sequence row (as in verl):
+    prompts   [B, P]  left-padded
+    responses [B, R]  right-padded, response_mask [B, R] marks real tokens
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+# key -> description. Tensor keys hold torch tensors [B, ...]; meta keys hold python lists of length B.
+KEYS: dict[str, str] = {
+    "prompts": "[B, P] left-padded prompt token ids",
+    "prompt_mask": "[B, P] 1 on prompt tokens",
+    "teacher_prompts": "[B, P'] left-padded privileged teacher prompt ids (OPSD)",
+    "teacher_prompt_mask": "[B, P'] 1 on teacher prompt tokens",
+    "responses": "[B, R] right-padded response token ids",
+    "response_mask": "[B, R] 1 on response tokens",
+    "rollout_logprobs": "[B, R] log-probs of the sampled tokens under the rollout policy",
+    "old_logprobs": "[B, R] log-probs under the actor before this step's update",
+    "ref_logprobs": "[B, R] log-probs under the reference model",
+    "teacher_topk_ids": "[B, R, K] teacher's top-k token ids",
+    "teacher_topk_logprobs": "[B, R, K] teacher's top-k log-probs",
+    "teacher_logprobs": "[B, R] teacher log-probs of the sampled tokens",
+    "scores": "[B] sequence reward (weighted sum of reward functions)",
+    "token_rewards": "[B, R] per-token reward (score on the last token, minus KL in reward)",
+    "advantages": "[B, R] advantages",
+    "group_ids": "[B] long: rows with the same id answer the same prompt",
+    # meta keys
+    "data_source": "meta: dataset name of each row",
+    "ground_truth": "meta: reference answer of each row",
+    "extra_info": "meta: dict of extra per-row info",
+}
+META_KEYS = {"data_source", "ground_truth", "extra_info"}
+
+
+def declare_key(name: str, description: str, meta: bool = False) -> None:
+    """Declare a batch key for a plugin node kind."""
+    KEYS.setdefault(name, description)
+    if meta:
+        META_KEYS.add(name)
+
+
+@dataclass
+class Batch:
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta: dict[str, list] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in (*self.tensors, *self.meta):
+            assert key in KEYS, f"undeclared batch key {key!r}; declare it with dagrl.core.batch.declare_key"
+        sizes = {len(v) for v in (*self.tensors.values(), *self.meta.values())}
+        assert len(sizes) <= 1, f"batch columns disagree on row count: {sizes}"
+
+    def __len__(self) -> int:
+        for v in (*self.tensors.values(), *self.meta.values()):
+            return len(v)
+        return 0
+
+    def __getitem__(self, key: str):
+        return self.tensors[key] if key in self.tensors else self.meta[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.meta
+
+    def keys(self) -> set[str]:
+        return set(self.tensors) | set(self.meta)
+
+    def select(self, keys: Iterable[str]) -> Batch:
+        keys = set(keys)
+        return Batch(
+            {k: v for k, v in self.tensors.items() if k in keys},
+            {k: v for k, v in self.meta.items() if k in keys},
+        )
+
+    def union(self, other: Batch) -> Batch:
+        """New batch with the columns of both; a key present in both must not be overwritten."""
+        clash = self.keys() & other.keys()
+        assert not clash, f"keys produced twice: {sorted(clash)}"
+        return Batch({**self.tensors, **other.tensors}, {**self.meta, **other.meta})
+
+    def index(self, idx: torch.Tensor | list[int]) -> Batch:
+        idx_list = idx.tolist() if isinstance(idx, torch.Tensor) else list(idx)
+        idx_t = torch.as_tensor(idx_list, dtype=torch.long)
+        return Batch(
+            {k: v[idx_t] for k, v in self.tensors.items()},
+            {k: [v[i] for i in idx_list] for k, v in self.meta.items()},
+        )
+
+    def repeat_interleave(self, n: int) -> Batch:
+        """Each row repeated n times in place (row i -> rows i*n .. i*n+n-1)."""
+        return self.index([i for i in range(len(self)) for _ in range(n)])
+
+    def split(self, parts: int) -> list[Batch]:
+        """Split into `parts` equal contiguous chunks (DP shards)."""
+        size = len(self)
+        assert size % parts == 0, f"batch of {size} rows cannot split into {parts} equal DP shards"
+        step = size // parts
+        return [self.index(range(i * step, (i + 1) * step)) for i in range(parts)]
+
+    def chunks(self, chunk_size: int) -> list[Batch]:
+        """Consecutive chunks of at most chunk_size rows (micro-batches)."""
+        return [self.index(range(i, min(i + chunk_size, len(self)))) for i in range(0, len(self), chunk_size)]
+
+    @staticmethod
+    def concat(batches: list[Batch]) -> Batch:
+        assert batches, "concat of no batches"
+        first = batches[0]
+        return Batch(
+            {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
+            {k: [x for b in batches for x in b.meta[k]] for k in first.meta},
+        )
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists to [B, max_len]; returns (ids, mask)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def sequence_inputs(
+    prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids, attention_mask, position_ids [B, P+R] for a forward pass over prompt+response."""
+    input_ids = torch.cat([prompts, responses], dim=1)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids

@@ -1,0 +1,152 @@
+"""The DAG of one training step, loaded from conf/dags/<name>.yaml and validated before any worker starts.
+
+File format:
+
+    source: [prompts, prompt_mask, group_ids, data_source, ground_truth, extra_info]  # from the data
+    nodes:
+      rollout:
+        kind: rollout
+        role: rollout                 # remote kinds name the role whose pool runs them
+        inputs: [prompts, prompt_mask]
+        outputs: [responses, response_mask, rollout_logprobs]
+        after: [weight_sync]          # ordering without data (optional)
+
+A node depends on the nodes producing its inputs and on those listed in `after`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import yaml
+
+from dagrl.core.batch import KEYS
+from dagrl.core.node import NodeSpec, node_kinds
+from dagrl.errors import DagError
+
+DAG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "conf", "dags")
+
+
+@dataclass(frozen=True)
+class Dag:
+    name: str
+    source: tuple[str, ...]
+    nodes: tuple[NodeSpec, ...]  # topological order
+    deps: dict[str, frozenset[str]]  # node -> nodes it waits for
+
+    def roles(self) -> set[str]:
+        return {n.role for n in self.nodes if n.role}
+
+    def node(self, name: str) -> NodeSpec:
+        return next(n for n in self.nodes if n.name == name)
+
+
+def dag_path(name: str) -> str:
+    """A DAG name from conf/dags, or a path to a yaml file."""
+    if name.endswith((".yaml", ".yml")):
+        return os.path.expanduser(name)
+    return os.path.join(DAG_DIR, f"{name}.yaml")
+
+
+def load_dag_specs(name: str) -> tuple[list[str], list[NodeSpec]]:
+    path = dag_path(name)
+    if not os.path.isfile(path):
+        available = sorted(f[:-5] for f in os.listdir(DAG_DIR) if f.endswith(".yaml"))
+        raise DagError(f"dag={name!r}: no file {path}; use one of {available} or a path to a .yaml file")
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    specs = []
+    for node_name, body in (raw.get("nodes") or {}).items():
+        unknown = set(body or {}) - {"kind", "role", "inputs", "outputs", "after"}
+        if unknown or not body or "kind" not in body:
+            raise DagError(
+                f"{path}: node {node_name!r} needs 'kind' and may only have kind/role/inputs/outputs/after"
+                f" (got {sorted(body or {})})"
+            )
+        specs.append(NodeSpec(name=node_name, **body))
+    return list(raw.get("source") or []), specs
+
+
+def build_dag(name: str, source: list[str], specs: list[NodeSpec], roles_with_pool: set[str]) -> Dag:
+    """Validate kinds, keys, roles, producers, cycles; return the DAG in topological order."""
+    kinds = node_kinds()
+    producers: dict[str, str] = {key: "<data>" for key in source}
+    for spec in specs:
+        _check_node(name, spec, kinds, roles_with_pool)
+        for key in spec.outputs:
+            if key in producers:
+                raise DagError(f"dag {name}: key {key!r} is produced twice (by {producers[key]} and {spec.name})")
+            producers[key] = spec.name
+    names = {s.name for s in specs}
+    deps: dict[str, frozenset[str]] = {}
+    for spec in specs:
+        missing = [k for k in spec.inputs if k not in producers]
+        if missing:
+            raise DagError(
+                f"dag {name}: node {spec.name!r} reads {missing}, which no node produces and the data"
+                f" does not provide (source: {sorted(source)}); add a node that outputs it"
+            )
+        bad_after = [a for a in spec.after if a not in names]
+        if bad_after:
+            raise DagError(f"dag {name}: node {spec.name!r} runs after unknown node(s) {bad_after}")
+        deps[spec.name] = frozenset({producers[k] for k in spec.inputs} - {"<data>"} | set(spec.after))
+    order = _topological_order(name, specs, deps)
+    return Dag(name=name, source=tuple(source), nodes=tuple(order), deps=deps)
+
+
+def _check_node(dag: str, spec: NodeSpec, kinds: dict[str, type], roles_with_pool: set[str]) -> None:
+    where = f"dag {dag}: node {spec.name!r}"
+    if spec.kind not in kinds:
+        raise DagError(f"{where}: unknown kind {spec.kind!r}; known kinds: {sorted(kinds)} (add your own"
+                       " with @register_node_kind in a module listed in external_plugins)")
+    kind = kinds[spec.kind]
+    for key in (*spec.inputs, *spec.outputs):
+        if key not in KEYS:
+            raise DagError(f"{where}: undeclared batch key {key!r}; declared keys: {sorted(KEYS)}")
+    need = [k for k in kind.required_inputs if k not in spec.inputs]
+    if need:
+        raise DagError(f"{where}: kind {spec.kind} needs inputs {need}; add them to its 'inputs'")
+    extra_in = [k for k in spec.inputs if k not in (*kind.required_inputs, *kind.optional_inputs)]
+    extra_out = [k for k in spec.outputs if k not in kind.outputs]
+    if extra_in or extra_out:
+        raise DagError(f"{where}: kind {spec.kind} does not read {extra_in} / produce {extra_out}"
+                       f" (reads {list(kind.required_inputs + kind.optional_inputs)}, produces {list(kind.outputs)})")
+    if kind.remote and not spec.role:
+        raise DagError(f"{where}: kind {spec.kind} runs on a worker pool; give it a 'role'")
+    if not kind.remote and spec.role:
+        raise DagError(f"{where}: kind {spec.kind} runs on the driver; remove its 'role'")
+    if spec.role and spec.role not in roles_with_pool:
+        raise DagError(f"{where}: role {spec.role!r} has no worker pool; roles with pools: "
+                       f"{sorted(roles_with_pool)} (see placement.colocate_groups / placement.gpus)")
+
+
+def _topological_order(dag: str, specs: list[NodeSpec], deps: dict[str, frozenset[str]]) -> list[NodeSpec]:
+    done: set[str] = set()
+    order: list[NodeSpec] = []
+    pending = list(specs)
+    while pending:
+        ready = [s for s in pending if deps[s.name] <= done]
+        if not ready:
+            raise DagError(f"dag {dag}: cycle among nodes {sorted(s.name for s in pending)}")
+        for s in ready:
+            order.append(s)
+            done.add(s.name)
+        pending = [s for s in pending if s.name not in done]
+    return order
+
+
+def prune_disabled(specs: list[NodeSpec], cfg) -> list[NodeSpec]:
+    """Drop nodes whose kind is disabled by the config, and the optional inputs they would have made."""
+    kinds = node_kinds()
+    known = {s.name for s in specs}
+    kept = [s for s in specs if s.kind not in kinds or kinds[s.kind].enabled(cfg)]
+    dropped_outputs = {k for s in specs if s not in kept for k in s.outputs}
+    kept_names = {s.name for s in kept}
+    result = []
+    for s in kept:
+        optional = set(kinds[s.kind].optional_inputs) if s.kind in kinds else set()
+        inputs = [k for k in s.inputs if not (k in dropped_outputs and k in optional)]
+        after = [a for a in s.after if a in kept_names or a not in known]
+        result.append(NodeSpec(s.name, s.kind, s.role, inputs, list(s.outputs), after))
+    return result

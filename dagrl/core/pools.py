@@ -1,0 +1,136 @@
+"""Ray placement of a plan, worker pools, and role handles that shard batches over DP.
+
+One placement group holds a bundle per planned slot. Bundles are ordered by the node Ray put
+them on, so planned slot s (node s // n_gpus_per_node) maps to the s-th bundle in that order and
+slots of one planned node stay on one real node. Pools may span nodes of a Ray cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from dagrl.config.placement import GroupPlan, Plan
+from dagrl.core.batch import Batch
+from dagrl.errors import PlacementError
+
+
+@dataclass
+class Bundles:
+    pg: object
+    order: list[int]  # planned slot -> bundle index
+    cpus_per_slot: int
+
+    def strategy(self, slot: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=self.order[slot])
+
+
+def allocate(plan: Plan, timeout_s: float = 120.0) -> Bundles:
+    """Reserve the plan's slots in Ray; a clear error if the cluster cannot hold them."""
+    resources = ray.cluster_resources()
+    need_gpu = plan.device == "cuda"
+    if need_gpu:
+        have = int(resources.get("GPU", 0))
+        cpus = max(1, int(resources.get("CPU", 1)) // max(1, plan.total_slots))
+        bundle = {"GPU": 1, "CPU": min(cpus, 4)}
+    else:
+        have = int(resources.get("CPU", 0))
+        cpus = max(1, have // max(1, plan.total_slots))
+        bundle = {"CPU": cpus}
+    if have < plan.total_slots:
+        kind = "GPU" if need_gpu else "CPU"
+        raise PlacementError(
+            f"the plan needs {plan.total_slots} {kind} slots but the Ray cluster has {have} {kind}s"
+            f" ({resources}); lower trainer.nnodes × trainer.n_gpus_per_node or placement.gpus, or add nodes"
+        )
+    pg = placement_group([dict(bundle) for _ in range(plan.total_slots)], strategy="PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(pg)
+        raise PlacementError(f"Ray could not place {plan.total_slots} bundles of {bundle} in {timeout_s:.0f}s")
+    node_of = placement_group_table(pg)["bundles_to_node_id"]
+    first_seen: dict[str, int] = {}
+    for b in sorted(node_of):
+        first_seen.setdefault(node_of[b], b)
+    order = sorted(node_of, key=lambda b: (first_seen[node_of[b]], b))
+    return Bundles(pg=pg, order=order, cpus_per_slot=bundle["CPU"])
+
+
+class WorkerPool:
+    """The actors of one colocate group: one per slot, ranks in slot order."""
+
+    def __init__(self, group: GroupPlan, bundles: Bundles, plan: Plan, cfg, actor_cls=None, setup: bool = True):
+        from dagrl.core.worker import Worker
+
+        cls = actor_cls or Worker
+        self.roles = list(group.roles)
+        remote = ray.remote(cls)
+        self.actors = []
+        for rank, slot in enumerate(group.slots):
+            options = dict(scheduling_strategy=bundles.strategy(slot), num_cpus=bundles.cpus_per_slot)
+            if plan.device == "cuda":
+                options["num_gpus"] = 1
+            self.actors.append(
+                remote.options(**options).remote(
+                    cfg, self.roles, rank, len(group.slots), plan.device, bundles.cpus_per_slot
+                )
+            )
+        if setup:
+            self.setup()
+
+    def setup(self) -> None:
+        info = ray.get(self.actors[0].node_info.remote())
+        port = ray.get(self.actors[0].free_port.remote())
+        ray.get([a.setup.remote(info["ip"], port) for a in self.actors])
+
+    def node_info(self) -> list[dict]:
+        return ray.get([a.node_info.remote() for a in self.actors])
+
+    def call_all(self, role: str, method: str, *args, **kwargs) -> list:
+        return ray.get([a.call.remote(role, method, *args, **kwargs) for a in self.actors])
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            try:
+                ray.get(a.shutdown.remote(), timeout=10)
+            except Exception:  # a dead actor has nothing to shut down
+                pass
+            ray.kill(a)
+
+
+class RoleHandle:
+    """A role's view of its pool: splits a batch over the role's DP ranks and gathers the outputs."""
+
+    def __init__(self, role: str, pool: WorkerPool):
+        self.role, self.pool = role, pool
+        self.dp_info = ray.get([a.dp_info.remote(role) for a in pool.actors])
+        self.dp_size = self.dp_info[0][1]
+
+    def run(self, method: str, batch: Batch, **kwargs) -> tuple[Batch, list[dict]]:
+        """Each DP shard through `method`; returns (concatenated output batch, per-rank metrics)."""
+        shards = [ray.put(s) for s in batch.split(self.dp_size)]
+        futures = [
+            a.call.remote(self.role, method, shards[dp_rank], **kwargs)
+            for a, (dp_rank, _, _) in zip(self.pool.actors, self.dp_info)
+        ]
+        results = ray.get(futures)
+        outputs = sorted(
+            ((dp_rank, r) for r, (dp_rank, _, returns) in zip(results, self.dp_info) if returns),
+            key=lambda x: x[0],
+        )
+        return Batch.concat([r[0] for _, r in outputs]), [r[1] for _, r in outputs]
+
+    def broadcast(self, method: str, *args, **kwargs) -> list:
+        return self.pool.call_all(self.role, method, *args, **kwargs)
+
+
+def wait_for_cluster(min_slots: int, device: str, timeout_s: float = 60.0) -> None:
+    """Multi-node: wait until enough devices joined the Ray cluster."""
+    key = "GPU" if device == "cuda" else "CPU"
+    deadline = time.time() + timeout_s
+    while ray.cluster_resources().get(key, 0) < min_slots and time.time() < deadline:
+        time.sleep(1.0)

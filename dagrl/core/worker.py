@@ -1,0 +1,132 @@
+"""The Ray actor behind every pool: one per device slot of a colocate group.
+
+A worker hosts one backend per role of its group (train, ref, rollout, ...). Colocated roles
+therefore share the process and its device; before a role runs, the others hand the device over
+(offload to CPU / sleep) when the device is a GPU. Weight sync between colocated roles is an
+in-process copy; between separate groups it goes through the Ray object store.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ParallelContext:
+    """What a backend knows about its place in the pool. Only backends/megatron builds more."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+class Worker:
+    """Not decorated: pools wrap it with ray.remote and the bundle's resources."""
+
+    def __init__(self, cfg, roles: list[str], rank: int, world_size: int, device_kind: str, threads: int):
+        self.cfg, self.roles, self.rank, self.world_size = cfg, list(roles), rank, world_size
+        self.device_kind = device_kind
+        self.backends: dict = {}
+        self.active: str | None = None
+        torch.set_num_threads(max(1, threads))
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker and load is noise
+
+    # ---- setup -------------------------------------------------------------------------------
+    def node_info(self) -> dict:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "node_id": ctx.get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "pid": os.getpid(),
+        }
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def setup(self, master_addr: str, master_port: int) -> dict:
+        """Join the pool's process group (gloo on CPU, NCCL on GPU), then build each role's backend."""
+        if self.device_kind == "cuda":
+            device = torch.device("cuda", 0)  # Ray sets CUDA_VISIBLE_DEVICES to this bundle's GPU
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        if self.world_size > 1 and not torch.distributed.is_initialized():
+            backend = "nccl" if self.device_kind == "cuda" else "gloo"
+            torch.distributed.init_process_group(
+                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank, world_size=self.world_size
+            )
+        ctx = ParallelContext(self.rank, self.world_size, device)
+        from dagrl.backends import build_backend
+
+        start = time.perf_counter()
+        for role in self.roles:
+            self.backends[role] = build_backend(self.cfg, role, ctx)
+        self.active = self.roles[-1]
+        return {"build_s": time.perf_counter() - start}
+
+    # ---- calls -------------------------------------------------------------------------------
+    def dp_info(self, role: str) -> tuple[int, int, bool]:
+        """(dp_rank, dp_size, returns_output) of this worker for a role."""
+        return self.backends[role].dp_info()
+
+    def call(self, role: str, method: str, *args, **kwargs):
+        self._activate(role)
+        return getattr(self.backends[role], method)(*args, **kwargs)
+
+    def _activate(self, role: str) -> None:
+        """Colocated roles take turns on a GPU: the others move their state off the device first."""
+        if self.active == role or self.device_kind != "cuda" or len(self.backends) == 1:
+            self.active = role
+            return
+        for other, backend in self.backends.items():
+            if other != role:
+                backend.offload()
+        torch.cuda.empty_cache()
+        self.backends[role].onload()
+        self.active = role
+
+    # ---- weight sync -------------------------------------------------------------------------
+    def sync_weights_local(self, src: str, dst: str) -> dict:
+        """Colocated: copy src's current weights into dst inside this process."""
+        self._activate(src)
+        buckets = list(self.backends[src].export_weights())
+        self._activate(dst)
+        nbytes = self.backends[dst].load_weights(buckets)
+        return {"bytes": nbytes}
+
+    def export_weight_refs(self, src: str) -> list:
+        """Separate: put src's weights into the object store in buckets; returns the refs."""
+        import ray
+
+        self._activate(src)
+        return [ray.put(bucket) for bucket in self.backends[src].export_weights()]
+
+    def load_weight_refs(self, dst: str, refs: list) -> dict:
+        import ray
+
+        self._activate(dst)
+        nbytes = 0
+        for ref in refs:  # one bucket in memory at a time
+            nbytes += self.backends[dst].load_weights([ray.get(ref)])
+        return {"bytes": nbytes}
+
+    def shutdown(self) -> None:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

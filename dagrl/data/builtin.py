@@ -1,0 +1,84 @@
+"""dagrl's built-in task "arith": two-digit addition, answered with the bare sum.
+
+The task exists so that ``python -m dagrl.main`` can train offline on 2 CPU cores in minutes:
+prompts are ~10 tokens (``<|user|>37+45=<|end|><|assistant|>``), answers at most 4 (``82<|end|>``),
+and the tiny model shipped in ``dagrl/assets/tiny_arith`` (built by ``tools/build_tiny_model.py``)
+starts at a low but non-zero sampled accuracy, so the GRPO reward visibly rises.
+
+Every problem ``a+b`` with ``0 <= a, b <= 99`` belongs to exactly one split, chosen by a stable
+hash of the unordered pair ``{a, b}``: test problems are never seen in training, not even as
+their mirror ``b+a``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from functools import cache
+from pathlib import Path
+
+from dagrl.errors import DataError
+
+BUILTIN_DATA_SOURCE = "dagrl/arith"
+ABILITY = "arith"
+SPLITS = ("train", "test")
+MAX_OPERAND = 99
+# One unordered pair in TEST_FRACTION_DENOM goes to test: ~1,000 test and ~9,000 train problems.
+TEST_FRACTION_DENOM = 10
+DEFAULT_TRAIN_ROWS = 4096
+DEFAULT_TEST_ROWS = 256
+
+_TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny_arith"
+
+
+def tiny_model_path() -> str:
+    """Absolute path of the tiny Qwen2-style model shipped for the arith task (HF format)."""
+    return str(_TINY_MODEL_DIR)
+
+
+def format_question(a: int, b: int) -> str:
+    """The user-turn text of problem ``a+b``, e.g. ``"37+45="``."""
+    return f"{a}+{b}="
+
+
+def _split_of(a: int, b: int) -> str:
+    key = f"{min(a, b)}+{max(a, b)}".encode()
+    bucket = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % TEST_FRACTION_DENOM
+    return "test" if bucket == 0 else "train"
+
+
+@cache
+def split_problems(split: str) -> tuple[tuple[int, int], ...]:
+    """All ``(a, b)`` operand pairs of ``split``, in enumeration order."""
+    if split not in SPLITS:
+        raise DataError(f"built-in task {BUILTIN_DATA_SOURCE}: unknown split {split!r}; use one of {SPLITS}")
+    operands = range(MAX_OPERAND + 1)
+    return tuple((a, b) for a in operands for b in operands if _split_of(a, b) == split)
+
+
+def generate_rows(split: str, num_rows: int, seed: int) -> list[dict]:
+    """``num_rows`` distinct problems of ``split`` in the verl/siiRL parquet row layout.
+
+    Problems are drawn without replacement in an order fixed by ``seed``, so the same arguments
+    always give the same rows. Raises ``DataError`` if the split has fewer than ``num_rows``
+    problems (about 9,000 train, 1,000 test).
+    """
+    problems = split_problems(split)
+    if not 0 <= num_rows <= len(problems):
+        raise DataError(
+            f"built-in task {BUILTIN_DATA_SOURCE}: num_rows={num_rows} for split {split!r}, "
+            f"which has {len(problems)} problems; ask for at most that many"
+        )
+    chosen = random.Random(f"{split}:{seed}").sample(problems, num_rows)
+    return [_make_row(split, index, a, b) for index, (a, b) in enumerate(chosen)]
+
+
+def _make_row(split: str, index: int, a: int, b: int) -> dict:
+    question, answer = format_question(a, b), str(a + b)
+    return {
+        "data_source": BUILTIN_DATA_SOURCE,
+        "prompt": [{"role": "user", "content": question}],
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
+    }

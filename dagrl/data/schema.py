@@ -1,0 +1,116 @@
+"""The row layout of dagrl's parquet prompt files, and its checks.
+
+One row is one prompt (the verl/siiRL layout, so their files load unchanged)::
+
+    data_source   str                      which dataset the row came from; picks the reward function
+    prompt        list[{role, content}]    chat messages given to the policy
+    ability       str                      a free-form tag ("math")
+    reward_model  {style, ground_truth}    ground_truth: the reference answer the reward checks against
+    extra_info    {split, index, ...}      anything else; carried through to the reward function
+    teacher_prompt list[{role, content}]   optional: what an OPSD teacher sees (problem + reference solution)
+
+Every check raises `DataError` naming the file (or source) and row, what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dagrl.errors import DataError
+
+REQUIRED_COLUMNS: tuple[str, ...] = ("data_source", "prompt", "ability", "reward_model", "extra_info")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("teacher_prompt",)
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
+
+_LAYOUT_HINT = "see docs/data.md for the row layout, or regenerate the file with examples/data_preprocess"
+
+
+def required_columns(prompt_key: str = "prompt") -> tuple[str, ...]:
+    """REQUIRED_COLUMNS with the prompt column renamed to `prompt_key` (data.prompt_key)."""
+    return tuple(prompt_key if col == "prompt" else col for col in REQUIRED_COLUMNS)
+
+
+def validate_columns(column_names: Iterable[str], source: str, *, prompt_key: str = "prompt") -> None:
+    """Check a whole file's columns at once, naming every missing one and listing those present."""
+    present = list(column_names)
+    missing = [col for col in required_columns(prompt_key) if col not in present]
+    if missing:
+        raise DataError(f"{source}: missing column(s) {missing}; the file has {present} — {_LAYOUT_HINT}")
+
+
+def validate_messages(messages: Any, what: str) -> str | None:
+    """Return what is wrong with a chat message list (None when it is fine).
+
+    `what` names the field in the message ("prompt", "teacher_prompt").
+    """
+    if not isinstance(messages, (list, tuple)) or len(messages) == 0:
+        return f"'{what}' must be a non-empty list of chat messages, got {_describe(messages)}"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return f"'{what}'[{i}] must be a dict with 'role' and 'content', got {_describe(message)}"
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str):
+            return f"'{what}'[{i}] has no string 'role' (got {_describe(role)})"
+        if role not in ROLES:
+            return f"'{what}'[{i}] has role {role!r}; roles must be one of {sorted(ROLES)}"
+        if not isinstance(content, str):
+            return f"'{what}'[{i}] has no string 'content' (got {_describe(content)})"
+    return None
+
+
+def validate_row(row: dict, *, source: str, index: int, prompt_key: str = "prompt") -> None:
+    """Check one row against the layout above; raise DataError naming `source` row `index`."""
+    problem = _find_problem(row, prompt_key)
+    if problem is not None:
+        raise DataError(f"{source} row {index}: {problem}")
+
+
+def _find_problem(row: Any, prompt_key: str) -> str | None:
+    """What is wrong with a row and how to fix it, or None."""
+    if not isinstance(row, dict):
+        return f"a row must be a dict of columns, got {_describe(row)} — {_LAYOUT_HINT}"
+    missing = [col for col in required_columns(prompt_key) if col not in row]
+    if missing:
+        return f"missing column(s) {missing}; the row has {sorted(row)} — {_LAYOUT_HINT}"
+    for col in ("data_source", "ability"):
+        if not isinstance(row[col], str):
+            return f"'{col}' must be a string, got {_describe(row[col])} — {_LAYOUT_HINT}"
+    bad_prompt = validate_messages(row[prompt_key], prompt_key)
+    if bad_prompt:
+        return f"{bad_prompt} — write it as [{{'role': 'user', 'content': '...'}}]"
+    bad_reward = _check_reward_model(row["reward_model"])
+    if bad_reward:
+        return bad_reward
+    if not isinstance(row["extra_info"], dict) and row["extra_info"] is not None:
+        return f"'extra_info' must be a dict (or null), got {_describe(row['extra_info'])} — {_LAYOUT_HINT}"
+    teacher = row.get("teacher_prompt")
+    if teacher is not None:
+        bad_teacher = validate_messages(teacher, "teacher_prompt")
+        if bad_teacher:
+            return f"{bad_teacher} — leave teacher_prompt null for rows without a reference solution"
+    return None
+
+
+def _check_reward_model(reward_model: Any) -> str | None:
+    if not isinstance(reward_model, dict):
+        return (
+            f"'reward_model' must be a dict like {{'style': 'rule', 'ground_truth': '72'}}, "
+            f"got {_describe(reward_model)}"
+        )
+    truth = reward_model.get("ground_truth")
+    if truth is None:
+        return "'reward_model' has no 'ground_truth' — add the reference answer as reward_model.ground_truth"
+    if not isinstance(truth, str) or not truth.strip():
+        return (
+            f"'reward_model.ground_truth' must be a non-empty string, got {_describe(truth)} — "
+            "store the reference answer as text, or drop the row"
+        )
+    return None
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"

@@ -1,0 +1,67 @@
+"""Entry point: `python -m dagrl.main key=value ...`.
+
+DictConfig stops here: the composed Hydra config becomes a typed DagrlConfig before anything else.
+With no arguments this trains the tiny built-in model with GRPO on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from dagrl.config.placement import format_plan
+from dagrl.config.schema import DagrlConfig, register_configs
+from dagrl.errors import DagrlError
+from dagrl.trainer.logger import log
+
+register_configs()
+CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
+
+
+def run(cfg: DagrlConfig) -> dict[str, float]:
+    """Prepare (no Ray), then launch and train. Returns the last step's metrics."""
+    from dagrl.trainer.setup import launch, load_data, prepare, rewarder_for
+
+    prepared = prepare(cfg)
+    log(format_plan(prepared.plan))
+    if cfg.trainer.dry_run:
+        log("dry run: plan printed, no workers started")
+        return {}
+    tokenizer, loader, val = load_data(cfg, prepared.model_path)
+    rewarder = rewarder_for(cfg)
+    start = time.perf_counter()
+    runtime, pools, _ = launch(prepared, tokenizer, rewarder)
+    log(f"workers ready in {time.perf_counter() - start:.1f}s")
+    from dagrl.core.scheduler import Scheduler
+    from dagrl.trainer.loop import Trainer
+
+    scheduler = Scheduler(prepared.dag, runtime)
+    trainer = Trainer(cfg, runtime, scheduler, loader, val, pools, os.path.expanduser(cfg.trainer.default_local_dir))
+    try:
+        return trainer.fit()
+    finally:
+        scheduler.close()
+        for pool in pools:
+            pool.shutdown()
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)
+def _hydra_main(dcfg: DictConfig) -> None:
+    cfg: DagrlConfig = OmegaConf.to_object(dcfg)
+    try:
+        run(cfg)
+    except DagrlError as exc:
+        log(f"error: {exc}")
+        sys.exit(2)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+"""Built-in node kinds. Importing this package registers them."""
+
+from dagrl.nodes import advantage, logprob, reward, rollout, update, weight_sync  # noqa: F401

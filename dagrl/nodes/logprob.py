@@ -1,0 +1,35 @@
+"""old_logprob / ref_logprob: log-probs of the sampled responses under the actor / reference model."""
+
+from __future__ import annotations
+
+from dagrl.core.node import NodeResult, register_node_kind
+
+_SEQ_INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
+
+
+@register_node_kind("old_logprob")
+class OldLogprobNode:
+    required_inputs = _SEQ_INPUTS
+    optional_inputs = ()
+    outputs = ("old_logprobs",)
+    remote = True
+
+    def __init__(self, spec, cfg):
+        self.spec = spec
+
+    @staticmethod
+    def enabled(cfg) -> bool:
+        return True
+
+    def run(self, runtime, batch):
+        out, _ = runtime.role(self.spec.role).run("forward_logprobs", batch, output_key=self.outputs[0])
+        return NodeResult(out)
+
+
+@register_node_kind("ref_logprob")
+class RefLogprobNode(OldLogprobNode):
+    outputs = ("ref_logprobs",)
+
+    @staticmethod
+    def enabled(cfg) -> bool:
+        return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward

@@ -1,0 +1,113 @@
+"""The step loop: data → DAG → log → maybe validate / save. Setup lives in dagrl/trainer/setup.py."""
+
+from __future__ import annotations
+
+import os
+
+import ray
+import torch
+from tqdm import tqdm
+
+from dagrl.config.placement import ROLE_ROLLOUT, ROLE_TRAIN
+from dagrl.core.batch import Batch, left_pad
+from dagrl.nodes.reward import score_responses
+from dagrl.nodes.rollout import step_seed
+from dagrl.trainer import checkpoint
+from dagrl.trainer.logger import MetricsLogger, log
+
+
+def collate(examples, pad_id: int, n: int, first_group: int) -> Batch:
+    """Prompts left-padded, each repeated n times (rows i*n..i*n+n-1 form group i)."""
+    prompts, prompt_mask = left_pad([e.prompt_ids for e in examples], pad_id)
+    batch = Batch(
+        {"prompts": prompts, "prompt_mask": prompt_mask,
+         "group_ids": torch.arange(first_group, first_group + len(examples))},
+        {"data_source": [e.data_source for e in examples], "ground_truth": [e.ground_truth for e in examples],
+         "extra_info": [e.extra_info for e in examples]},
+    )
+    return batch.repeat_interleave(n)
+
+
+class Trainer:
+    def __init__(self, cfg, runtime, scheduler, train_loader, val_dataset, pools, out_dir: str):
+        self.cfg, self.runtime, self.scheduler = cfg, runtime, scheduler
+        self.loader, self.val_dataset, self.pools = train_loader, val_dataset, pools
+        self.ckpt_root = os.path.expanduser(cfg.trainer.default_local_dir)
+        self.metrics = MetricsLogger(out_dir, list(cfg.trainer.logger), cfg.trainer.experiment_name)
+        self.step = 0
+        t = cfg.trainer
+        by_epochs = t.total_epochs * train_loader.steps_per_epoch
+        self.total_steps = min(by_epochs, t.total_training_steps) if t.total_training_steps else by_epochs
+
+    def fit(self) -> dict[str, float]:
+        self.maybe_resume()
+        t = self.cfg.trainer
+        last: dict[str, float] = {}
+        if t.val_before_train and self.step == 0 and self.val_dataset is not None:
+            last = self.validate()
+            self.metrics.write(0, last)
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not t.progress_bar, desc="train", leave=False)
+        while self.step < self.total_steps:
+            self.step += 1
+            self.runtime.step = self.step
+            examples = self.loader.next_batch()
+            batch = collate(examples, self.runtime.tokenizer.pad_token_id, self.cfg.actor_rollout_ref.rollout.n,
+                            (self.step - 1) * len(examples))
+            _, metrics = self.scheduler.run(batch)
+            metrics["train/epoch"] = float(self.loader.epoch)
+            is_last = self.step == self.total_steps
+            if self.val_dataset is not None and t.test_freq > 0 and (self.step % t.test_freq == 0 or is_last):
+                metrics.update(self.validate())
+            if t.save_freq > 0 and (self.step % t.save_freq == 0 or is_last):
+                self.save()
+            bar.update(1)
+            bar.clear()
+            self.metrics.write(self.step, metrics)
+            last = metrics
+        bar.close()
+        self.metrics.close()
+        return last
+
+    def validate(self) -> dict[str, float]:
+        """Sample the validation prompts with rollout.val_kwargs and score them."""
+        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        rollout = self.runtime.role(ROLE_ROLLOUT)
+        if self.step > 0:  # the rollout holds the weights of the step's start; give it the updated ones
+            self.scheduler.nodes["weight_sync"].run(self.runtime, Batch())
+        examples = [self.val_dataset[i] for i in range(len(self.val_dataset))]
+        batch = collate(examples, self.runtime.tokenizer.pad_token_id, vk.n, 0)
+        pad = (-len(batch)) % rollout.dp_size  # pad with repeats so every DP rank gets a shard
+        padded = Batch.concat([batch, batch.index(range(pad))]) if pad else batch
+        out, _ = rollout.run("generate", padded.select(["prompts", "prompt_mask"]), validate=True,
+                             seed=step_seed(self.cfg.trainer.seed, 0))
+        out = out.index(range(len(batch)))
+        _, metrics = score_responses(self.runtime, batch.select(["data_source", "ground_truth", "extra_info"]).union(out))
+        return {f"val/{k}": v for k, v in metrics.items()}
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def save(self) -> str:
+        """All ranks write into a staging dir; the driver seals it atomically."""
+        os.makedirs(self.ckpt_root, exist_ok=True)
+        staging = checkpoint.staging_dir(self.ckpt_root, self.step)
+        self.runtime.role(ROLE_TRAIN).broadcast("save", os.path.join(staging, "actor"))
+        # the driver draws no random numbers (sampling seeds derive from the step); workers save theirs
+        state = {"global_step": self.step, "data": self.loader.state_dict()}
+        path = checkpoint.commit(self.ckpt_root, staging, self.step, state, self.cfg.trainer.max_actor_ckpt_to_keep)
+        log(f"saved checkpoint {path}")
+        return path
+
+    def maybe_resume(self) -> None:
+        mode = self.cfg.trainer.resume_mode
+        if mode == "disable":
+            return
+        path = checkpoint.latest(self.ckpt_root) if mode == "auto" else os.path.expanduser(mode)
+        if path is None:
+            return
+        state = checkpoint.read_state(path)
+        self.runtime.role(ROLE_TRAIN).broadcast("load", os.path.join(path, "actor"))
+        self.loader.load_state_dict(state["data"])
+        self.step = int(state["global_step"])
+        log(f"resumed from {path} at step {self.step}")
+
+    def export_hf(self, path: str) -> None:
+        ray.get(self.runtime.role(ROLE_TRAIN).pool.actors[0].call.remote(ROLE_TRAIN, "export_hf", path))

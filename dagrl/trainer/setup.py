@@ -1,0 +1,121 @@
+"""From a typed config to a running Trainer, in two halves:
+
+`prepare` checks everything that can be checked without Ray (config rules, placement plan, DAG,
+data files and rows) so bad input fails before any worker or GPU is taken; `launch` then
+starts Ray, reserves the plan's bundles, builds the pools and the scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from dagrl.backends.hf_model import load_tokenizer, resolve_model_path, torch_dtype
+from dagrl.config.placement import ROLE_TRAIN, Plan, make_plan
+from dagrl.config.schema import DagrlConfig, TrainStrategy
+from dagrl.config.validate import data_files, resolve_defaults, resolve_device, validate, validate_with_plan
+from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
+from dagrl.core.plugins import load_plugins
+from dagrl.data.parquet import PromptDataset, PromptLoader
+from dagrl.rewards import RewardComposer, RewardTerm
+
+
+@dataclass
+class Prepared:
+    cfg: DagrlConfig
+    device: str
+    plan: Plan
+    dag: Dag
+    model_path: str
+
+
+def prepare(cfg: DagrlConfig) -> Prepared:
+    load_plugins(list(cfg.external_plugins))
+    resolve_defaults(cfg)
+    validate(cfg)
+    device = resolve_device(cfg)
+    source, specs = load_dag_specs(cfg.dag)
+    specs = prune_disabled(specs, cfg)
+    plan = make_plan(cfg, {s.role for s in specs if s.role}, device)
+    validate_with_plan(cfg, plan)
+    dag = build_dag(cfg.dag, source, specs, set(plan.roles))
+    model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
+    plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
+    return Prepared(cfg, device, plan, dag, model_path)
+
+
+def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[str, float]:
+    """Parameters, gradients and optimizer state per device (activations and KV cache not included)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf_cfg).parameters())
+    width = torch_dtype(cfg.actor_rollout_ref.model.dtype).itemsize
+    out = {}
+    for role, layout in plan.roles.items():
+        shard = params / (layout.tp * layout.pp)
+        if role == ROLE_TRAIN and cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
+            optim = 12 / (layout.dp if cfg.actor_rollout_ref.actor.megatron.use_distributed_optimizer else 1)
+            per_param = 2 + 4 + optim  # bf16 weights, fp32 grads, fp32 master + Adam m, v
+        elif role == ROLE_TRAIN:
+            per_param = 4 * width  # weights, grads, Adam m and v in the model dtype
+        else:
+            per_param = width
+        out[role] = shard * per_param / 2**30
+    return out
+
+
+def load_data(cfg: DagrlConfig, model_path: str):
+    """Tokenizer, training loader and validation dataset (None when there is none)."""
+    tokenizer = load_tokenizer(model_path, cfg.actor_rollout_ref.model.trust_remote_code)
+    d = cfg.data
+    common = dict(max_prompt_length=d.max_prompt_length, prompt_key=d.prompt_key,
+                  filter_overlong=d.filter_overlong_prompts)
+    if d.train_files is None:
+        from dagrl.data.builtin import generate_rows
+
+        train = PromptDataset.from_rows(generate_rows("train", d.builtin_train_rows, d.seed), tokenizer,
+                                        source="built-in task (train)", **common)
+        val = PromptDataset.from_rows(generate_rows("test", d.builtin_val_rows, d.seed), tokenizer,
+                                      source="built-in task (test)", key="data.val_files", **common)
+    else:
+        train = PromptDataset(data_files(d.train_files), tokenizer, **common)
+        val = (PromptDataset(data_files(d.val_files), tokenizer, key="data.val_files", **common)
+               if d.val_files is not None else None)
+    loader = PromptLoader(train, d.train_batch_size, shuffle=d.shuffle, seed=d.seed)
+    return tokenizer, loader, val
+
+
+def rewarder_for(cfg: DagrlConfig) -> RewardComposer:
+    return RewardComposer([RewardTerm(t.name, t.weight) for t in cfg.reward.functions])
+
+
+def init_ray(cfg: DagrlConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if cfg.trainer.ray_address:
+        ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+
+
+def launch(prepared: Prepared, tokenizer, rewarder):
+    """Start (or join) Ray, reserve bundles, build pools and role handles; returns (runtime, pools)."""
+    from dagrl.core.pools import RoleHandle, WorkerPool, allocate
+    from dagrl.core.runtime import Runtime
+
+    init_ray(prepared.cfg)
+    bundles = allocate(prepared.plan)
+    pools = [WorkerPool(g, bundles, prepared.plan, prepared.cfg) for g in prepared.plan.groups]
+    roles = {}
+    for pool in pools:
+        for role in pool.roles:
+            roles[role] = RoleHandle(role, pool)
+    runtime = Runtime(cfg=prepared.cfg, roles=roles, tokenizer=tokenizer, rewarder=rewarder)
+    return runtime, pools, bundles
+

@@ -1,0 +1,251 @@
+"""DAG loading and validation: the shipped GRPO DAG, pruning by config, and every rejected shape."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
+from dagrl.errors import DagError
+from tests.conftest import compose_config
+
+POOLS = {"train", "rollout", "ref"}
+SOURCE = "source: [prompts, prompt_mask, group_ids, data_source, ground_truth, extra_info]\n"
+
+
+def shipped_grpo(*overrides: str) -> Dag:
+    cfg = compose_config(*overrides)
+    source, specs = load_dag_specs(cfg.dag)
+    return build_dag(cfg.dag, source, prune_disabled(specs, cfg), POOLS)
+
+
+def build_yaml(tmp_path, body: str, pools: set[str] = POOLS) -> Dag:
+    path = tmp_path / "dag.yaml"
+    path.write_text(SOURCE + textwrap.dedent(body))
+    source, specs = load_dag_specs(str(path))
+    return build_dag(str(path), source, specs, pools)
+
+
+def position(dag: Dag, name: str) -> int:
+    return [n.name for n in dag.nodes].index(name)
+
+
+def test_shipped_grpo_with_kl_loss():
+    dag = shipped_grpo("actor_rollout_ref.actor.use_kl_loss=true")
+    names = [n.name for n in dag.nodes]
+    assert set(names) == {
+        "weight_sync",
+        "rollout",
+        "reward",
+        "old_logprob",
+        "ref_logprob",
+        "advantage",
+        "actor_update",
+    }
+    assert position(dag, "weight_sync") < position(dag, "rollout")
+    assert names[-1] == "actor_update"
+    assert {"reward", "old_logprob"} <= dag.deps["advantage"]
+    assert dag.deps["rollout"] == {"weight_sync"}
+    assert dag.deps["reward"] == {"rollout"}
+    assert dag.deps["actor_update"] >= {"ref_logprob", "old_logprob", "advantage", "rollout"}
+    assert "ref_logprobs" in dag.node("actor_update").inputs
+    assert dag.roles() == {"train", "rollout", "ref"}
+
+
+def test_shipped_grpo_without_kl_prunes_ref():
+    dag = shipped_grpo("actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false")
+    names = [n.name for n in dag.nodes]
+    assert "ref_logprob" not in names
+    assert "ref_logprobs" not in dag.node("actor_update").inputs
+    assert "ref_logprobs" not in dag.node("advantage").inputs
+    assert "ref_logprob" not in dag.deps["actor_update"]
+    assert dag.roles() == {"train", "rollout"}
+    # a ref pool is not needed when nothing runs on it
+    cfg = compose_config()
+    source, specs = load_dag_specs(cfg.dag)
+    build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout"})
+
+
+def test_kl_in_reward_keeps_ref():
+    dag = shipped_grpo("algorithm.use_kl_in_reward=true")
+    assert "ref_logprob" in [n.name for n in dag.nodes]
+
+
+def test_dag_name_may_be_a_path(tmp_path):
+    dag = build_yaml(
+        tmp_path,
+        """
+        nodes:
+          rollout:
+            kind: rollout
+            role: rollout
+            inputs: [prompts, prompt_mask]
+            outputs: [responses, response_mask, rollout_logprobs]
+    """,
+    )
+    assert [n.name for n in dag.nodes] == ["rollout"]
+    assert dag.source[0] == "prompts"
+
+
+def test_unknown_dag_name_lists_available():
+    with pytest.raises(DagError, match=r"dag='grop'.*\['grpo'"):
+        load_dag_specs("grop")
+
+
+def test_unknown_kind_lists_known(tmp_path):
+    with pytest.raises(DagError, match="unknown kind 'rollot'") as info:
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              gen:
+                kind: rollot
+                role: rollout
+        """,
+        )
+    assert "'rollout'" in str(info.value) and "'advantage'" in str(info.value)
+    assert "register_node_kind" in str(info.value)
+
+
+def test_cycle(tmp_path):
+    with pytest.raises(DagError, match=r"cycle among nodes \['sync_a', 'sync_b'\]"):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              sync_a:
+                kind: weight_sync
+                role: rollout
+                after: [sync_b]
+              sync_b:
+                kind: weight_sync
+                role: rollout
+                after: [sync_a]
+        """,
+        )
+
+
+def test_input_nobody_produces(tmp_path):
+    with pytest.raises(DagError, match=r"node 'reward' reads \['responses', 'response_mask'\]"):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              reward:
+                kind: reward
+                inputs: [responses, response_mask, data_source, ground_truth, extra_info]
+                outputs: [scores]
+        """,
+        )
+
+
+def test_key_produced_twice(tmp_path):
+    with pytest.raises(DagError, match=r"key 'old_logprobs' is produced twice \(by old_a and old_b\)"):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              rollout:
+                kind: rollout
+                role: rollout
+                inputs: [prompts, prompt_mask]
+                outputs: [responses, response_mask, rollout_logprobs]
+              old_a:
+                kind: old_logprob
+                role: train
+                inputs: [prompts, prompt_mask, responses, response_mask]
+                outputs: [old_logprobs]
+              old_b:
+                kind: old_logprob
+                role: train
+                inputs: [prompts, prompt_mask, responses, response_mask]
+                outputs: [old_logprobs]
+        """,
+        )
+
+
+def test_remote_kind_without_role(tmp_path):
+    with pytest.raises(DagError, match="kind weight_sync runs on a worker pool; give it a 'role'"):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              sync:
+                kind: weight_sync
+        """,
+        )
+
+
+def test_driver_kind_with_role(tmp_path):
+    with pytest.raises(DagError, match="kind advantage runs on the driver; remove its 'role'"):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              advantage:
+                kind: advantage
+                role: train
+                inputs: [scores, group_ids, response_mask]
+        """,
+        )
+
+
+def test_role_without_pool(tmp_path):
+    with pytest.raises(
+        DagError, match=r"role 'teacher' has no worker pool; roles with pools: \['rollout', 'train'\]"
+    ):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              sync:
+                kind: weight_sync
+                role: teacher
+        """,
+            pools={"train", "rollout"},
+        )
+
+
+def test_undeclared_batch_key(tmp_path):
+    with pytest.raises(DagError, match="undeclared batch key 'prompt_ids'"):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              rollout:
+                kind: rollout
+                role: rollout
+                inputs: [prompt_ids, prompt_mask]
+                outputs: [responses, response_mask, rollout_logprobs]
+        """,
+        )
+
+
+def test_kind_missing_required_input(tmp_path):
+    with pytest.raises(DagError, match=r"kind rollout needs inputs \['prompt_mask'\]"):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              rollout:
+                kind: rollout
+                role: rollout
+                inputs: [prompts]
+                outputs: [responses, response_mask, rollout_logprobs]
+        """,
+        )
+
+
+def test_unknown_field_in_node(tmp_path):
+    with pytest.raises(DagError, match=r"node 'rollout' needs 'kind' and may only have.*'rol'"):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              rollout:
+                kind: rollout
+                rol: rollout
+                inputs: [prompts, prompt_mask]
+        """,
+        )

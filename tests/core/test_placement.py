@@ -1,0 +1,147 @@
+"""Placement: the plan on a declared cluster, and its realisation on a simulated 2-node Ray cluster."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+from ray.util.placement_group import remove_placement_group
+
+from dagrl.config.placement import format_plan, make_plan
+from dagrl.core.pools import WorkerPool, allocate
+from dagrl.errors import PlacementError
+from tests.conftest import compose_config
+
+ROLES = {"train", "rollout", "ref"}
+
+
+def plan_for(placement: str, device: str = "cuda", nnodes: int = 2, per_node: int = 2):
+    cfg = compose_config(
+        f"placement={placement}", f"trainer.nnodes={nnodes}", f"trainer.n_gpus_per_node={per_node}"
+    )
+    return cfg, make_plan(cfg, ROLES, device)
+
+
+def test_colocate_plan_spans_both_nodes():
+    _, plan = plan_for("colocate")
+    assert len(plan.groups) == 1
+    group = plan.groups[0]
+    assert group.roles == ["train", "rollout", "ref"]
+    assert group.slots == [0, 1, 2, 3]
+    assert group.nodes(2) == {0: [0, 1], 1: [0, 1]}
+    assert {r: layout.dp for r, layout in plan.roles.items()} == {"train": 4, "rollout": 4, "ref": 4}
+    text = format_plan(plan)
+    assert "2 node(s) × 2 GPU(s), 4 used" in text
+    assert (
+        "group 0 (colocated): roles ['train', 'rollout', 'ref'] on node 0: GPUs [0, 1], node 1: GPUs [0, 1]"
+        in text
+    )
+    assert "train: 4 workers, DP=4 TP=1 PP=1 CP=1" in text
+
+
+def test_separate_plan_gives_each_group_a_node():
+    _, plan = plan_for("separate")
+    assert [g.roles for g in plan.groups] == [["train", "ref"], ["rollout"]]
+    assert plan.group_of("train").nodes(2) == {0: [0, 1]}
+    assert plan.group_of("ref") is plan.group_of("train")
+    assert plan.group_of("rollout").slots == [2, 3]
+    assert plan.group_of("rollout").nodes(2) == {1: [0, 1]}
+    assert plan.roles["train"].dp == 2 and plan.roles["rollout"].dp == 2
+    text = format_plan(plan)
+    assert "group 0 (colocated): roles ['train', 'ref'] on node 0: GPUs [0, 1]" in text
+    assert "group 1 (separate): roles ['rollout'] on node 1: GPUs [0, 1]" in text
+
+
+def test_cpu_plan_says_cpu_slots():
+    _, plan = plan_for("colocate", device="cpu", nnodes=1, per_node=2)
+    assert "1 node(s) × 2 CPU slot(s), 2 used" in format_plan(plan)
+
+
+class Probe:
+    """Stands in for dagrl.core.worker.Worker: same constructor, reports where Ray put it."""
+
+    def __init__(self, cfg, roles, rank, world_size, device_kind, threads):
+        self.roles, self.rank, self.world_size, self.device_kind = roles, rank, world_size, device_kind
+
+    def node_info(self) -> dict:
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "roles": self.roles,
+        }
+
+    def shutdown(self) -> None:
+        pass
+
+
+def pools_for(placement: str):
+    cfg, plan = plan_for(placement)
+    bundles = allocate(plan, timeout_s=60)
+    pools = [WorkerPool(g, bundles, plan, cfg, actor_cls=Probe, setup=False) for g in plan.groups]
+    return bundles, pools
+
+
+def release(bundles, pools) -> None:
+    for pool in pools:
+        pool.shutdown()
+    remove_placement_group(bundles.pg)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    """A head without GPUs and two worker nodes with 2 (fake) GPUs each, in this machine."""
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()  # a test before may have started the shared local Ray
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    try:
+        workers = [cluster.add_node(num_cpus=2, num_gpus=2) for _ in range(2)]
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        cluster.wait_for_nodes()
+        yield cluster, {w.node_id for w in workers}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_pools_on_two_ray_nodes(two_node_cluster):
+    _, gpu_nodes = two_node_cluster
+    start = time.perf_counter()
+
+    bundles, pools = pools_for("separate")
+    try:
+        train, rollout = (pool.node_info() for pool in pools)
+        assert [i["roles"] for i in train] == [["train", "ref"]] * 2
+        assert [i["rank"] for i in train] == [0, 1] and train[0]["world_size"] == 2
+        train_nodes = {i["node_id"] for i in train}
+        rollout_nodes = {i["node_id"] for i in rollout}
+        assert len(train_nodes) == 1 and len(rollout_nodes) == 1, (train, rollout)
+        assert train_nodes != rollout_nodes
+        assert train_nodes | rollout_nodes == gpu_nodes
+        for infos in (train, rollout):  # one GPU per actor, distinct within the node
+            assert sorted(g for i in infos for g in i["gpu_ids"]) == ["0", "1"]
+    finally:
+        release(bundles, pools)
+
+    bundles, pools = pools_for("colocate")
+    try:
+        (pool,) = pools
+        infos = pool.node_info()
+        assert [i["rank"] for i in infos] == [0, 1, 2, 3]
+        nodes = [i["node_id"] for i in infos]
+        assert nodes[0] == nodes[1] and nodes[2] == nodes[3] and nodes[0] != nodes[2], nodes
+        assert set(nodes) == gpu_nodes
+        assert all(len(i["gpu_ids"]) == 1 for i in infos)
+    finally:
+        release(bundles, pools)
+
+    assert time.perf_counter() - start < 60
+
+
+def test_allocate_more_slots_than_cluster(two_node_cluster):
+    _, plan = plan_for("colocate", nnodes=3, per_node=2)
+    with pytest.raises(PlacementError, match="the plan needs 6 GPU slots but the Ray cluster has 4 GPUs"):
+        allocate(plan, timeout_s=10)
