@@ -61,7 +61,12 @@ def build_tokenizer(out_dir: Path) -> PreTrainedTokenizerBase:
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tokenizer.save(str(out_dir / "tokenizer.json"))
 
-    special_map = {"pad_token": PAD, "eos_token": EOS, "unk_token": UNK, "additional_special_tokens": ROLE_TOKENS}
+    special_map = {
+        "pad_token": PAD,
+        "eos_token": EOS,
+        "unk_token": UNK,
+        "additional_special_tokens": ROLE_TOKENS,
+    }
     added_tokens_decoder = {
         str(vocab[t]): {
             "content": t,
@@ -176,7 +181,9 @@ def generate_answers(
     done = torch.zeros(len(rows), dtype=torch.bool)
     for _ in range(max_new_tokens):
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, -1]
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[
+            :, -1
+        ]
         if temperature == 0:
             next_ids = logits.argmax(-1)
         else:
@@ -206,7 +213,9 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path(tiny_model_path()), help="model dir to (over)write")
     parser.add_argument("--steps", type=int, default=PRETRAIN_STEPS, help="pre-training steps")
     parser.add_argument("--lr", type=float, default=PRETRAIN_LR, help="peak pre-training learning rate")
@@ -232,7 +241,9 @@ def main() -> None:
     size = sum(f.stat().st_size for f in args.out.iterdir())
     print(f"wrote {args.out}: {params:,} params, {size:,} bytes on disk")
     print(f"test accuracy on {EVAL_ROWS} prompts: greedy {greedy:.3f}, sampled (T=1.0) {sampled:.3f}")
-    print(f"build {build_seconds:.1f}s, total {time.perf_counter() - start:.1f}s on {torch.get_num_threads()} threads")
+    print(
+        f"build {build_seconds:.1f}s, total {time.perf_counter() - start:.1f}s on {torch.get_num_threads()} threads"
+    )
 
 
 if __name__ == "__main__":

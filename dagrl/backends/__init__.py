@@ -12,7 +12,8 @@ def build_backend(cfg: DagrlConfig, role: str, ctx):
     if role in (ROLE_TRAIN, ROLE_REF):
         if arr.actor.strategy != TrainStrategy.torch:
             raise ConfigError(
-                "actor_rollout_ref.actor.strategy", arr.actor.strategy.value,
+                "actor_rollout_ref.actor.strategy",
+                arr.actor.strategy.value,
                 "this build has only the 'torch' training backend; use actor_rollout_ref.actor.strategy=torch",
             )
         from dagrl.backends.torch.train import TorchTrainBackend
@@ -21,7 +22,8 @@ def build_backend(cfg: DagrlConfig, role: str, ctx):
     if role == ROLE_ROLLOUT:
         if arr.rollout.name != RolloutName.hf:
             raise ConfigError(
-                "actor_rollout_ref.rollout.name", arr.rollout.name.value,
+                "actor_rollout_ref.rollout.name",
+                arr.rollout.name.value,
                 "this build has only the 'hf' rollout backend; use actor_rollout_ref.rollout.name=hf",
             )
         from dagrl.backends.hf.rollout import HFRolloutBackend

@@ -8,8 +8,14 @@ import torch
 
 from dagrl.errors import ConfigError
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def resolve_model_path(path: str | None) -> str:
@@ -21,7 +27,8 @@ def resolve_model_path(path: str | None) -> str:
     full = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(os.path.join(full, "config.json")):
         raise ConfigError(
-            "actor_rollout_ref.model.path", path,
+            "actor_rollout_ref.model.path",
+            path,
             "not a HF model directory (no config.json there); give a local directory saved by save_pretrained",
         )
     return full

@@ -135,7 +135,9 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
             f" declares trainer.nnodes×trainer.n_gpus_per_node = {total}; lower placement.gpus or grow the cluster"
         )
     if any(s < 1 for s in sizes):
-        raise PlacementError(f"every role needs at least one device; got {dict(zip(map(tuple, groups), sizes))}")
+        raise PlacementError(
+            f"every role needs at least one device; got {dict(zip(map(tuple, groups), sizes))}"
+        )
     return sizes
 
 

@@ -24,7 +24,9 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
     optim = cfg.actor_rollout_ref.actor.optim
     if optim.lr is None:
         if cfg.actor_rollout_ref.model.path is not None:
-            raise ConfigError(f"{A}.optim.lr", None, "set the learning rate for your model (e.g. 1e-6 for 1B–8B)")
+            raise ConfigError(
+                f"{A}.optim.lr", None, "set the learning rate for your model (e.g. 1e-6 for 1B–8B)"
+            )
         optim.lr = BUILTIN_LR
 
 
@@ -44,20 +46,23 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
         dp = plan.roles[role].dp if role in plan.roles else 1
         if rows % dp:
             raise ConfigError(
-                "data.train_batch_size", cfg.data.train_batch_size,
+                "data.train_batch_size",
+                cfg.data.train_batch_size,
                 f"train_batch_size × rollout.n = {rows} responses must split evenly over the {dp} DP ranks"
                 f" of role {role!r}; pick a batch size so that this divides",
             )
     dp = plan.roles[ROLE_TRAIN].dp
     if (a.ppo_mini_batch_size * n) % dp:
         raise ConfigError(
-            f"{A}.ppo_mini_batch_size", a.ppo_mini_batch_size,
+            f"{A}.ppo_mini_batch_size",
+            a.ppo_mini_batch_size,
             f"ppo_mini_batch_size × rollout.n = {a.ppo_mini_batch_size * n} must divide evenly over DP = {dp}",
         )
     per_rank = a.ppo_mini_batch_size * n // dp
     if per_rank % a.ppo_micro_batch_size_per_gpu and a.ppo_micro_batch_size_per_gpu < per_rank:
         raise ConfigError(
-            f"{A}.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_gpu,
+            f"{A}.ppo_micro_batch_size_per_gpu",
+            a.ppo_micro_batch_size_per_gpu,
             f"each DP rank gets {per_rank} responses per mini-batch; use a micro-batch size that divides it",
         )
 
@@ -71,21 +76,27 @@ def _check_data(cfg: DagrlConfig) -> None:
         for path in data_files(getattr(d, key)):
             if not os.path.isfile(os.path.expanduser(path)):
                 raise ConfigError(
-                    f"data.{key}", path,
+                    f"data.{key}",
+                    path,
                     "no such file; give parquet files written by examples/data_preprocess/*.py"
                     " (leave unset for the built-in task)",
                 )
     if (d.train_files is None) != (d.val_files is None) and d.val_files is not None:
-        raise ConfigError("data.train_files", None, "data.val_files is set but data.train_files is not; set both")
+        raise ConfigError(
+            "data.train_files", None, "data.val_files is set but data.train_files is not; set both"
+        )
 
 
 def _check_actor(cfg: DagrlConfig) -> None:
     a = cfg.actor_rollout_ref.actor
     if a.optim.lr is None or a.optim.lr <= 0:
-        raise ConfigError(f"{A}.optim.lr", a.optim.lr, "set a positive learning rate (e.g. 1e-6 for 1B–8B models)")
+        raise ConfigError(
+            f"{A}.optim.lr", a.optim.lr, "set a positive learning rate (e.g. 1e-6 for 1B–8B models)"
+        )
     if cfg.data.train_batch_size % a.ppo_mini_batch_size:
         raise ConfigError(
-            f"{A}.ppo_mini_batch_size", a.ppo_mini_batch_size,
+            f"{A}.ppo_mini_batch_size",
+            a.ppo_mini_batch_size,
             f"must divide data.train_batch_size={cfg.data.train_batch_size} (both count prompts)",
         )
     for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
@@ -105,14 +116,18 @@ def _check_actor(cfg: DagrlConfig) -> None:
         sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size)
         if sizes != (1, 1, 1) or m.sequence_parallel:
             raise ConfigError(
-                f"{A}.megatron.*", sizes, "model-parallel settings need actor_rollout_ref.actor.strategy=megatron"
+                f"{A}.megatron.*",
+                sizes,
+                "model-parallel settings need actor_rollout_ref.actor.strategy=megatron",
             )
 
 
 def _check_rollout(cfg: DagrlConfig) -> None:
     r = cfg.actor_rollout_ref.rollout
     if r.n < 2:
-        raise ConfigError(f"{R}.n", r.n, "GRPO compares responses within a group: use rollout.n >= 2 (e.g. 8)")
+        raise ConfigError(
+            f"{R}.n", r.n, "GRPO compares responses within a group: use rollout.n >= 2 (e.g. 8)"
+        )
     if r.temperature < 0:
         raise ConfigError(f"{R}.temperature", r.temperature, "must be >= 0 (0 = greedy)")
     if not 0 < r.top_p <= 1:
@@ -120,8 +135,11 @@ def _check_rollout(cfg: DagrlConfig) -> None:
     if r.tensor_model_parallel_size < 1:
         raise ConfigError(f"{R}.tensor_model_parallel_size", r.tensor_model_parallel_size, "must be >= 1")
     if r.name.value == "hf" and r.tensor_model_parallel_size != 1:
-        raise ConfigError(f"{R}.tensor_model_parallel_size", r.tensor_model_parallel_size,
-                          "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)")
+        raise ConfigError(
+            f"{R}.tensor_model_parallel_size",
+            r.tensor_model_parallel_size,
+            "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)",
+        )
     if not 0 < r.gpu_memory_utilization <= 1:
         raise ConfigError(f"{R}.gpu_memory_utilization", r.gpu_memory_utilization, "must be in (0, 1]")
 
@@ -129,18 +147,28 @@ def _check_rollout(cfg: DagrlConfig) -> None:
 def _check_trainer(cfg: DagrlConfig) -> None:
     t = cfg.trainer
     if t.nnodes < 1 or t.n_gpus_per_node < 1:
-        raise ConfigError("trainer.n_gpus_per_node", (t.nnodes, t.n_gpus_per_node),
-                          "trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+        raise ConfigError(
+            "trainer.n_gpus_per_node",
+            (t.nnodes, t.n_gpus_per_node),
+            "trainer.nnodes and trainer.n_gpus_per_node must be >= 1",
+        )
     if t.total_training_steps is not None and t.total_training_steps < 1:
         raise ConfigError("trainer.total_training_steps", t.total_training_steps, "must be >= 1 or null")
     if t.save_freq == 0 or t.test_freq == 0:
-        raise ConfigError("trainer.save_freq", (t.save_freq, t.test_freq), "use a positive step count, or -1 for never")
+        raise ConfigError(
+            "trainer.save_freq", (t.save_freq, t.test_freq), "use a positive step count, or -1 for never"
+        )
     unknown = set(t.logger) - {"console", "tensorboard", "jsonl"}
     if unknown:
-        raise ConfigError("trainer.logger", list(t.logger), "loggers are console, tensorboard (jsonl is always on)")
+        raise ConfigError(
+            "trainer.logger", list(t.logger), "loggers are console, tensorboard (jsonl is always on)"
+        )
     if t.resume_mode not in ("auto", "disable") and not os.path.isdir(os.path.expanduser(t.resume_mode)):
-        raise ConfigError("trainer.resume_mode", t.resume_mode,
-                          "use auto, disable, or the path of an existing global_step_N checkpoint directory")
+        raise ConfigError(
+            "trainer.resume_mode",
+            t.resume_mode,
+            "use auto, disable, or the path of an existing global_step_N checkpoint directory",
+        )
 
 
 def resolve_device(cfg: DagrlConfig) -> str:
@@ -151,7 +179,9 @@ def resolve_device(cfg: DagrlConfig) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.trainer.device == Device.cuda and not torch.cuda.is_available() and not cfg.trainer.dry_run:
         if cfg.trainer.ray_address is None:
-            raise ConfigError("trainer.device", "cuda", "no GPU is visible here; use trainer.device=cpu or run on GPUs")
+            raise ConfigError(
+                "trainer.device", "cuda", "no GPU is visible here; use trainer.device=cpu or run on GPUs"
+            )
     return cfg.trainer.device.value
 
 

@@ -76,7 +76,9 @@ def build_dag(name: str, source: list[str], specs: list[NodeSpec], roles_with_po
         _check_node(name, spec, kinds, roles_with_pool)
         for key in spec.outputs:
             if key in producers:
-                raise DagError(f"dag {name}: key {key!r} is produced twice (by {producers[key]} and {spec.name})")
+                raise DagError(
+                    f"dag {name}: key {key!r} is produced twice (by {producers[key]} and {spec.name})"
+                )
             producers[key] = spec.name
     names = {s.name for s in specs}
     deps: dict[str, frozenset[str]] = {}
@@ -98,8 +100,10 @@ def build_dag(name: str, source: list[str], specs: list[NodeSpec], roles_with_po
 def _check_node(dag: str, spec: NodeSpec, kinds: dict[str, type], roles_with_pool: set[str]) -> None:
     where = f"dag {dag}: node {spec.name!r}"
     if spec.kind not in kinds:
-        raise DagError(f"{where}: unknown kind {spec.kind!r}; known kinds: {sorted(kinds)} (add your own"
-                       " with @register_node_kind in a module listed in external_plugins)")
+        raise DagError(
+            f"{where}: unknown kind {spec.kind!r}; known kinds: {sorted(kinds)} (add your own"
+            " with @register_node_kind in a module listed in external_plugins)"
+        )
     kind = kinds[spec.kind]
     for key in (*spec.inputs, *spec.outputs):
         if key not in KEYS:
@@ -110,15 +114,19 @@ def _check_node(dag: str, spec: NodeSpec, kinds: dict[str, type], roles_with_poo
     extra_in = [k for k in spec.inputs if k not in (*kind.required_inputs, *kind.optional_inputs)]
     extra_out = [k for k in spec.outputs if k not in kind.outputs]
     if extra_in or extra_out:
-        raise DagError(f"{where}: kind {spec.kind} does not read {extra_in} / produce {extra_out}"
-                       f" (reads {list(kind.required_inputs + kind.optional_inputs)}, produces {list(kind.outputs)})")
+        raise DagError(
+            f"{where}: kind {spec.kind} does not read {extra_in} / produce {extra_out}"
+            f" (reads {list(kind.required_inputs + kind.optional_inputs)}, produces {list(kind.outputs)})"
+        )
     if kind.remote and not spec.role:
         raise DagError(f"{where}: kind {spec.kind} runs on a worker pool; give it a 'role'")
     if not kind.remote and spec.role:
         raise DagError(f"{where}: kind {spec.kind} runs on the driver; remove its 'role'")
     if spec.role and spec.role not in roles_with_pool:
-        raise DagError(f"{where}: role {spec.role!r} has no worker pool; roles with pools: "
-                       f"{sorted(roles_with_pool)} (see placement.colocate_groups / placement.gpus)")
+        raise DagError(
+            f"{where}: role {spec.role!r} has no worker pool; roles with pools: "
+            f"{sorted(roles_with_pool)} (see placement.colocate_groups / placement.gpus)"
+        )
 
 
 def _topological_order(dag: str, specs: list[NodeSpec], deps: dict[str, frozenset[str]]) -> list[NodeSpec]:

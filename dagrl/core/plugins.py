@@ -29,4 +29,6 @@ def load_plugins(modules: list[str]) -> None:
         except ConfigError:
             raise
         except Exception as exc:
-            raise ConfigError(key, entry, f"importing it failed: {exc!r}; make it importable (PYTHONPATH)") from exc
+            raise ConfigError(
+                key, entry, f"importing it failed: {exc!r}; make it importable (PYTHONPATH)"
+            ) from exc

@@ -7,7 +7,6 @@ slots of one planned node stay on one real node. Pools may span nodes of a Ray c
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import ray
@@ -26,7 +25,9 @@ class Bundles:
     cpus_per_slot: int
 
     def strategy(self, slot: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=self.order[slot])
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=self.order[slot]
+        )
 
 
 def allocate(plan: Plan, timeout_s: float = 120.0) -> Bundles:
@@ -51,7 +52,9 @@ def allocate(plan: Plan, timeout_s: float = 120.0) -> Bundles:
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(pg)
-        raise PlacementError(f"Ray could not place {plan.total_slots} bundles of {bundle} in {timeout_s:.0f}s")
+        raise PlacementError(
+            f"Ray could not place {plan.total_slots} bundles of {bundle} in {timeout_s:.0f}s"
+        )
     node_of = placement_group_table(pg)["bundles_to_node_id"]
     first_seen: dict[str, int] = {}
     for b in sorted(node_of):
@@ -63,7 +66,9 @@ def allocate(plan: Plan, timeout_s: float = 120.0) -> Bundles:
 class WorkerPool:
     """The actors of one colocate group: one per slot, ranks in slot order."""
 
-    def __init__(self, group: GroupPlan, bundles: Bundles, plan: Plan, cfg, actor_cls=None, setup: bool = True):
+    def __init__(
+        self, group: GroupPlan, bundles: Bundles, plan: Plan, cfg, actor_cls=None, setup: bool = True
+    ):
         from dagrl.core.worker import Worker
 
         cls = actor_cls or Worker
@@ -126,11 +131,3 @@ class RoleHandle:
 
     def broadcast(self, method: str, *args, **kwargs) -> list:
         return self.pool.call_all(self.role, method, *args, **kwargs)
-
-
-def wait_for_cluster(min_slots: int, device: str, timeout_s: float = 60.0) -> None:
-    """Multi-node: wait until enough devices joined the Ray cluster."""
-    key = "GPU" if device == "cuda" else "CPU"
-    deadline = time.time() + timeout_s
-    while ray.cluster_resources().get(key, 0) < min_slots and time.time() < deadline:
-        time.sleep(1.0)

@@ -70,7 +70,10 @@ class Worker:
         if self.world_size > 1 and not torch.distributed.is_initialized():
             backend = "nccl" if self.device_kind == "cuda" else "gloo"
             torch.distributed.init_process_group(
-                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank, world_size=self.world_size
+                backend,
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=self.rank,
+                world_size=self.world_size,
             )
         ctx = ParallelContext(self.rank, self.world_size, device)
         from dagrl.backends import build_backend

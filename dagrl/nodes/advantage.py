@@ -36,7 +36,9 @@ class AdvantageNode:
         rewards = token_level_rewards(batch["scores"], mask)
         metrics = {}
         if self.algo.use_kl_in_reward:
-            kl = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], KLEstimator.parse(self.algo.kl_penalty))
+            kl = kl_penalty(
+                batch["old_logprobs"], batch["ref_logprobs"], KLEstimator.parse(self.algo.kl_penalty)
+            )
             rewards = rewards - self.algo.kl_ctrl.kl_coef * kl * mask
             metrics["critic/kl_in_reward"] = float(masked_mean(kl, mask))
         advantages = compute_grpo_advantages(

@@ -19,7 +19,9 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
     """Scores [B] and reward metrics; shared by the reward node and validation."""
     texts = decode_responses(runtime.tokenizer, batch["responses"], batch["response_mask"])
     sources = list(batch["data_source"])
-    scores, per_fn = runtime.rewarder.score_batch(sources, texts, list(batch["ground_truth"]), list(batch["extra_info"]))
+    scores, per_fn = runtime.rewarder.score_batch(
+        sources, texts, list(batch["ground_truth"]), list(batch["extra_info"])
+    )
     lengths = batch["response_mask"].sum(1).float()
     max_len = batch["responses"].shape[1]
     metrics = {

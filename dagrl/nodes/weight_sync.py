@@ -42,6 +42,10 @@ class WeightSyncNode:
         seconds = time.perf_counter() - start
         nbytes = infos[0]["bytes"]
         return NodeResult(
-            Batch(), {"weight_sync/bytes": float(nbytes), "weight_sync/s": seconds,
-                      "weight_sync/GBps": nbytes / max(seconds, 1e-9) / 1e9}
+            Batch(),
+            {
+                "weight_sync/bytes": float(nbytes),
+                "weight_sync/s": seconds,
+                "weight_sync/GBps": nbytes / max(seconds, 1e-9) / 1e9,
+            },
         )

@@ -55,7 +55,11 @@ def format_line(step: int, metrics: dict[str, float]) -> str:
     for key, label, fmt in CONSOLE_KEYS:
         if key in metrics:
             parts.append(f"{label} {fmt.format(metrics[key])}")
-    nodes = sorted((k[len("timing_s/"):], v) for k, v in metrics.items() if k.startswith("timing_s/") and k != "timing_s/step")
+    nodes = sorted(
+        (k[len("timing_s/") :], v)
+        for k, v in metrics.items()
+        if k.startswith("timing_s/") and k != "timing_s/step"
+    )
     if nodes:
         parts.append("| " + " ".join(f"{n} {v:.2f}s" for n, v in nodes))
     return " ".join(parts)

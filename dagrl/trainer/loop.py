@@ -20,10 +20,16 @@ def collate(examples, pad_id: int, n: int, first_group: int) -> Batch:
     """Prompts left-padded, each repeated n times (rows i*n..i*n+n-1 form group i)."""
     prompts, prompt_mask = left_pad([e.prompt_ids for e in examples], pad_id)
     batch = Batch(
-        {"prompts": prompts, "prompt_mask": prompt_mask,
-         "group_ids": torch.arange(first_group, first_group + len(examples))},
-        {"data_source": [e.data_source for e in examples], "ground_truth": [e.ground_truth for e in examples],
-         "extra_info": [e.extra_info for e in examples]},
+        {
+            "prompts": prompts,
+            "prompt_mask": prompt_mask,
+            "group_ids": torch.arange(first_group, first_group + len(examples)),
+        },
+        {
+            "data_source": [e.data_source for e in examples],
+            "ground_truth": [e.ground_truth for e in examples],
+            "extra_info": [e.extra_info for e in examples],
+        },
     )
     return batch.repeat_interleave(n)
 
@@ -46,13 +52,19 @@ class Trainer:
         if t.val_before_train and self.step == 0 and self.val_dataset is not None:
             last = self.validate()
             self.metrics.write(0, last)
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not t.progress_bar, desc="train", leave=False)
+        bar = tqdm(
+            total=self.total_steps, initial=self.step, disable=not t.progress_bar, desc="train", leave=False
+        )
         while self.step < self.total_steps:
             self.step += 1
             self.runtime.step = self.step
             examples = self.loader.next_batch()
-            batch = collate(examples, self.runtime.tokenizer.pad_token_id, self.cfg.actor_rollout_ref.rollout.n,
-                            (self.step - 1) * len(examples))
+            batch = collate(
+                examples,
+                self.runtime.tokenizer.pad_token_id,
+                self.cfg.actor_rollout_ref.rollout.n,
+                (self.step - 1) * len(examples),
+            )
             _, metrics = self.scheduler.run(batch)
             metrics["train/epoch"] = float(self.loader.epoch)
             is_last = self.step == self.total_steps
@@ -78,10 +90,16 @@ class Trainer:
         batch = collate(examples, self.runtime.tokenizer.pad_token_id, vk.n, 0)
         pad = (-len(batch)) % rollout.dp_size  # pad with repeats so every DP rank gets a shard
         padded = Batch.concat([batch, batch.index(range(pad))]) if pad else batch
-        out, _ = rollout.run("generate", padded.select(["prompts", "prompt_mask"]), validate=True,
-                             seed=step_seed(self.cfg.trainer.seed, 0))
+        out, _ = rollout.run(
+            "generate",
+            padded.select(["prompts", "prompt_mask"]),
+            validate=True,
+            seed=step_seed(self.cfg.trainer.seed, 0),
+        )
         out = out.index(range(len(batch)))
-        _, metrics = score_responses(self.runtime, batch.select(["data_source", "ground_truth", "extra_info"]).union(out))
+        _, metrics = score_responses(
+            self.runtime, batch.select(["data_source", "ground_truth", "extra_info"]).union(out)
+        )
         return {f"val/{k}": v for k, v in metrics.items()}
 
     # ---- checkpoints ---------------------------------------------------------------------------
@@ -92,7 +110,9 @@ class Trainer:
         self.runtime.role(ROLE_TRAIN).broadcast("save", os.path.join(staging, "actor"))
         # the driver draws no random numbers (sampling seeds derive from the step); workers save theirs
         state = {"global_step": self.step, "data": self.loader.state_dict()}
-        path = checkpoint.commit(self.ckpt_root, staging, self.step, state, self.cfg.trainer.max_actor_ckpt_to_keep)
+        path = checkpoint.commit(
+            self.ckpt_root, staging, self.step, state, self.cfg.trainer.max_actor_ckpt_to_keep
+        )
         log(f"saved checkpoint {path}")
         return path
 

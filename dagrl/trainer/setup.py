@@ -49,7 +49,9 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    hf_cfg = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    hf_cfg = AutoConfig.from_pretrained(
+        model_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
+    )
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf_cfg).parameters())
     width = torch_dtype(cfg.actor_rollout_ref.model.dtype).itemsize
@@ -71,19 +73,34 @@ def load_data(cfg: DagrlConfig, model_path: str):
     """Tokenizer, training loader and validation dataset (None when there is none)."""
     tokenizer = load_tokenizer(model_path, cfg.actor_rollout_ref.model.trust_remote_code)
     d = cfg.data
-    common = dict(max_prompt_length=d.max_prompt_length, prompt_key=d.prompt_key,
-                  filter_overlong=d.filter_overlong_prompts)
+    common = dict(
+        max_prompt_length=d.max_prompt_length,
+        prompt_key=d.prompt_key,
+        filter_overlong=d.filter_overlong_prompts,
+    )
     if d.train_files is None:
         from dagrl.data.builtin import generate_rows
 
-        train = PromptDataset.from_rows(generate_rows("train", d.builtin_train_rows, d.seed), tokenizer,
-                                        source="built-in task (train)", **common)
-        val = PromptDataset.from_rows(generate_rows("test", d.builtin_val_rows, d.seed), tokenizer,
-                                      source="built-in task (test)", key="data.val_files", **common)
+        train = PromptDataset.from_rows(
+            generate_rows("train", d.builtin_train_rows, d.seed),
+            tokenizer,
+            source="built-in task (train)",
+            **common,
+        )
+        val = PromptDataset.from_rows(
+            generate_rows("test", d.builtin_val_rows, d.seed),
+            tokenizer,
+            source="built-in task (test)",
+            key="data.val_files",
+            **common,
+        )
     else:
         train = PromptDataset(data_files(d.train_files), tokenizer, **common)
-        val = (PromptDataset(data_files(d.val_files), tokenizer, key="data.val_files", **common)
-               if d.val_files is not None else None)
+        val = (
+            PromptDataset(data_files(d.val_files), tokenizer, key="data.val_files", **common)
+            if d.val_files is not None
+            else None
+        )
     loader = PromptLoader(train, d.train_batch_size, shuffle=d.shuffle, seed=d.seed)
     return tokenizer, loader, val
 
@@ -118,4 +135,3 @@ def launch(prepared: Prepared, tokenizer, rewarder):
             roles[role] = RoleHandle(role, pool)
     runtime = Runtime(cfg=prepared.cfg, roles=roles, tokenizer=tokenizer, rewarder=rewarder)
     return runtime, pools, bundles
-

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,15 +28,29 @@ def run_cli(*overrides: str, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
-def wait_for_tiny_model(timeout_s: float = 900.0) -> str:
-    """The shipped tiny model is built by another step of the project; wait for it rather than fake it."""
+def shipped_model_dir() -> str:
+    """The tiny model the package ships (built by tools/build_tiny_model.py); its absence is a failure."""
     path = tiny_model_path()
-    deadline = time.time() + timeout_s
-    while not os.path.isfile(os.path.join(path, "config.json")):
-        if time.time() > deadline:
-            pytest.fail(f"the shipped tiny model is missing: no {path}/config.json")
-        time.sleep(60)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        pytest.fail(
+            f"the shipped tiny model is missing: no {path}/config.json (run tools/build_tiny_model.py)"
+        )
     return path
+
+
+def write_model_config(directory: Path) -> str:
+    """A HF config.json only: enough for planning and the memory estimate, which build on the meta device."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ).save_pretrained(directory)
+    return str(directory)
 
 
 def checked(*overrides: str):
@@ -100,7 +113,7 @@ def test_dagrl_error_exits_2_with_key(tmp_path):
 
 
 def test_dry_run_plans_cluster_without_gpus(tmp_path):
-    wait_for_tiny_model()
+    shipped_model_dir()
     proc = run_cli(
         "trainer.dry_run=true",
         "trainer.nnodes=2",
@@ -111,11 +124,39 @@ def test_dry_run_plans_cluster_without_gpus(tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "2 node(s) × 4 GPU(s)" in out
-    # train+ref take node 0, rollout node 1 (4 GPUs each, split evenly)
-    assert "group 0 (colocated): roles ['train', 'ref'] on node 0: GPUs [0, 1, 2, 3]" in out
+    assert "cluster: 2 node(s) × 4 GPU(s), 8 used" in out
+    # without KL there is no ref role: train takes node 0 and rollout node 1, 4 GPUs each
+    assert "group 0 (separate): roles ['train'] on node 0: GPUs [0, 1, 2, 3]" in out
     assert "group 1 (separate): roles ['rollout'] on node 1: GPUs [0, 1, 2, 3]" in out
-    assert "dry run" in out
+    assert "rollout: 4 workers, DP=4" in out
+    assert "dry run: plan printed, no workers started" in out
+
+
+def test_dry_run_with_ref_and_uneven_split(tmp_path):
+    model = write_model_config(tmp_path / "model")
+    proc = run_cli(
+        "trainer.dry_run=true",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=4",
+        "trainer.device=cuda",
+        "placement=separate",
+        "placement.gpus.train=6",
+        "placement.gpus.ref=6",
+        "placement.gpus.rollout=2",
+        f"actor_rollout_ref.model.path={model}",
+        f"{A}.optim.lr=1e-6",
+        f"{A}.use_kl_loss=true",
+        "data.train_batch_size=12",  # 12 × 8 = 96 responses split over DP 6 and DP 2
+        f"{A}.ppo_mini_batch_size=12",
+        tmp_path=tmp_path,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert (
+        "group 0 (colocated): roles ['train', 'ref'] on node 0: GPUs [0, 1, 2, 3], node 1: GPUs [0, 1]" in out
+    )
+    assert "group 1 (separate): roles ['rollout'] on node 1: GPUs [2, 3]" in out
+    assert "train: 6 workers, DP=6" in out and "ref: 6 workers, DP=6" in out
 
 
 # ---- cross-field rules ---------------------------------------------------------------------------

@@ -50,11 +50,23 @@ def test_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run(compose_config(*FAST, "trainer.total_training_steps=4", f"trainer.default_local_dir={straight}"))
-    run(compose_config(*FAST, "trainer.total_training_steps=2", "trainer.save_freq=2",
-                       f"trainer.default_local_dir={resumed}"))
+    run(
+        compose_config(
+            *FAST,
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=2",
+            f"trainer.default_local_dir={resumed}",
+        )
+    )
     assert (resumed / "global_step_2" / "actor" / "config.json").is_file()
-    run(compose_config(*FAST, "trainer.total_training_steps=4", "trainer.save_freq=2",
-                       f"trainer.default_local_dir={resumed}"))
+    run(
+        compose_config(
+            *FAST,
+            "trainer.total_training_steps=4",
+            "trainer.save_freq=2",
+            f"trainer.default_local_dir={resumed}",
+        )
+    )
     a = [without_timing(r) for r in read_metrics(straight)]
     b = [without_timing(r) for r in read_metrics(resumed)]
     assert [r["step"] for r in b] == [1, 2, 3, 4]
@@ -66,8 +78,15 @@ def test_separate_rollout_pool_receives_weights_through_ray(ray_local, tmp_path)
     from dagrl.backends.hf_model import resolve_model_path
     from dagrl.main import run
 
-    run(compose_config(*FAST, "placement=separate", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2",
-                       f"trainer.default_local_dir={tmp_path}"))
+    run(
+        compose_config(
+            *FAST,
+            "placement=separate",
+            "trainer.n_gpus_per_node=2",
+            "trainer.total_training_steps=2",
+            f"trainer.default_local_dir={tmp_path}",
+        )
+    )
     rows = read_metrics(tmp_path)
     from safetensors.torch import load_file
 
@@ -80,12 +99,22 @@ def test_two_train_workers_ddp_over_gloo(ray_local, tmp_path):
     """Two colocated workers: DP=2 shards, DDP all-reduces gradients, both replicas stay equal."""
     from dagrl.main import run
 
-    run(compose_config(*FAST, "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2", "trainer.save_freq=2",
-                       "actor_rollout_ref.actor.use_kl_loss=true", f"trainer.default_local_dir={tmp_path}"))
+    run(
+        compose_config(
+            *FAST,
+            "trainer.n_gpus_per_node=2",
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=2",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            f"trainer.default_local_dir={tmp_path}",
+        )
+    )
     rows = read_metrics(tmp_path)
     assert len(rows) == 2 and "actor/kl_loss" in rows[-1]
-    ranks = [torch.load(tmp_path / "global_step_2" / "actor" / f"train_state_rank{r}.pt", weights_only=False)
-             for r in (0, 1)]
+    ranks = [
+        torch.load(tmp_path / "global_step_2" / "actor" / f"train_state_rank{r}.pt", weights_only=False)
+        for r in (0, 1)
+    ]
     for s0, s1 in zip(ranks[0]["optimizer"]["state"].values(), ranks[1]["optimizer"]["state"].values()):
         assert torch.equal(s0["exp_avg"], s1["exp_avg"])  # identical averaged gradients on both ranks
 
@@ -99,16 +128,24 @@ def test_exported_hf_model_reloads_with_identical_logits(tmp_path):
     from dagrl.core.batch import Batch
     from dagrl.core.worker import ParallelContext
 
-    cfg = compose_config("actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.train_batch_size=2",
-                         "actor_rollout_ref.rollout.n=2")
+    cfg = compose_config(
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+    )
     resolve_defaults(cfg)
     backend = TorchTrainBackend(cfg, ParallelContext(0, 1, torch.device("cpu")))
     g = torch.Generator().manual_seed(0)
-    batch = Batch({
-        "prompts": torch.randint(5, 60, (4, 6), generator=g), "prompt_mask": torch.ones(4, 6, dtype=torch.long),
-        "responses": torch.randint(5, 60, (4, 3), generator=g), "response_mask": torch.ones(4, 3, dtype=torch.long),
-        "old_logprobs": torch.full((4, 3), -2.0), "advantages": torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(4, 3),
-    })
+    batch = Batch(
+        {
+            "prompts": torch.randint(5, 60, (4, 6), generator=g),
+            "prompt_mask": torch.ones(4, 6, dtype=torch.long),
+            "responses": torch.randint(5, 60, (4, 3), generator=g),
+            "response_mask": torch.ones(4, 3, dtype=torch.long),
+            "old_logprobs": torch.full((4, 3), -2.0),
+            "advantages": torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(4, 3),
+        }
+    )
     before = [p.detach().clone() for p in backend.model.parameters()]
     backend.train_step(batch)
     assert any(not torch.equal(a, b) for a, b in zip(before, backend.model.parameters()))

@@ -91,7 +91,11 @@ class HFRolloutBackend:
                 break
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             out = self.model(
-                input_ids=token[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=past, use_cache=True
+                input_ids=token[:, None],
+                attention_mask=attn,
+                position_ids=next_pos,
+                past_key_values=past,
+                use_cache=True,
             )
             past, logits, next_pos = out.past_key_values, out.logits[:, -1].float(), next_pos + 1
         return torch.stack(tokens, 1).cpu(), torch.stack(masks, 1).cpu(), torch.stack(logps, 1).cpu()

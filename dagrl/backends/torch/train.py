@@ -49,7 +49,9 @@ class TorchTrainBackend:
             self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
         )
         warmup = max(1, o.lr_warmup_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup)
+        )
         if ctx.distributed:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
@@ -76,7 +78,10 @@ class TorchTrainBackend:
     def _logits_logprobs(self, module, mb: Batch, with_entropy: bool):
         dev = self.ctx.device
         ids, attn, pos = sequence_inputs(
-            mb["prompts"].to(dev), mb["prompt_mask"].to(dev), mb["responses"].to(dev), mb["response_mask"].to(dev)
+            mb["prompts"].to(dev),
+            mb["prompt_mask"].to(dev),
+            mb["responses"].to(dev),
+            mb["response_mask"].to(dev),
         )
         logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         resp_len = mb["responses"].shape[1]
@@ -85,7 +90,9 @@ class TorchTrainBackend:
         logprobs = logprobs_from_logits(logits, ids[:, -resp_len:])
         entropy = None
         if with_entropy:  # a metric unless entropy_coeff != 0: then no graph is kept for it
-            with torch.set_grad_enabled(torch.is_grad_enabled() and self.cfg.actor_rollout_ref.actor.entropy_coeff != 0):
+            with torch.set_grad_enabled(
+                torch.is_grad_enabled() and self.cfg.actor_rollout_ref.actor.entropy_coeff != 0
+            ):
                 entropy = entropy_from_logits(logits)
         return logprobs, entropy
 
@@ -113,6 +120,8 @@ class TorchTrainBackend:
         self.scheduler.step()
         metrics = {k: float(np.mean(v)) for k, v in history.items()}
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
+        if self.ctx.device.type == "cuda":
+            metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return Batch(), metrics
 
     def _update_mini_batch(self, module, mini: Batch) -> dict[str, float]:
@@ -125,7 +134,9 @@ class TorchTrainBackend:
         for i, mb in enumerate(micro_batches):
             # weight makes the accumulated gradient equal to that of the whole mini-batch's loss
             weight = (
-                float(mb["response_mask"].sum()) / total_tokens if mode == LossAggMode.TOKEN_MEAN else len(mb) / len(mini)
+                float(mb["response_mask"].sum()) / total_tokens
+                if mode == LossAggMode.TOKEN_MEAN
+                else len(mb) / len(mini)
             )
             sync = i == len(micro_batches) - 1 or self.ddp is None
             ctx = module.no_sync() if not sync else contextlib.nullcontext()
