@@ -28,9 +28,17 @@ def build_model(out: str, hidden: int, layers: int, vocab: int) -> str:
     path = os.path.join(out, "model")
     heads = max(1, hidden // 128)
     cfg = AutoConfig.for_model(
-        "qwen3", hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=128, vocab_size=vocab,
-        max_position_embeddings=4096, tie_word_embeddings=True, architectures=["Qwen3ForCausalLM"],
+        "qwen3",
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=128,
+        vocab_size=vocab,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        architectures=["Qwen3ForCausalLM"],
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -60,22 +68,42 @@ def main() -> None:
     run_dir = os.path.join(args.out, "run")
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [
-        sys.executable, "-m", "dagrl.main", f"actor_rollout_ref.model.path={model}",
-        "actor_rollout_ref.model.dtype=bfloat16", "actor_rollout_ref.actor.optim.lr=1e-6",
-        "trainer.device=cuda", f"trainer.total_training_steps={args.steps}", f"trainer.default_local_dir={run_dir}",
-        f"data.train_batch_size={args.batch}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
-        f"actor_rollout_ref.rollout.n={args.n}", f"data.max_response_length={args.response_length}",
-        "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "trainer.val_before_train=false",
-        "trainer.test_freq=-1", "trainer.progress_bar=false", *args.extra,
+        sys.executable,
+        "-m",
+        "dagrl.main",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.dtype=bfloat16",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "trainer.device=cuda",
+        f"trainer.total_training_steps={args.steps}",
+        f"trainer.default_local_dir={run_dir}",
+        f"data.train_batch_size={args.batch}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        f"data.max_response_length={args.response_length}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.progress_bar=false",
+        *args.extra,
     ]
     print("command:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    keys = ["timing_s/step", "timing_s/rollout", "timing_s/old_logprob", "timing_s/actor_update",
-            "timing_s/weight_sync", "rollout/tokens_per_s", "response_length/mean", "weight_sync/GBps",
-            "perf/max_memory_allocated_gib"]
+    keys = [
+        "timing_s/step",
+        "timing_s/rollout",
+        "timing_s/old_logprob",
+        "timing_s/actor_update",
+        "timing_s/weight_sync",
+        "rollout/tokens_per_s",
+        "response_length/mean",
+        "weight_sync/GBps",
+        "perf/max_memory_allocated_gib",
+    ]
     for r in rows:
         print(json.dumps({"step": r["step"], **{k: round(r[k], 3) for k in keys if k in r}}))
 

@@ -34,7 +34,7 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     tokenizer, loader, val = load_data(cfg, prepared.model_path)
     rewarder = rewarder_for(cfg)
     start = time.perf_counter()
-    runtime, pools, _ = launch(prepared, tokenizer, rewarder)
+    runtime, pools, bundles = launch(prepared, tokenizer, rewarder)
     log(f"workers ready in {time.perf_counter() - start:.1f}s")
     from dagrl.core.scheduler import Scheduler
     from dagrl.trainer.loop import Trainer
@@ -49,6 +49,7 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
         scheduler.close()
         for pool in pools:
             pool.shutdown()
+        bundles.release()  # a later run in this Ray (tests, notebooks) gets the devices back
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)

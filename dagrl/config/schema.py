@@ -68,7 +68,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
-    lr_warmup_steps: int = 0
+    lr_warmup_steps: int = 10  # linear warmup; Adam's first steps are otherwise full-size
 
 
 @dataclass

@@ -24,6 +24,9 @@ class Bundles:
     order: list[int]  # planned slot -> bundle index
     cpus_per_slot: int
 
+    def release(self) -> None:
+        remove_placement_group(self.pg)
+
     def strategy(self, slot: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(
             placement_group=self.pg, placement_group_bundle_index=self.order[slot]

@@ -61,9 +61,11 @@ class HFRolloutBackend:
             self._generate(mb, gen, s.temperature, s.top_p, s.top_k, greedy)
             for mb in batch.chunks(r.micro_batch_size_per_gpu)
         ]
-        responses = _pad_right([o[0] for o in outs], self.pad_id)
-        mask = _pad_right([o[1] for o in outs], 0)
-        logprobs = _pad_right([o[2] for o in outs], 0.0)
+        # fixed width: DP shards (and micro-batches) stop at different lengths but must concatenate
+        width = self.cfg.data.max_response_length
+        responses = _pad_right([o[0] for o in outs], self.pad_id, width)
+        mask = _pad_right([o[1] for o in outs], 0, width)
+        logprobs = _pad_right([o[2] for o in outs], 0.0, width)
         seconds = time.perf_counter() - start
         tokens = int(mask.sum())
         metrics = {"rollout/tokens_per_s": tokens / max(seconds, 1e-9)}
@@ -128,7 +130,6 @@ def _eos_ids(tok, model) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def _pad_right(parts: list[torch.Tensor], value) -> torch.Tensor:
-    width = max(p.shape[1] for p in parts)
+def _pad_right(parts: list[torch.Tensor], value, width: int) -> torch.Tensor:
     padded = [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=value) for p in parts]
     return torch.cat(padded)
