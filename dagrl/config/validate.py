@@ -16,7 +16,7 @@ A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
 
 
-BUILTIN_LR = 5e-4  # the tiny built-in model learns at rates no real LLM survives
+BUILTIN_LR = 2e-4  # the tiny built-in model learns at rates no real LLM survives
 
 
 def resolve_defaults(cfg: DagrlConfig) -> None:
