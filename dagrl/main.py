@@ -40,9 +40,7 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     from dagrl.trainer.loop import Trainer
 
     scheduler = Scheduler(prepared.dag, runtime)
-    trainer = Trainer(
-        cfg, runtime, scheduler, loader, val, pools, os.path.expanduser(cfg.trainer.default_local_dir)
-    )
+    trainer = Trainer(cfg, runtime, scheduler, loader, val, os.path.expanduser(cfg.trainer.default_local_dir))
     try:
         return trainer.fit()
     finally:

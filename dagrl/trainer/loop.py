@@ -35,9 +35,9 @@ def collate(examples, pad_id: int, n: int, first_group: int) -> Batch:
 
 
 class Trainer:
-    def __init__(self, cfg, runtime, scheduler, train_loader, val_dataset, pools, out_dir: str):
+    def __init__(self, cfg, runtime, scheduler, train_loader, val_dataset, out_dir: str):
         self.cfg, self.runtime, self.scheduler = cfg, runtime, scheduler
-        self.loader, self.val_dataset, self.pools = train_loader, val_dataset, pools
+        self.loader, self.val_dataset = train_loader, val_dataset
         self.ckpt_root = os.path.expanduser(cfg.trainer.default_local_dir)
         self.metrics = MetricsLogger(out_dir, list(cfg.trainer.logger), cfg.trainer.experiment_name)
         self.step = 0
