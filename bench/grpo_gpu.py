@@ -1,4 +1,4 @@
-"""GRPO steps of the torch train backend + hf rollout on one GPU, colocated, with a model of real size.
+"""GRPO steps of a train backend (torch or megatron) + hf rollout on GPUs, with a model of real size.
 
 Builds a randomly initialised model from a Qwen3-style config (no download), reuses the shipped
 character tokenizer (the model's vocabulary is larger; the extra rows are simply unused), runs
@@ -6,6 +6,10 @@ character tokenizer (the model's vocabulary is larger; the extra rows are simply
 Random weights earn no reward, so advantages are 0: this measures speed and memory, not learning.
 
     python bench/grpo_gpu.py --out /tmp/bench --hidden 1024 --layers 28 --steps 3
+    python bench/grpo_gpu.py --strategy megatron --steps 3 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 trainer.n_gpus_per_node=2
+
+MFU = model FLOP/s per GPU / --peak_tflops (989 = H100/H200 SXM dense bf16); the megatron backend
+reports its FLOP/s (formula in dagrl/backends/megatron/train.py::_throughput).
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--response_length", type=int, default=256)
+    ap.add_argument("--strategy", choices=["torch", "megatron"], default="torch")
+    ap.add_argument("--micro", type=int, default=16, help="ppo_micro_batch_size_per_gpu")
+    ap.add_argument("--peak_tflops", type=float, default=989.0)
     ap.add_argument("extra", nargs="*", help="more dagrl overrides")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -82,7 +89,8 @@ def main() -> None:
         f"actor_rollout_ref.rollout.n={args.n}",
         f"data.max_response_length={args.response_length}",
         "actor_rollout_ref.rollout.temperature=1.0",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}",
+        f"actor_rollout_ref.actor.strategy={args.strategy}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
@@ -103,9 +111,16 @@ def main() -> None:
         "response_length/mean",
         "weight_sync/GBps",
         "perf/max_memory_allocated_gib",
+        "perf/offload_freed_gib",
+        "perf/update_tokens_per_s",
+        "perf/old_logprob_tokens_per_s",
     ]
     for r in rows:
-        print(json.dumps({"step": r["step"], **{k: round(r[k], 3) for k in keys if k in r}}))
+        row = {"step": r["step"], **{k: round(r[k], 3) for k in keys if k in r}}
+        for phase in ("update", "old_logprob"):
+            if f"perf/{phase}_tflops_per_gpu" in r:
+                row[f"mfu/{phase}"] = round(r[f"perf/{phase}_tflops_per_gpu"] / args.peak_tflops, 3)
+        print(json.dumps(row))
 
 
 if __name__ == "__main__":

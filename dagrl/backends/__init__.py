@@ -10,12 +10,10 @@ from dagrl.errors import ConfigError
 def build_backend(cfg: DagrlConfig, role: str, ctx):
     arr = cfg.actor_rollout_ref
     if role in (ROLE_TRAIN, ROLE_REF):
-        if arr.actor.strategy != TrainStrategy.torch:
-            raise ConfigError(
-                "actor_rollout_ref.actor.strategy",
-                arr.actor.strategy.value,
-                "this build has only the 'torch' training backend; use actor_rollout_ref.actor.strategy=torch",
-            )
+        if arr.actor.strategy == TrainStrategy.megatron:
+            from dagrl.backends.megatron.train import MegatronTrainBackend
+
+            return MegatronTrainBackend(cfg, ctx, forward_only=(role == ROLE_REF))
         from dagrl.backends.torch.train import TorchTrainBackend
 
         return TorchTrainBackend(cfg, ctx, forward_only=(role == ROLE_REF))

@@ -47,6 +47,7 @@ class Plan:
     groups: list[GroupPlan]
     roles: dict[str, RoleLayout]
     memory_gib: dict[str, float] = field(default_factory=dict)  # role -> estimate per device
+    offloaded_gib: dict[str, float] = field(default_factory=dict)  # role -> host memory per device
 
     @property
     def total_slots(self) -> int:
@@ -150,7 +151,19 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"group {gi} ({mode}): roles {g.roles} on {where}")
         for role in g.roles:
             r = plan.roles[role]
-            mem = plan.memory_gib.get(role)
-            mem_s = f", est. {mem:.2f} GiB/device params+grads+optimizer" if mem is not None else ""
-            lines.append(f"  {role}: {r.workers} workers, DP={r.dp} TP={r.tp} PP={r.pp} CP={r.cp}{mem_s}")
+            lines.append(
+                f"  {role}: {r.workers} workers, DP={r.dp} TP={r.tp} PP={r.pp} CP={r.cp}{_memory(plan, role)}"
+            )
     return "\n".join(lines)
+
+
+def _memory(plan: Plan, role: str) -> str:
+    mem = plan.memory_gib.get(role)
+    if mem is None:
+        return ""
+    what = "params+grads+optimizer" if role == ROLE_TRAIN else "weights"
+    text = f", est. {mem:.2f} GiB/device {what}"
+    host = plan.offloaded_gib.get(role)
+    if host:
+        text += f" (+{host:.2f} GiB/device offloaded to host memory between phases)"
+    return text

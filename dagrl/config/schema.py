@@ -31,6 +31,15 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class LayerSpec(str, Enum):
+    """Megatron transformer-layer implementation. auto = te when TransformerEngine imports, else sdpa."""
+
+    auto = "auto"
+    te = "te"  # TransformerEngine fused layers (needed for context parallel)
+    sdpa = "sdpa"  # dagrl's: PyTorch fused scaled-dot-product attention + SP-capable RMSNorm
+    local = "local"  # megatron-core's local spec (unfused attention; no sequence parallel)
+
+
 class AdvEstimator(str, Enum):
     grpo = "grpo"
 
@@ -88,6 +97,7 @@ class MegatronConfig:
     recompute_granularity: Optional[str] = None
     recompute_method: Optional[str] = None
     recompute_num_layers: Optional[int] = None
+    layer_spec: LayerSpec = LayerSpec.auto
 
 
 @dataclass

@@ -8,13 +8,18 @@ from __future__ import annotations
 import os
 
 from dagrl.algos import KLEstimator, LossAggMode
-from dagrl.config.placement import ROLE_ROLLOUT, ROLE_TRAIN, Plan
+from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
 from dagrl.config.schema import DagrlConfig, Device, TrainStrategy
+from dagrl.config.validate_megatron import (
+    check_megatron,
+    check_megatron_plan,
+    check_no_megatron_knobs,
+    inherit_ref_megatron,
+)
 from dagrl.errors import ConfigError
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
-
 
 BUILTIN_LR = 2e-4  # the tiny built-in model learns at rates no real LLM survives
 
@@ -28,6 +33,8 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
                 f"{A}.optim.lr", None, "set the learning rate for your model (e.g. 1e-6 for 1B–8B)"
             )
         optim.lr = BUILTIN_LR
+    if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
+        inherit_ref_megatron(cfg)
 
 
 def validate(cfg: DagrlConfig) -> None:
@@ -36,14 +43,18 @@ def validate(cfg: DagrlConfig) -> None:
     _check_actor(cfg)
     _check_rollout(cfg)
     _check_trainer(cfg)
+    if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
+        check_megatron(cfg)
 
 
 def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
     """Rules that need the DP sizes of the placement plan."""
     a, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     rows = cfg.data.train_batch_size * n
-    for role in (ROLE_TRAIN, ROLE_ROLLOUT):
-        dp = plan.roles[role].dp if role in plan.roles else 1
+    for role in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF):
+        if role not in plan.roles:
+            continue
+        dp = plan.roles[role].dp
         if rows % dp:
             raise ConfigError(
                 "data.train_batch_size",
@@ -65,6 +76,8 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
             a.ppo_micro_batch_size_per_gpu,
             f"each DP rank gets {per_rank} responses per mini-batch; use a micro-batch size that divides it",
         )
+    if a.strategy == TrainStrategy.megatron:
+        check_megatron_plan(cfg, plan)
 
 
 def _check_data(cfg: DagrlConfig) -> None:
@@ -112,14 +125,7 @@ def _check_actor(cfg: DagrlConfig) -> None:
     _parse_kl(a.kl_loss_type, f"{A}.kl_loss_type")
     _parse_kl(cfg.algorithm.kl_penalty, "algorithm.kl_penalty")
     if a.strategy == TrainStrategy.torch:
-        m = a.megatron
-        sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size)
-        if sizes != (1, 1, 1) or m.sequence_parallel:
-            raise ConfigError(
-                f"{A}.megatron.*",
-                sizes,
-                "model-parallel settings need actor_rollout_ref.actor.strategy=megatron",
-            )
+        check_no_megatron_knobs(cfg)
 
 
 def _check_rollout(cfg: DagrlConfig) -> None:

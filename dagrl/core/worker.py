@@ -77,6 +77,10 @@ class Worker:
             )
         ctx = ParallelContext(self.rank, self.world_size, device)
         from dagrl.backends import build_backend
+        from dagrl.core.plugins import load_plugins
+
+        # plugins run in every worker too: what they register or patch must exist where backends run
+        load_plugins(list(self.cfg.external_plugins))
 
         start = time.perf_counter()
         for role in self.roles:
@@ -114,12 +118,20 @@ class Worker:
         nbytes = self.backends[dst].load_weights(buckets)
         return {"bytes": nbytes}
 
-    def export_weight_refs(self, src: str) -> list:
-        """Separate: put src's weights into the object store in buckets; returns the refs."""
+    def export_weight_refs(self, src: str, keep: bool) -> list:
+        """Separate: put src's weights into the object store in buckets; returns the refs.
+
+        Every worker of the source pool takes part (a sharded backend gathers its shards
+        collectively); only the one with keep=True stores the buckets.
+        """
         import ray
 
         self._activate(src)
-        return [ray.put(bucket) for bucket in self.backends[src].export_weights()]
+        refs = []
+        for bucket in self.backends[src].export_weights(to_cpu=keep):
+            if keep:
+                refs.append(ray.put(bucket))
+        return refs
 
     def load_weight_refs(self, dst: str, refs: list) -> dict:
         import ray

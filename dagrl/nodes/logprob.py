@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from dagrl.core.node import NodeResult, register_node_kind
 
 _SEQ_INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
@@ -22,8 +24,18 @@ class OldLogprobNode:
         return True
 
     def run(self, runtime, batch):
-        out, _ = runtime.role(self.spec.role).run("forward_logprobs", batch, output_key=self.outputs[0])
-        return NodeResult(out)
+        out, per_rank = runtime.role(self.spec.role).run(
+            "forward_logprobs", batch, output_key=self.outputs[0]
+        )
+        # backends may report throughput as perf/logprob_*: name it after this node
+        keys = set().union(*per_rank) if per_rank else set()
+        metrics = {
+            k.replace("perf/logprob_", f"perf/{self.spec.name}_"): float(
+                np.mean([m[k] for m in per_rank if k in m])
+            )
+            for k in keys
+        }
+        return NodeResult(out, metrics)
 
 
 @register_node_kind("ref_logprob")

@@ -1,7 +1,8 @@
 """weight_sync: the actor's weights into the rollout engine, as a node of the step.
 
-Colocated (same pool): an in-process copy on each worker. Separate pools: train rank 0 puts
-bucketed weights into the Ray object store and every rollout worker pulls them bucket by bucket.
+Colocated (same pool): an in-process copy on each worker. Separate pools: every train worker
+exports (megatron gathers its shards collectively), train rank 0 puts the bucketed weights into
+the Ray object store and every rollout worker pulls them bucket by bucket.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ class WeightSyncNode:
             pool = runtime.role(dst).pool
             infos = ray.get([a.sync_weights_local.remote(ROLE_TRAIN, dst) for a in pool.actors])
         else:
-            src_actor = runtime.role(ROLE_TRAIN).pool.actors[0]
-            refs = ray.get(src_actor.export_weight_refs.remote(ROLE_TRAIN))
+            src_actors = runtime.role(ROLE_TRAIN).pool.actors
+            refs = ray.get(
+                [a.export_weight_refs.remote(ROLE_TRAIN, i == 0) for i, a in enumerate(src_actors)]
+            )[0]
             infos = ray.get([a.load_weight_refs.remote(dst, refs) for a in runtime.role(dst).pool.actors])
         seconds = time.perf_counter() - start
         nbytes = infos[0]["bytes"]

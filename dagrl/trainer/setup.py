@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 
 from dagrl.backends.hf_model import load_tokenizer, resolve_model_path, torch_dtype
-from dagrl.config.placement import ROLE_TRAIN, Plan, make_plan
-from dagrl.config.schema import DagrlConfig, TrainStrategy
+from dagrl.config.placement import ROLE_REF, ROLE_TRAIN, Plan, RoleLayout, make_plan
+from dagrl.config.schema import DagrlConfig, MegatronConfig, TrainStrategy
 from dagrl.config.validate import data_files, resolve_defaults, resolve_device, validate, validate_with_plan
 from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
@@ -45,7 +45,31 @@ def prepare(cfg: DagrlConfig) -> Prepared:
 
 
 def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[str, float]:
-    """Parameters, gradients and optimizer state per device (activations and KV cache not included)."""
+    """GiB per device each role keeps on its GPU for weights, gradients and optimizer state.
+
+    Activations and the KV cache are not included. What megatron's offload flags keep in host
+    memory between phases is left out of the figure and recorded in `plan.offloaded_gib`.
+    """
+    params, expert_params = _count_params(cfg, model_path)
+    arr = cfg.actor_rollout_ref
+    width = torch_dtype(arr.model.dtype).itemsize
+    out = {}
+    for role, layout in plan.roles.items():
+        if arr.actor.strategy == TrainStrategy.megatron and role in (ROLE_TRAIN, ROLE_REF):
+            m = arr.actor.megatron if role == ROLE_TRAIN else arr.ref.megatron
+            gpu, host = _megatron_bytes(m, layout, params - expert_params, expert_params, role == ROLE_TRAIN)
+            out[role] = gpu / 2**30
+            if host:
+                plan.offloaded_gib[role] = host / 2**30
+        elif role == ROLE_TRAIN:
+            out[role] = params / (layout.tp * layout.pp) * 4 * width / 2**30  # weights, grads, Adam m, v
+        else:
+            out[role] = params / (layout.tp * layout.pp) * width / 2**30
+    return out
+
+
+def _count_params(cfg: DagrlConfig, model_path: str) -> tuple[int, int]:
+    """(all parameters, those in routed experts), counted on the meta device (nothing is loaded)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -53,20 +77,34 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
         model_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code
     )
     with torch.device("meta"):
-        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf_cfg).parameters())
-    width = torch_dtype(cfg.actor_rollout_ref.model.dtype).itemsize
-    out = {}
-    for role, layout in plan.roles.items():
-        shard = params / (layout.tp * layout.pp)
-        if role == ROLE_TRAIN and cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
-            optim = 12 / (layout.dp if cfg.actor_rollout_ref.actor.megatron.use_distributed_optimizer else 1)
-            per_param = 2 + 4 + optim  # bf16 weights, fp32 grads, fp32 master + Adam m, v
-        elif role == ROLE_TRAIN:
-            per_param = 4 * width  # weights, grads, Adam m and v in the model dtype
-        else:
-            per_param = width
-        out[role] = shard * per_param / 2**30
-    return out
+        named = list(AutoModelForCausalLM.from_config(hf_cfg).named_parameters())
+    experts = sum(p.numel() for name, p in named if ".experts." in name)
+    return sum(p.numel() for _, p in named), experts
+
+
+def _megatron_bytes(
+    m: MegatronConfig, layout: RoleLayout, dense: int, experts: int, trains: bool
+) -> tuple[float, float]:
+    """(bytes on the GPU, bytes offloaded to host) per device for one megatron role.
+
+    Dense weights split over TP×PP, expert weights over expert-TP×EP×PP. Training adds fp32 main
+    gradients (megatron accumulates grads in fp32) and Adam state: fp32 master weights (not needed
+    when the params are fp32) + m + v, split over the data-parallel ranks by the distributed optimizer.
+    """
+    etp, ep = m.expert_tensor_parallel_size or layout.tp, m.expert_model_parallel_size
+    local_dense, local_experts = dense / (layout.tp * layout.pp), experts / (etp * ep * layout.pp)
+    weights = (local_dense + local_experts) * torch_dtype(m.param_dtype).itemsize
+    if not trains:
+        return (0.0, weights) if m.param_offload else (weights, 0.0)
+    grads = (local_dense + local_experts) * 4
+    adam = 8 + (0 if m.param_dtype == "float32" else 4)  # m, v (+ fp32 master weights)
+    if m.use_distributed_optimizer:  # shards over DP×CP, experts over the expert-data-parallel ranks
+        local_dense /= layout.dp * layout.cp
+        local_experts /= layout.workers // (etp * ep * layout.pp)
+    optim = adam * (local_dense + local_experts)
+    parts = ((weights, m.param_offload), (grads, m.grad_offload), (optim, m.optimizer_offload))
+    gpu = sum(size for size, offloaded in parts if not offloaded)
+    return gpu, sum(size for size, offloaded in parts if offloaded)
 
 
 def load_data(cfg: DagrlConfig, model_path: str):

@@ -198,12 +198,6 @@ def test_model_path_needs_lr(tmp_path):
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
 
 
-def test_megatron_sizes_need_megatron_strategy():
-    expect_config_error(f"{A}.megatron.*", "strategy=megatron", f"{A}.megatron.tensor_model_parallel_size=2")
-    expect_config_error(f"{A}.megatron.*", "strategy=megatron", f"{A}.megatron.sequence_parallel=true")
-    checked(f"{A}.strategy=megatron", f"{A}.megatron.tensor_model_parallel_size=2")
-
-
 def test_missing_train_file(tmp_path):
     missing = tmp_path / "nope.parquet"
     exc = expect_config_error("data.train_files", "no such file", f"data.train_files={missing}")

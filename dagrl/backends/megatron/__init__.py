@@ -1,0 +1,1 @@
+"""Megatron-core training backend: HF checkpoints in and out, TP/PP/VPP/CP/EP training."""

@@ -1,0 +1,209 @@
+"""Sharded checkpoints of the megatron backend through megatron-core's `dist_checkpointing`.
+
+Layout of `path` (written by every rank together, `torch_dist` format):
+
+    common.pt          rank 0: `extra`, the parallel layout, optimizer hyper-parameters
+    *.distcp, .metadata  every rank's shards: model weights, the optimizer's fp32 main params
+                       and Adam moments, and each rank's RNG state (a ShardedObject per rank)
+
+Model tensors are stored under their global (unsharded) names and offsets, so the weights of a
+checkpoint written with one TP / PP / VPP / DP layout load into any other. The distributed
+optimizer's state has two formats (`OptimizerFormat`): DP_RESHARDABLE (megatron's default; its
+per-bucket layout is written in parallel with no exchange, but only the DP size may change)
+and FULLY_RESHARDABLE (per-parameter tensors, any layout change; saving gathers each TP/PP
+shard's optimizer state onto its DP rank 0 over gloo, so it is slower and costs host memory).
+megatron's third, `fully_sharded_model_space`, no longer saves in megatron-core 0.16.
+The non-distributed optimizers are always per-parameter, hence fully reshardable.
+RNG states only mean something for the same layout, so they are restored when the layout
+matches and skipped (with a warning) otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import torch
+from megatron.core import dist_checkpointing, tensor_parallel
+from megatron.core import parallel_state as mpu
+from megatron.core.dist_checkpointing import ShardedObject
+from megatron.core.utils import unwrap_model
+
+from dagrl.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+class OptimizerFormat(Enum):
+    """How the distributed optimizer's state is laid out on disk (megatron's sharding types)."""
+
+    DP_RESHARDABLE = "dp_reshardable"
+    FULLY_RESHARDABLE = "fully_reshardable"
+
+
+def _optimizer_metadata(fmt: OptimizerFormat) -> dict:
+    return {
+        "distrib_optim_sharding_type": fmt.value,
+        # gather onto DP rank 0 over gloo (host memory) rather than all-gather on every GPU
+        "distrib_optim_fully_reshardable_mem_efficient": True,
+        # tensor keys independent of how many optimizers megatron chains (dense / MoE experts)
+        "chained_optim_avoid_prefix": True,
+    }
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """The parallel layout a checkpoint was written with; RNG states are per rank of it."""
+
+    world: int
+    tp: int
+    pp: int
+    vpp: int | None
+    cp: int
+    ep: int
+    dp: int
+
+    @classmethod
+    def current(cls) -> CheckpointLayout:
+        return cls(
+            world=torch.distributed.get_world_size(),
+            tp=mpu.get_tensor_model_parallel_world_size(),
+            pp=mpu.get_pipeline_model_parallel_world_size(),
+            vpp=mpu.get_virtual_pipeline_model_parallel_world_size(),
+            cp=mpu.get_context_parallel_world_size(),
+            ep=mpu.get_expert_model_parallel_world_size(),
+            dp=mpu.get_data_parallel_world_size(),
+        )
+
+
+def save(
+    path: str,
+    model: list[torch.nn.Module],
+    optimizer: Any | None,
+    extra: dict,
+    optimizer_format: OptimizerFormat = OptimizerFormat.DP_RESHARDABLE,
+) -> None:
+    """Write the model chunks, the optimizer, `extra` and every rank's RNG state under `path`.
+
+    Collective: every rank calls it. `path` must exist (the trainer creates it); nothing is
+    written outside it, and all ranks have finished writing when any rank returns.
+    `model` is the chunk list as trained (DDP / Float16Module wrappers are looked through);
+    `optimizer` is megatron's (None for a forward-only model); `extra` is plain picklable data,
+    identical on every rank (rank 0's copy is stored).
+    """
+    layout = CheckpointLayout.current()
+    state = _sharded_state(model, optimizer, optimizer_format, is_loading=False)
+    state["extra"] = extra
+    state["layout"] = asdict(layout)
+    state["optimizer_format"] = optimizer_format.value
+    state["rng_state"] = _rng_object(layout, _rng_state())
+    dist_checkpointing.save(state, path)
+    # dist_checkpointing ends with a barrier already; keep ours so the contract does not
+    # depend on that implementation detail (the trainer renames `path` right after)
+    torch.distributed.barrier()
+
+
+def load(path: str, model: list[torch.nn.Module], optimizer: Any | None) -> dict:
+    """Restore what `save` wrote into `model` and `optimizer` in place; returns `extra`.
+
+    Collective. Weights load into any TP / PP / VPP / DP layout; the optimizer state into
+    what its `OptimizerFormat` allows; RNG states only into the same layout.
+    Loading with optimizer=None (a reference model) ignores the stored optimizer state.
+    """
+    common = dist_checkpointing.load_common_state_dict(path)
+    saved, layout = CheckpointLayout(**common["layout"]), CheckpointLayout.current()
+    fmt = OptimizerFormat(common["optimizer_format"])
+    _check_reshardable(path, saved, layout, fmt, optimizer)
+    state = _sharded_state(model, optimizer, fmt, is_loading=True)
+    if saved == layout:
+        state["rng_state"] = _rng_object(layout, None)
+    elif torch.distributed.get_rank() == 0:
+        logger.warning("%s: resharding %s into %s; RNG states are not restored", path, saved, layout)
+    loaded = dist_checkpointing.load(state, path)
+    for i, chunk in enumerate(unwrap_model(model)):
+        chunk.load_state_dict(loaded[f"model{i}"], strict=True)
+    if optimizer is not None:
+        optimizer.load_state_dict(loaded["optimizer"])
+    if saved == layout:
+        _set_rng_state(loaded["rng_state"])
+    torch.distributed.barrier()
+    return common["extra"]
+
+
+def _check_reshardable(
+    path: str, saved: CheckpointLayout, layout: CheckpointLayout, fmt: OptimizerFormat, optimizer: Any | None
+) -> None:
+    model_axes = ("tp", "pp", "vpp", "cp", "ep")
+    if optimizer is None or fmt != OptimizerFormat.DP_RESHARDABLE or not _is_distributed(optimizer):
+        return
+    if any(getattr(saved, a) != getattr(layout, a) for a in model_axes):
+        raise ConfigError(
+            "trainer.resume_mode",
+            path,
+            f"this checkpoint's optimizer state was saved for {saved} and can only change the DP "
+            f"size, not load into {layout}: resume with the saved TP/PP/VPP/CP/EP sizes (or save "
+            "with OptimizerFormat.FULLY_RESHARDABLE)",
+        )
+
+
+def _is_distributed(optimizer: Any) -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    return any(isinstance(o, DistributedOptimizer) for o in inner)
+
+
+def _sharded_state(
+    model: list[torch.nn.Module], optimizer: Any | None, fmt: OptimizerFormat, is_loading: bool
+) -> dict:
+    """{"model0": ..., "model1": ..., "optimizer": ...}: one entry per (virtual pipeline) chunk.
+
+    Chunks are separate dicts, not key prefixes: their tensors already carry global layer
+    numbers, so a VPP checkpoint and a non-VPP one name the same weights the same way.
+    """
+    state: dict[str, Any] = {
+        f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(unwrap_model(model))
+    }
+    if optimizer is not None:
+        merged: dict[str, Any] = {}
+        for i in range(len(model)):
+            merged.update(state[f"model{i}"])
+        state["optimizer"] = optimizer.sharded_state_dict(
+            merged, is_loading=is_loading, metadata=_optimizer_metadata(fmt)
+        )
+    return state
+
+
+def _rng_object(layout: CheckpointLayout, rng_state: dict | None) -> ShardedObject:
+    """This rank's slot of a [world] array of RNG states (None: a placeholder to load into)."""
+    rank = torch.distributed.get_rank()
+    return ShardedObject("rng_state", rng_state, (layout.world,), (rank,), replica_id=0)
+
+
+def _rng_state() -> dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "tracker": None,
+    }
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    if getattr(tracker, "is_initialized", lambda: True)():
+        # megatron's TP-aware dropout/init streams (model-parallel-rng); absent when unseeded
+        state["tracker"] = {k: v.clone() for k, v in tracker.get_states().items()}
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if state["tracker"] is not None:
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])

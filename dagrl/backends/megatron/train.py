@@ -1,0 +1,411 @@
+"""Training backend on megatron-core: TP/PP/VPP/EP/DP, sequence parallel, the distributed optimizer
+and CPU offload, driven by `actor_rollout_ref.{actor,ref}.megatron.*`.
+
+Every rank of a DP group receives the same DP shard (the pool shards by `dp_info`); micro-batches
+go through megatron's forward-backward schedule (pipelined when PP > 1), the last stage turns
+vocab-parallel logits into log-probs, and the loss comes from `dagrl.algos` like every backend's.
+Used for the actor and, with forward_only=True, for the reference model (no DDP, no optimizer).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from dagrl.algos import KLEstimator, LossAggMode, agg_loss, compute_policy_loss, kl_penalty
+from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
+from dagrl.backends.megatron import checkpoint as ckpt
+from dagrl.backends.megatron.logprobs import logprobs_and_entropy, mask_vocab_padding
+from dagrl.backends.megatron.model import build_model, transformer_config
+from dagrl.backends.megatron.parallel import dp_info, init_parallel
+from dagrl.backends.megatron.spec import get_sdpa_block_spec
+from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
+from dagrl.config.schema import LayerSpec
+from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.errors import ConfigError
+
+
+@dataclass
+class MicroInputs:
+    """One micro-batch as megatron's model takes it, plus what the loss needs."""
+
+    batch: Batch  # the rows (CPU), for advantages / old and ref log-probs
+    input_ids: torch.Tensor  # [B, S] on device, S = P + R (+ padding to a multiple of TP under SP)
+    position_ids: torch.Tensor  # [B, S]
+    attention_mask: torch.Tensor  # [B, 1, S, S] bool, True = masked out (megatron's convention)
+    weight: float  # share of the mini-batch loss this micro-batch carries
+
+
+class MegatronTrainBackend:
+    def __init__(self, cfg, ctx, forward_only: bool = False):
+        from transformers import AutoConfig
+
+        arr = cfg.actor_rollout_ref
+        self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
+        self.m = arr.ref.megatron if forward_only else arr.actor.megatron
+        self.path = resolve_model_path(arr.model.path)
+        self.temperature = arr.rollout.temperature
+        self.micro = (
+            arr.ref.log_prob_micro_batch_size_per_gpu
+            if forward_only
+            else (arr.rollout.log_prob_micro_batch_size_per_gpu)
+        )
+        init_parallel(self.m, cfg.trainer.seed)
+        self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=arr.model.trust_remote_code)
+        key = f"actor_rollout_ref.{'ref' if forward_only else 'actor'}.megatron.param_dtype"
+        if self.m.param_dtype not in DTYPES:
+            raise ConfigError(key, self.m.param_dtype, "use bfloat16, float16 or float32")
+        self.dtype = DTYPES[self.m.param_dtype]
+        self.tcfg = transformer_config(
+            self.hf_config, self.m, params_dtype=self.dtype, use_cpu_initialization=ctx.device.type == "cpu"
+        )
+        self.tcfg.pipeline_dtype = self.dtype
+        spec = layer_spec_for(self.m.layer_spec, self.tcfg)  # a spec or a vp_stage -> spec callable
+        self.chunks = build_model(
+            self.hf_config, self.tcfg, spec, vp_size=self.m.virtual_pipeline_model_parallel_size
+        )
+        for chunk in self.chunks:
+            chunk.to(ctx.device)
+        start = time.perf_counter()
+        load_hf_weights(self.chunks, self.path)
+        self.load_s = time.perf_counter() - start
+        self.model, self.optimizer = self._wrap(arr.actor)
+        self.steps = 0
+        self.offload_freed_gib = 0.0
+        self._cpu_params: dict = {}
+
+    def _wrap(self, actor):
+        """Float16Module for bf16/fp16, then megatron DDP + optimizer for the actor."""
+        from megatron.core.transformer.module import Float16Module
+
+        half = self.dtype != torch.float32
+        model = [Float16Module(self.tcfg, c) if half else c for c in self.chunks]
+        if self.forward_only:
+            for chunk in model:
+                chunk.eval().requires_grad_(False)
+            return model, None
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        ddp_cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=self.m.use_distributed_optimizer,
+        )
+        model = [
+            DistributedDataParallel(self.tcfg, ddp_cfg, chunk, disable_bucketing=i > 0)
+            for i, chunk in enumerate(model)
+        ]
+        self.tcfg.finalize_model_grads_func = finalize_model_grads
+        o = actor.optim
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=o.lr,
+                weight_decay=o.weight_decay,
+                adam_beta1=o.betas[0],
+                adam_beta2=o.betas[1],
+                adam_eps=o.eps,
+                clip_grad=actor.grad_clip,
+                bf16=self.dtype == torch.bfloat16,
+                fp16=self.dtype == torch.float16,
+                params_dtype=self.dtype,
+                use_distributed_optimizer=self.m.use_distributed_optimizer,
+            ),
+            model,
+        )
+        return model, optimizer
+
+    # ---- placement -----------------------------------------------------------------------------
+    def dp_info(self) -> tuple[int, int, bool]:
+        return dp_info()
+
+    def offload(self) -> None:
+        """Move what the megatron.*_offload flags name to CPU; the freed GiB is reported."""
+        before = _allocated_gib()
+        if self.m.param_offload:
+            self._offload_params()
+        if self.optimizer is not None and self.m.grad_offload:
+            for chunk in self.model:
+                chunk.offload_grad_buffers(synchronize=self.ctx.device.type == "cuda", empty_cache=False)
+        if self.optimizer is not None and self.m.optimizer_offload:
+            self.optimizer.offload_to_cpu()
+        if self.ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.offload_freed_gib = before - _allocated_gib()
+
+    def onload(self) -> None:
+        if self.m.param_offload:
+            self._onload_params()
+        if self.optimizer is not None and self.m.grad_offload:
+            for chunk in self.model:
+                chunk.restore_grad_buffers(synchronize=self.ctx.device.type == "cuda")
+        if self.optimizer is not None and self.m.optimizer_offload:
+            self.optimizer.restore_from_cpu()
+
+    def _offload_params(self) -> None:
+        # parameters stay the same objects (the optimizer and DDP buffers keep pointing at them);
+        # only their storage moves, so onload restores them in place
+        for p in self._params():
+            if p.device.type != "cpu" or self.ctx.device.type == "cpu":
+                cpu = torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=p.is_cuda)
+                cpu.copy_(p.data, non_blocking=True)
+                self._cpu_params[p] = cpu
+                p.data.untyped_storage().resize_(0)
+
+    def _onload_params(self) -> None:
+        for p, cpu in self._cpu_params.items():
+            p.data.untyped_storage().resize_(cpu.numel() * cpu.element_size())
+            p.data.copy_(cpu, non_blocking=True)
+        self._cpu_params = {}
+
+    def _params(self) -> Iterator[torch.nn.Parameter]:
+        seen = set()
+        for chunk in self.chunks:
+            for p in chunk.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield p
+
+    # ---- inputs and schedule -------------------------------------------------------------------
+    def _micro_inputs(self, mb: Batch, weight: float) -> MicroInputs:
+        dev = self.ctx.device
+        ids, attn, pos = sequence_inputs(
+            mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"]
+        )
+        multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
+        pad = -ids.shape[1] % multiple  # sequence parallel splits the sequence over TP ranks
+        if pad:
+            ids, attn, pos = (torch.nn.functional.pad(t, (0, pad)) for t in (ids, attn, pos))
+        seq = ids.shape[1]
+        causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+        allowed = causal & attn.bool()[:, None, None, :]
+        allowed |= torch.eye(seq, dtype=torch.bool)  # every query keeps itself: no fully masked row
+        return MicroInputs(mb, ids.to(dev), pos.to(dev), (~allowed).to(dev), weight)
+
+    def _run_schedule(self, micros: list[MicroInputs], loss_fn: Callable, forward_only: bool) -> list[dict]:
+        """megatron's forward(-backward) over the micro-batches; returns loss_fn's dicts (last stage)."""
+
+        def forward_step(data_iterator, model):
+            mi = next(data_iterator)
+            logits = model(
+                input_ids=mi.input_ids, position_ids=mi.position_ids, attention_mask=mi.attention_mask
+            )
+            return logits, partial(loss_fn, mi)
+
+        iters = [iter(micros) for _ in self.model]
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iters if len(iters) > 1 else iters[0],
+            model=self.model,
+            num_microbatches=len(micros),
+            seq_length=micros[0].input_ids.shape[1],
+            micro_batch_size=micros[0].input_ids.shape[0],
+            forward_only=forward_only,
+        )
+
+    def _response_logprobs(self, mi: MicroInputs, logits: torch.Tensor, entropy: bool, entropy_grad: bool):
+        prompt_len, resp_len = mi.batch["prompts"].shape[1], mi.batch["responses"].shape[1]
+        # logits at t predict token t+1: the response tokens come from positions P-1 .. P+R-2
+        resp_logits = logits[:, prompt_len - 1 : prompt_len + resp_len - 1].float() / self.temperature
+        resp_logits = mask_vocab_padding(resp_logits, self.hf_config.vocab_size)
+        targets = mi.input_ids[:, prompt_len : prompt_len + resp_len]
+        return logprobs_and_entropy(resp_logits, targets, entropy, entropy_grad)
+
+    # ---- forward -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
+        for chunk in self.model:
+            chunk.eval()
+
+        def loss_fn(mi: MicroInputs, logits: torch.Tensor):
+            logprobs, _ = self._response_logprobs(mi, logits, entropy=False, entropy_grad=False)
+            return logprobs.sum() * 0, {"logprobs": logprobs.cpu()}
+
+        start = time.perf_counter()
+        micros = [self._micro_inputs(mb, 1.0) for mb in batch.chunks(self.micro)]
+        outputs = self._run_schedule(micros, loss_fn, forward_only=True)
+        if not outputs:  # not the last pipeline stage: nothing to return
+            return Batch(), {}
+        metrics = self._throughput("logprob", batch, time.perf_counter() - start, 1)
+        return Batch({output_key: torch.cat([o["logprobs"] for o in outputs])}), metrics
+
+    def _throughput(self, phase: str, batch: Batch, seconds: float, passes: int) -> dict[str, float]:
+        """Tokens/s of this DP shard and model TFLOP/s per GPU (`passes` forward-equivalents;
+        fwd+bwd = 3). Flops per token: 2 x matmul params (output layer included, embedding
+        lookup not) + causal attention 2 x layers x seq x heads x head_dim, per forward."""
+        c = self.tcfg
+        seq = batch["prompts"].shape[1] + batch["responses"].shape[1]
+        tokens = len(batch) * seq
+        kv = c.num_query_groups * c.kv_channels
+        q = c.num_attention_heads * c.kv_channels
+        ffn = c.moe_ffn_hidden_size * c.moe_router_topk if c.num_moe_experts else c.ffn_hidden_size
+        mlp = (3 if c.gated_linear_unit else 2) * c.hidden_size * ffn
+        per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + mlp
+        matmul = c.num_layers * per_layer + c.hidden_size * self.hf_config.vocab_size
+        flops = passes * tokens * (2 * matmul + 2 * c.num_layers * seq * q)
+        gpus = self.m.tensor_model_parallel_size * self.m.pipeline_model_parallel_size
+        return {
+            f"perf/{phase}_s": seconds,
+            f"perf/{phase}_tokens_per_s": tokens / seconds,
+            f"perf/{phase}_tflops_per_gpu": flops / gpus / seconds / 1e12,
+        }
+
+    # ---- update --------------------------------------------------------------------------------
+    def train_step(self, batch: Batch) -> tuple[Batch, dict]:
+        assert not self.forward_only, "the reference model is not trained"
+        actor = self.cfg.actor_rollout_ref.actor
+        n = self.cfg.actor_rollout_ref.rollout.n
+        _, dp_size, _ = dp_info()
+        mini_rows = actor.ppo_mini_batch_size * n // dp_size
+        lr = self._set_lr()
+        for chunk in self.model:
+            chunk.train()
+        history: dict[str, list[float]] = {}
+        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + self.steps)
+        start = time.perf_counter()
+        for _ in range(actor.ppo_epochs):
+            order = torch.randperm(len(batch), generator=gen) if actor.shuffle else torch.arange(len(batch))
+            for mini in batch.index(order).chunks(mini_rows):
+                for k, v in self._update_mini_batch(mini).items():
+                    history.setdefault(k, []).append(v)
+        self.steps += 1
+        seconds = time.perf_counter() - start
+        metrics = {k: float(np.mean(v)) for k, v in history.items()}
+        metrics["actor/lr"] = lr
+        metrics.update(self._throughput("update", batch, seconds, actor.ppo_epochs * 3))
+        if self.ctx.device.type == "cuda":
+            metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics["perf/offload_freed_gib"] = self.offload_freed_gib
+        return Batch(), metrics
+
+    def _set_lr(self) -> float:
+        o = self.cfg.actor_rollout_ref.actor.optim
+        lr = o.lr * min(1.0, (self.steps + 1) / max(1, o.lr_warmup_steps))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _update_mini_batch(self, mini: Batch) -> dict[str, float]:
+        actor = self.cfg.actor_rollout_ref.actor
+        mode = LossAggMode(actor.loss_agg_mode)
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        total_tokens = float(mini["response_mask"].sum().clamp(min=1))
+        micros = [
+            self._micro_inputs(
+                mb,
+                # weights make the accumulated gradient that of the whole mini-batch's loss
+                float(mb["response_mask"].sum()) / total_tokens
+                if mode == LossAggMode.TOKEN_MEAN
+                else len(mb) / len(mini),
+            )
+            for mb in mini.chunks(actor.ppo_micro_batch_size_per_gpu)
+        ]
+        outputs = self._run_schedule(micros, partial(self._loss, mode, len(micros)), forward_only=False)
+        _, grad_norm, _ = self.optimizer.step()
+        sums: dict[str, float] = {}
+        for mi, out in zip(micros, outputs):
+            for k, v in out.items():
+                sums[k] = sums.get(k, 0.0) + v * mi.weight
+        if grad_norm is not None:
+            sums["actor/grad_norm"] = float(grad_norm)
+        return sums
+
+    def _loss(self, mode: LossAggMode, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
+        actor = self.cfg.actor_rollout_ref.actor
+        dev = logits.device
+        mb = mi.batch
+        mask = mb["response_mask"].to(dev).float()
+        logprobs, entropy = self._response_logprobs(mi, logits, True, actor.entropy_coeff != 0)
+        pg_loss, metrics = compute_policy_loss(
+            mb["old_logprobs"].to(dev),
+            logprobs,
+            mb["advantages"].to(dev),
+            mask,
+            clip_ratio_low=actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio,
+            clip_ratio_high=actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio,
+            loss_agg_mode=mode,
+            clip_ratio_c=actor.clip_ratio_c,
+        )
+        entropy_loss = agg_loss(entropy, mask, mode)
+        loss = pg_loss - actor.entropy_coeff * entropy_loss
+        metrics = dict(metrics, **{"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()})
+        if actor.use_kl_loss:
+            kl = kl_penalty(logprobs, mb["ref_logprobs"].to(dev), KLEstimator.parse(actor.kl_loss_type))
+            kl_loss = agg_loss(kl, mask, mode)
+            loss = loss + actor.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss.item()
+        # megatron divides each micro-batch's loss by their number; the weight already averages
+        return loss * (mi.weight * n_micro), metrics
+
+    # ---- weights and checkpoints ---------------------------------------------------------------
+    def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+        """Full HF-named tensors on every rank (a collective over TP/PP/EP), in buckets."""
+        limit = self.cfg.actor_rollout_ref.rollout.weight_sync_bucket_mb * 2**20
+        bucket, size = {}, 0
+        for name, tensor in export_hf_weights(self.chunks, self.hf_config):
+            t = tensor.detach().cpu() if to_cpu else tensor.detach()
+            if bucket and size + t.numel() * t.element_size() > limit:
+                yield bucket
+                bucket, size = {}, 0
+            bucket[name] = t
+            size += t.numel() * t.element_size()
+        if bucket:
+            yield bucket
+
+    def save(self, path: str) -> None:
+        """Sharded model + optimizer (+ step and RNG); the HF export is on demand (export_hf)."""
+        ckpt.save(path, self.model, self.optimizer, {"steps": self.steps})
+
+    def load(self, path: str) -> None:
+        extra = ckpt.load(path, self.model, self.optimizer)
+        self.steps = extra["steps"]
+
+    def export_hf(self, path: str) -> None:
+        save_hf(self.chunks, self.hf_config, path, tokenizer_dir=None)
+        if torch.distributed.get_rank() == 0:
+            load_tokenizer(self.path).save_pretrained(path)
+
+
+def _allocated_gib() -> float:
+    return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+
+
+def has_transformer_engine() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def layer_spec_for(choice: LayerSpec, tcfg):
+    """The megatron layer spec for `megatron.layer_spec` (auto: TE when installed, else sdpa)."""
+    if choice == LayerSpec.auto:
+        choice = LayerSpec.te if has_transformer_engine() else LayerSpec.sdpa
+    if tcfg.num_moe_experts and not has_transformer_engine():
+        import megatron.core.transformer.moe.moe_utils as moe_utils
+
+        # megatron-core 0.16.1's router reads this TE name even when TE is absent (NameError)
+        if not hasattr(moe_utils, "te_general_gemm"):
+            moe_utils.te_general_gemm = None
+    kwargs = dict(num_experts=tcfg.num_moe_experts, qk_layernorm=tcfg.qk_layernorm)
+    if choice == LayerSpec.te:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec(moe_grouped_gemm=True, **kwargs)
+    if choice == LayerSpec.local:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        return get_gpt_layer_local_spec(normalization="RMSNorm", **kwargs)
+    # a block spec (per pipeline/virtual stage): it also gives the final norm sequence parallel
+    return lambda vp_stage: get_sdpa_block_spec(tcfg, vp_stage=vp_stage, **kwargs)

@@ -1,0 +1,343 @@
+"""The rules of actor_rollout_ref.actor.strategy=megatron, checked before Ray starts (see validate.py).
+
+They read the model's HF config.json (heads, vocabulary, layers, experts must split over the parallel
+sizes) and, once placement is planned, the DP sizes. Each failure is a ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from dagrl.config.placement import ROLE_REF, ROLE_TRAIN, Plan
+from dagrl.config.schema import DagrlConfig, LayerSpec, MegatronConfig
+from dagrl.errors import ConfigError
+
+A = "actor_rollout_ref.actor"
+R = "actor_rollout_ref.rollout"
+REF = "actor_rollout_ref.ref"
+
+# Megatron's process groups (parallel_state) are global to a process, so every model a process
+# builds must use these sizes; a ref colocated with the actor shares the actor's processes.
+PARALLEL_KNOBS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+)
+# What the ref copies from the actor when none of it is set (see resolve_defaults).
+REF_INHERITS = (*PARALLEL_KNOBS, "sequence_parallel", "layer_spec", "param_dtype")
+PARAM_DTYPES = ("bfloat16", "float16", "float32")
+# HF config names of the routed-expert count (Qwen-MoE / Mixtral / DeepSeek).
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def inherit_ref_megatron(cfg: DagrlConfig) -> None:
+    """A ref whose parallel settings are all left at their defaults runs with the actor's."""
+    actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
+    default = MegatronConfig()
+    if all(getattr(ref, k) == getattr(default, k) for k in REF_INHERITS):
+        for k in REF_INHERITS:
+            setattr(ref, k, getattr(actor, k))
+
+
+def check_no_megatron_knobs(cfg: DagrlConfig) -> None:
+    """The torch strategy is data-parallel only: a model-parallel knob set for it would be ignored."""
+    default = MegatronConfig()
+    arr = cfg.actor_rollout_ref
+    for prefix, m in ((f"{A}.megatron", arr.actor.megatron), (f"{REF}.megatron", arr.ref.megatron)):
+        for key in (*PARALLEL_KNOBS, "sequence_parallel"):
+            if getattr(m, key) != getattr(default, key):
+                raise ConfigError(
+                    f"{prefix}.{key}",
+                    getattr(m, key),
+                    f"model-parallel settings need {A}.strategy=megatron (strategy=torch is data-parallel"
+                    f" only); set the strategy or leave {key} at {getattr(default, key)}",
+                )
+
+
+# Offload flags need no rule: each moves one thing (weights, gradients, optimizer state) to host
+# memory between phases, on any device, and grad_offload without param_offload is a valid choice.
+
+
+def transformer_engine_available() -> bool:
+    """Whether TransformerEngine is installed (looked up, not imported: importing it needs CUDA)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def check_megatron(cfg: DagrlConfig) -> None:
+    """Rules of strategy=megatron that need the config and the model's config.json."""
+    hf = _hf_config(cfg)
+    arr = cfg.actor_rollout_ref
+    for prefix, m in ((f"{A}.megatron", arr.actor.megatron), (f"{REF}.megatron", arr.ref.megatron)):
+        _check_megatron_sizes(prefix, m)
+        _check_tensor_split(prefix, m, hf)
+        _check_layer_split(prefix, m, hf)
+        _check_expert_split(prefix, m, hf)
+        _check_megatron_kernels(prefix, m)
+        _check_recompute(prefix, m, hf)
+    _check_ref_shares_actor_groups(cfg)
+
+
+def _hf_config(cfg: DagrlConfig):
+    from transformers import AutoConfig
+
+    from dagrl.backends.hf_model import resolve_model_path
+
+    model = cfg.actor_rollout_ref.model
+    return AutoConfig.from_pretrained(
+        resolve_model_path(model.path), trust_remote_code=model.trust_remote_code
+    )
+
+
+def _check_megatron_sizes(prefix: str, m: MegatronConfig) -> None:
+    for key in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+    ):
+        if getattr(m, key) < 1:
+            raise ConfigError(f"{prefix}.{key}", getattr(m, key), "must be >= 1 (1 = not split)")
+    for key, null in (
+        ("virtual_pipeline_model_parallel_size", "null = no interleaving"),
+        ("expert_tensor_parallel_size", "null = the same as tensor_model_parallel_size"),
+    ):
+        if getattr(m, key) is not None and getattr(m, key) < 1:
+            raise ConfigError(f"{prefix}.{key}", getattr(m, key), f"must be >= 1 or null ({null})")
+    vpp = m.virtual_pipeline_model_parallel_size
+    if vpp is not None and m.pipeline_model_parallel_size == 1:
+        raise ConfigError(
+            f"{prefix}.virtual_pipeline_model_parallel_size",
+            vpp,
+            "virtual stages interleave a pipeline: set pipeline_model_parallel_size > 1, or leave this null",
+        )
+    if m.sequence_parallel and m.tensor_model_parallel_size == 1:
+        raise ConfigError(
+            f"{prefix}.sequence_parallel",
+            True,
+            "sequence parallel splits activations over the TP group: use tensor_model_parallel_size > 1,"
+            " or sequence_parallel=false",
+        )
+    if m.param_dtype not in PARAM_DTYPES:
+        raise ConfigError(f"{prefix}.param_dtype", m.param_dtype, f"use one of {list(PARAM_DTYPES)}")
+
+
+def _check_tensor_split(prefix: str, m: MegatronConfig, hf) -> None:
+    """Each TP rank holds an equal slice of heads, key/value groups, vocabulary and MLP columns."""
+    tp = m.tensor_model_parallel_size
+    heads = hf.num_attention_heads
+    why = {
+        "num_attention_heads": (heads, "each TP rank holds whole attention heads"),
+        "num_key_value_heads": (
+            getattr(hf, "num_key_value_heads", None) or heads,
+            "megatron splits the key/value (query) groups over TP",
+        ),
+        "vocab_size": (hf.vocab_size, "dagrl does not pad the vocabulary, so that logits stay exact"),
+        "intermediate_size": (getattr(hf, "intermediate_size", None), "the MLP is split column-wise"),
+    }
+    for field, (n, reason) in why.items():
+        if n is not None and n % tp:
+            raise ConfigError(
+                f"{prefix}.tensor_model_parallel_size",
+                tp,
+                f"the model's {field} = {n} is not divisible by TP ({reason}); pick a TP that divides {n}",
+            )
+
+
+def _check_layer_split(prefix: str, m: MegatronConfig, hf) -> None:
+    layers, pp = hf.num_hidden_layers, m.pipeline_model_parallel_size
+    if layers % pp:
+        raise ConfigError(
+            f"{prefix}.pipeline_model_parallel_size",
+            pp,
+            f"the model's {layers} layers must split evenly over the pipeline stages; pick a PP that"
+            f" divides {layers}",
+        )
+    vpp = m.virtual_pipeline_model_parallel_size
+    if vpp is not None and layers % (pp * vpp):
+        raise ConfigError(
+            f"{prefix}.virtual_pipeline_model_parallel_size",
+            vpp,
+            f"PP × VPP = {pp * vpp} model chunks must each get the same number of the model's {layers}"
+            f" layers; pick a VPP so that PP × VPP divides {layers}, or leave it null",
+        )
+
+
+def expert_count(hf) -> int:
+    """Routed experts per MoE layer in a HF config; 0 for a dense model."""
+    return next((getattr(hf, k) for k in EXPERT_COUNT_KEYS if getattr(hf, k, None)), 0)
+
+
+def _check_expert_split(prefix: str, m: MegatronConfig, hf) -> None:
+    experts, ep, etp = expert_count(hf), m.expert_model_parallel_size, m.expert_tensor_parallel_size
+    if not experts:
+        if ep > 1:
+            raise ConfigError(
+                f"{prefix}.expert_model_parallel_size",
+                ep,
+                f"the model has no experts (none of {list(EXPERT_COUNT_KEYS)} in its config.json); use 1",
+            )
+        if etp is not None:
+            raise ConfigError(
+                f"{prefix}.expert_tensor_parallel_size", etp, "the model has no experts; leave it null"
+            )
+        return
+    if experts % ep:
+        raise ConfigError(
+            f"{prefix}.expert_model_parallel_size",
+            ep,
+            f"the model's {experts} experts must split evenly over EP ranks; pick an EP that divides {experts}",
+        )
+    ffn = getattr(hf, "moe_intermediate_size", None)
+    if ffn and ffn % (etp or m.tensor_model_parallel_size):
+        raise ConfigError(
+            f"{prefix}.expert_tensor_parallel_size",
+            etp,
+            f"the model's moe_intermediate_size = {ffn} is not divisible by the expert TP size"
+            f" {etp or m.tensor_model_parallel_size} (null means TP); pick one that divides it",
+        )
+
+
+def _check_megatron_kernels(prefix: str, m: MegatronConfig) -> None:
+    """Features that only some layer specs implement (schema.LayerSpec says which)."""
+    te, spec, cp = transformer_engine_available(), LayerSpec(m.layer_spec), m.context_parallel_size
+    if spec == LayerSpec.te and not te:
+        raise ConfigError(
+            f"{prefix}.layer_spec",
+            spec.value,
+            "TransformerEngine is not installed here; install it, or use layer_spec=sdpa (or auto)",
+        )
+    if cp > 1 and not te:
+        raise ConfigError(
+            f"{prefix}.context_parallel_size",
+            cp,
+            "context parallel needs TransformerEngine's attention, which is not installed here;"
+            " install it, or use context_parallel_size=1",
+        )
+    if cp > 1 and spec in (LayerSpec.sdpa, LayerSpec.local):
+        raise ConfigError(
+            f"{prefix}.layer_spec",
+            spec.value,
+            "context parallel runs only in TransformerEngine's attention: use layer_spec=te or auto,"
+            " or context_parallel_size=1",
+        )
+    if m.sequence_parallel and spec == LayerSpec.local:
+        raise ConfigError(
+            f"{prefix}.sequence_parallel",
+            True,
+            "megatron-core's local layer spec has no sequence-parallel norm: use layer_spec=sdpa, te or"
+            " auto, or sequence_parallel=false",
+        )
+
+
+def _check_recompute(prefix: str, m: MegatronConfig, hf) -> None:
+    """Megatron's activation-recompute settings (TransformerConfig rejects the same, but later, on GPUs)."""
+    gran, method, n = m.recompute_granularity, m.recompute_method, m.recompute_num_layers
+    if gran not in (None, "full", "selective"):
+        raise ConfigError(f"{prefix}.recompute_granularity", gran, "use full, selective, or null (off)")
+    if method not in (None, "uniform", "block"):
+        raise ConfigError(f"{prefix}.recompute_method", method, "use uniform, block, or null")
+    per_stage = hf.num_hidden_layers // m.pipeline_model_parallel_size
+    if gran == "full" and method is None:
+        raise ConfigError(
+            f"{prefix}.recompute_method",
+            None,
+            "recompute_granularity=full needs recompute_method=uniform or block",
+        )
+    if gran == "full" and (n is None or not 1 <= n <= per_stage):
+        raise ConfigError(
+            f"{prefix}.recompute_num_layers",
+            n,
+            f"recompute_granularity=full needs 1 <= recompute_num_layers <= layers per pipeline stage ({per_stage})",
+        )
+    if gran != "full" and (method is not None or n is not None):
+        key, value = ("recompute_method", method) if method is not None else ("recompute_num_layers", n)
+        raise ConfigError(
+            f"{prefix}.{key}", value, "only used with recompute_granularity=full; leave it null"
+        )
+
+
+def _check_ref_shares_actor_groups(cfg: DagrlConfig) -> None:
+    """A ref colocated with the train role runs in the actor's processes, hence in its parallel groups."""
+    if not any({ROLE_TRAIN, ROLE_REF} <= set(g) for g in cfg.placement.colocate_groups):
+        return
+    actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
+    for key in PARALLEL_KNOBS:
+        if getattr(ref, key) != getattr(actor, key):
+            raise ConfigError(
+                f"{REF}.megatron.{key}",
+                getattr(ref, key),
+                f"the ref is colocated with the actor, whose {key} is {getattr(actor, key)}: megatron's"
+                f" parallel groups are per process, so use the same value (or leave every {REF}.megatron"
+                " parallel setting unset to copy the actor's), or place the ref apart (placement=separate)",
+            )
+
+
+def check_megatron_plan(cfg: DagrlConfig, plan: Plan) -> None:
+    """Megatron rules that need the DP sizes: expert groups and the interleaved schedule."""
+    arr = cfg.actor_rollout_ref
+    roles = [
+        (ROLE_TRAIN, f"{A}.megatron", arr.actor.megatron),
+        (ROLE_REF, f"{REF}.megatron", arr.ref.megatron),
+    ]
+    for role, prefix, m in roles:
+        if role not in plan.roles:
+            continue
+        layout = plan.roles[role]
+        expert_group = (
+            m.expert_tensor_parallel_size or m.tensor_model_parallel_size
+        ) * m.expert_model_parallel_size
+        if (layout.workers // layout.pp) % expert_group:
+            raise ConfigError(
+                f"{prefix}.expert_model_parallel_size",
+                m.expert_model_parallel_size,
+                f"EP × expert TP = {expert_group} must divide the {layout.workers // layout.pp} devices of"
+                f" each pipeline stage of role {role!r}; pick EP (or expert_tensor_parallel_size) to fit",
+            )
+    _check_interleaved_micro_batches(cfg, plan)
+
+
+def _check_interleaved_micro_batches(cfg: DagrlConfig, plan: Plan) -> None:
+    """Megatron's interleaved (VPP) schedule runs micro-batches in groups of PP: their count per
+    pass must be a multiple of PP, for the update and for each log-prob pass."""
+    arr, n = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout.n
+    mini, batch = arr.actor.ppo_mini_batch_size * n, cfg.data.train_batch_size * n
+    passes = [  # (role, its megatron config, rows per pass, micro-batch key, micro-batch size)
+        (
+            ROLE_TRAIN,
+            arr.actor.megatron,
+            mini,
+            f"{A}.ppo_micro_batch_size_per_gpu",
+            arr.actor.ppo_micro_batch_size_per_gpu,
+        ),
+        (
+            ROLE_TRAIN,
+            arr.actor.megatron,
+            batch,
+            f"{R}.log_prob_micro_batch_size_per_gpu",
+            arr.rollout.log_prob_micro_batch_size_per_gpu,
+        ),
+        (
+            ROLE_REF,
+            arr.ref.megatron,
+            batch,
+            f"{REF}.log_prob_micro_batch_size_per_gpu",
+            arr.ref.log_prob_micro_batch_size_per_gpu,
+        ),
+    ]
+    for role, m, rows, key, micro in passes:
+        if role not in plan.roles or m.virtual_pipeline_model_parallel_size is None:
+            continue
+        per_rank = rows // plan.roles[role].dp
+        count = -(-per_rank // micro)  # the last micro-batch may be short
+        pp = m.pipeline_model_parallel_size
+        if count % pp:
+            raise ConfigError(
+                key,
+                micro,
+                f"with virtual pipeline stages, each DP rank's {per_rank} rows must form a multiple of"
+                f" PP = {pp} micro-batches (now {count}); pick a micro-batch size that gives"
+                f" {pp}, {2 * pp}, ... micro-batches",
+            )
