@@ -13,7 +13,7 @@ hidden 1024, 28 layers, 16 heads, 8 query groups, head_dim 128, ffn 3072, vocab 
     python bench/mcore_loop.py --device cpu --dtype fp32 --hidden 64 --layers 2 --heads 4 \
         --query-groups 2 --head-dim 16 --ffn 128 --vocab 256 --seq-len 32 --micro-batch 2 --steps 2
 
-MFU counts 6 * params * tokens plus causal attention (6 * layers * heads * head_dim * seq per
+MFU counts 6 * matmul params (all but the input embedding) * tokens plus causal attention (6 * layers * heads * head_dim * seq per
 token: QK^T and PV, forward + 2x backward, half the square) over `--peak-tflops` per GPU
 (989 = H100/H200 bf16 dense). Prints one JSON line on global rank 0.
 """
@@ -261,7 +261,9 @@ def flops_per_step(args: argparse.Namespace, num_params: int, dp: int) -> float:
     """Training FLOPs of one step across all ranks (see the module docstring)."""
     tokens = args.micro_batch * args.num_micro_batches * args.seq_len * dp
     attention_per_token = 6 * args.layers * args.heads * args.head_dim * args.seq_len
-    return tokens * (6 * num_params + attention_per_token)
+    # the input embedding is a lookup, not a matmul (same count as dagrl's megatron backend)
+    matmul_params = num_params - (0 if args.tie_embeddings else args.vocab * args.hidden)
+    return tokens * (6 * matmul_params + attention_per_token)
 
 
 def count_params(model) -> int:

@@ -95,6 +95,9 @@ def apply() -> None:
         importlib.import_module(name).torch = _CpuTorch()
     _patch_rng_state_functions()
     _patch_cuda_tensor_checks()
+    import megatron.core
+
+    megatron.core.dagrl_cpu_patched = True  # dagrl refuses megatron on CPU without this patch
     _APPLIED = True
 
 

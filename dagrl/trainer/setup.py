@@ -14,6 +14,7 @@ from dagrl.backends.hf_model import load_tokenizer, resolve_model_path, torch_dt
 from dagrl.config.placement import ROLE_REF, ROLE_TRAIN, Plan, RoleLayout, make_plan
 from dagrl.config.schema import DagrlConfig, MegatronConfig, TrainStrategy
 from dagrl.config.validate import data_files, resolve_defaults, resolve_device, validate, validate_with_plan
+from dagrl.config.validate_megatron import check_megatron_device
 from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
@@ -34,6 +35,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     resolve_defaults(cfg)
     validate(cfg)
     device = resolve_device(cfg)
+    check_megatron_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
     plan = make_plan(cfg, {s.role for s in specs if s.role}, device)

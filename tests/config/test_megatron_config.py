@@ -564,3 +564,17 @@ def test_script_defaults_fit_a_qwen3_8b_config(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "train: 8 workers, DP=1 TP=2 PP=4 CP=1" in out
+
+
+def test_megatron_on_cpu_needs_gpus_outside_the_test_patch(monkeypatch):
+    """Without the tests' CPU patch, megatron on a CPU device is refused before Ray starts."""
+    import megatron.core
+
+    from dagrl.errors import ConfigError
+    from dagrl.trainer.setup import prepare
+
+    monkeypatch.delattr(megatron.core, "dagrl_cpu_patched", raising=False)
+    cfg = compose_config("actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu")
+    with pytest.raises(ConfigError) as exc:
+        prepare(cfg)
+    assert exc.value.key == "trainer.device" and "strategy=torch" in str(exc.value)

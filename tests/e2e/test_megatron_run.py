@@ -46,27 +46,33 @@ def test_tp2_with_reference_resumes_exactly(ray_local, tmp_path):
     ]
 
 
-def test_pp2_train_pool_syncs_weights_to_separate_rollout(ray_local, tmp_path):
-    """PP2 train pool (2 workers) and a rollout worker of its own: both stages' layers arrive."""
+def _model_bytes() -> int:
     from safetensors.torch import load_file
 
     from dagrl.backends.hf_model import resolve_model_path
+
+    state = load_file(f"{resolve_model_path(None)}/model.safetensors")
+    return sum(t.numel() * 4 for t in state.values())  # float32 run
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        # PP2 on two workers, rollout colocated: each worker gathers both stages' layers
+        [f"{M}.pipeline_model_parallel_size=2", "trainer.n_gpus_per_node=2"],
+        # rollout on a worker of its own: train exports, rank 0 ships through the object store
+        ["placement=separate", "trainer.n_gpus_per_node=2"],
+    ],
+    ids=["pp2-colocated", "separate"],
+)
+def test_weight_sync_delivers_the_whole_model(ray_local, tmp_path, layout):
     from dagrl.main import run
 
     run(
         compose_config(
-            *MEGATRON,
-            "placement=separate",
-            "placement.gpus.train=2",
-            "placement.gpus.rollout=1",
-            "trainer.n_gpus_per_node=3",
-            f"{M}.pipeline_model_parallel_size=2",
-            "trainer.total_training_steps=2",
-            f"trainer.default_local_dir={tmp_path}",
+            *MEGATRON, *layout, "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}"
         )
     )
     rows = read_metrics(tmp_path)
-    state = load_file(f"{resolve_model_path(None)}/model.safetensors")
-    model_bytes = sum(t.numel() * 4 for t in state.values())
     assert len(rows) == 2
-    assert all(r["weight_sync/bytes"] == pytest.approx(model_bytes, rel=0.01) for r in rows)
+    assert all(r["weight_sync/bytes"] == pytest.approx(_model_bytes(), rel=0.01) for r in rows)

@@ -139,7 +139,7 @@ class MegatronTrainBackend:
         if self.optimizer is not None and self.m.grad_offload:
             for chunk in self.model:
                 chunk.offload_grad_buffers(synchronize=self.ctx.device.type == "cuda", empty_cache=False)
-        if self.optimizer is not None and self.m.optimizer_offload:
+        if self._offloads_optimizer():
             self.optimizer.offload_to_cpu()
         if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -151,23 +151,36 @@ class MegatronTrainBackend:
         if self.optimizer is not None and self.m.grad_offload:
             for chunk in self.model:
                 chunk.restore_grad_buffers(synchronize=self.ctx.device.type == "cuda")
-        if self.optimizer is not None and self.m.optimizer_offload:
+        if self._offloads_optimizer():
             self.optimizer.restore_from_cpu()
 
+    def _offloads_optimizer(self) -> bool:
+        # megatron moves the optimizer state back with .cuda(): on a CPU device there is nowhere
+        # to offload from, so the flag is a no-op there
+        return self.optimizer is not None and self.m.optimizer_offload and self.ctx.device.type == "cuda"
+
     def _offload_params(self) -> None:
-        # parameters stay the same objects (the optimizer and DDP buffers keep pointing at them);
-        # only their storage moves, so onload restores them in place
+        # Parameters stay the same objects (the optimizer and DDP keep pointing at them); only
+        # their storage moves. Under the distributed optimizer many params are views of one
+        # contiguous buffer, so whole storages are copied first and freed after.
+        storages = {}
         for p in self._params():
-            if p.device.type != "cpu" or self.ctx.device.type == "cpu":
-                cpu = torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=p.is_cuda)
-                cpu.copy_(p.data, non_blocking=True)
-                self._cpu_params[p] = cpu
-                p.data.untyped_storage().resize_(0)
+            storage = p.data.untyped_storage()
+            if storage.nbytes() > 0:
+                storages.setdefault(storage.data_ptr(), (storage, p.device))
+        for key, (storage, device) in storages.items():
+            cpu = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=device.type == "cuda")
+            cpu.copy_(_bytes_of(storage, device), non_blocking=True)
+            self._cpu_params[key] = (storage, device, cpu)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        for storage, _, _ in self._cpu_params.values():
+            storage.resize_(0)
 
     def _onload_params(self) -> None:
-        for p, cpu in self._cpu_params.items():
-            p.data.untyped_storage().resize_(cpu.numel() * cpu.element_size())
-            p.data.copy_(cpu, non_blocking=True)
+        for storage, device, cpu in self._cpu_params.values():
+            storage.resize_(cpu.numel())
+            _bytes_of(storage, device).copy_(cpu, non_blocking=True)
         self._cpu_params = {}
 
     def _params(self) -> Iterator[torch.nn.Parameter]:
@@ -378,6 +391,11 @@ class MegatronTrainBackend:
         save_hf(self.chunks, self.hf_config, path, tokenizer_dir=None)
         if torch.distributed.get_rank() == 0:
             load_tokenizer(self.path).save_pretrained(path)
+
+
+def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor over a whole storage (to copy it regardless of the params viewing it)."""
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),))
 
 
 def _allocated_gib() -> float:

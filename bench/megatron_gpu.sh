@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The megatron backend's GPU checks and benchmarks, as recorded in docs/perf.md.
+#
+#   bash bench/megatron_gpu.sh one OUT   # 1 GPU: gpu tests, mcore loop local vs sdpa, GRPO colocated
+#   bash bench/megatron_gpu.sh two OUT   # 2 GPUs: gpu tests, GRPO TP2 and PP2 colocated, mcore loops
+#
+# Every step writes OUT/<name>.log and goes on when one fails (the summary lists exit codes).
+# GRPO model: random-init Qwen3 architecture, hidden 1024, 28 layers, 8 heads x 128, tied,
+# 508M parameters (bench/grpo_gpu.py); 32 prompts x 8 responses of 256 tokens, micro-batch 16.
+# The plain megatron loop runs the same shape: 16 micro-batches of 16 x 288 tokens per step.
+set -uo pipefail
+MODE=${1:?one or two}
+OUT=${2:-/tmp/megatron_gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+M=actor_rollout_ref.actor.megatron
+OFFLOAD="$M.param_offload=true $M.grad_offload=true $M.optimizer_offload=true"
+SHAPE="--hidden 1024 --layers 28 --heads 8 --query-groups 4 --head-dim 128 --ffn 3072 --tie-embeddings"
+LOOP="--seq-len 288 --micro-batch 16 --num-micro-batches 16 --steps 6 --warmup 2"
+declare -a SUMMARY
+
+step() {  # step NAME TIMEOUT_S COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    SUMMARY+=("$name rc=$rc $((SECONDS - start))s")
+    echo "== $name rc=$rc $((SECONDS - start))s"
+    tail -n 4 "$OUT/$name.log"
+}
+
+if [ "$MODE" = one ]; then
+    step pytest_gpu 240 python -m pytest -q -m gpu -p no:cacheprovider -x \
+        tests/backends/megatron/test_backend_gpu.py tests/backends/megatron/test_spec_gpu.py
+    step loop_local_752m 90 python bench/mcore_loop.py --spec local
+    step loop_sdpa_752m 90 python bench/mcore_loop.py --spec sdpa
+    step loop_sdpa_grpo_shape 90 python bench/mcore_loop.py --spec sdpa $SHAPE $LOOP
+    step grpo_megatron_1gpu 300 python bench/grpo_gpu.py --strategy megatron --out /tmp/b1 --steps 3 $OFFLOAD
+else
+    step pytest_gpu 240 python -m pytest -q -m gpu -p no:cacheprovider \
+        tests/backends/megatron/test_backend_gpu.py -k "two_gpu or sequence_parallel"
+    step grpo_megatron_tp2 240 python bench/grpo_gpu.py --strategy megatron --out /tmp/b2 --steps 3 \
+        trainer.n_gpus_per_node=2 $M.tensor_model_parallel_size=2 $M.sequence_parallel=true $OFFLOAD
+    step grpo_megatron_pp2 240 python bench/grpo_gpu.py --strategy megatron --out /tmp/b3 --steps 3 \
+        trainer.n_gpus_per_node=2 $M.pipeline_model_parallel_size=2 $OFFLOAD
+    step loop_sdpa_tp2_sp 90 torchrun --nproc-per-node 2 bench/mcore_loop.py --spec sdpa --tp 2 --sp $SHAPE $LOOP
+    step loop_sdpa_pp2 90 torchrun --nproc-per-node 2 bench/mcore_loop.py --spec sdpa --pp 2 $SHAPE $LOOP
+fi
+printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"
