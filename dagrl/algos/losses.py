@@ -141,7 +141,8 @@ def compute_policy_loss(
         clip_ratio_c: dual-clip bound (> 1), or None to disable dual-clip.
 
     Returns:
-        The scalar loss, and float metrics (masked token means): ``actor/pg_clipfrac`` (clipped
+        The scalar loss, and metrics as detached 0-dim tensors, so the caller decides when to
+        synchronise with the device (masked token means): ``actor/pg_clipfrac`` (clipped
         branch strictly larger), ``actor/ppo_kl`` (mean of old - new log-prob),
         ``actor/pg_clipfrac_lower`` (dual-clip active).
     """
@@ -162,9 +163,9 @@ def compute_policy_loss(
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     with torch.no_grad():
         metrics = {
-            "actor/pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask).item(),
-            "actor/ppo_kl": masked_mean(-log_ratio, response_mask).item(),
-            "actor/pg_clipfrac_lower": masked_mean(dual_active.float(), response_mask).item(),
+            "actor/pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
+            "actor/ppo_kl": masked_mean(-log_ratio, response_mask),
+            "actor/pg_clipfrac_lower": masked_mean(dual_active.float(), response_mask),
         }
     return loss, metrics
 

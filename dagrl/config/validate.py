@@ -9,7 +9,7 @@ import os
 
 from dagrl.algos import KLEstimator, LossAggMode
 from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
-from dagrl.config.schema import DagrlConfig, Device, TrainStrategy
+from dagrl.config.schema import DagrlConfig, Device, RolloutName, TrainStrategy
 from dagrl.config.validate_megatron import (
     check_megatron,
     check_megatron_plan,
@@ -130,6 +130,8 @@ def _check_actor(cfg: DagrlConfig) -> None:
 
 def _check_rollout(cfg: DagrlConfig) -> None:
     r = cfg.actor_rollout_ref.rollout
+    if r.name == RolloutName.vllm:
+        raise ConfigError(f"{R}.name", "vllm", "the vllm rollout backend is not in this build yet; use hf")
     if r.n < 2:
         raise ConfigError(
             f"{R}.n", r.n, "GRPO compares responses within a group: use rollout.n >= 2 (e.g. 8)"

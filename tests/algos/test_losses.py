@@ -131,11 +131,11 @@ def _policy_loss(mode=LossAggMode.TOKEN_MEAN, clip_ratio_c=3.0):
 def test_policy_loss_value_and_metrics():
     loss, metrics, _ = _policy_loss()
     assert loss.item() == pytest.approx(0.844, abs=1e-5)
-    assert metrics["actor/pg_clipfrac"] == pytest.approx(2 / 5)  # tokens (0,0) and (0,2)
-    assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(1 / 5)  # token (1,0)
+    assert float(metrics["actor/pg_clipfrac"]) == pytest.approx(2 / 5)  # tokens (0,0) and (0,2)
+    assert float(metrics["actor/pg_clipfrac_lower"]) == pytest.approx(1 / 5)  # token (1,0)
     # -mean(log 1.5 + log 0.5 + log 0.5 + log 5 + log 1.1) = -(0.405465 - 2 * 0.693147 + 1.609438 + 0.095310) / 5
-    assert metrics["actor/ppo_kl"] == pytest.approx(-0.723919 / 5, abs=1e-5)
-    assert all(isinstance(v, float) for v in metrics.values())
+    assert float(metrics["actor/ppo_kl"]) == pytest.approx(-0.723919 / 5, abs=1e-5)
+    assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
 
 
 def test_policy_loss_gradients_zero_on_clipped_tokens():
@@ -149,7 +149,7 @@ def test_policy_loss_without_dual_clip():
     # token (1,0) keeps 5.0: (4.22 - 3.0 + 5.0) / 5 = 1.244; its grad is -A * ratio / 5 = 5 / 5 = 1
     loss, metrics, grad = _policy_loss(clip_ratio_c=None)
     assert loss.item() == pytest.approx(1.244, abs=1e-5)
-    assert metrics["actor/pg_clipfrac_lower"] == 0.0
+    assert float(metrics["actor/pg_clipfrac_lower"]) == 0.0
     assert grad[1, 0].item() == pytest.approx(1.0, abs=1e-5)
 
 
@@ -167,8 +167,8 @@ def test_policy_loss_on_policy_is_minus_mean_advantage():
         logprobs, logprobs, adv, torch.ones(1, 3), 0.2, 0.2, LossAggMode.TOKEN_MEAN
     )
     assert loss.item() == pytest.approx(-2 / 3)
-    assert metrics["actor/pg_clipfrac"] == 0.0
-    assert metrics["actor/ppo_kl"] == 0.0
+    assert float(metrics["actor/pg_clipfrac"]) == 0.0
+    assert float(metrics["actor/ppo_kl"]) == 0.0
 
 
 @pytest.mark.parametrize("bad_c", [1.0, 0.5])

@@ -82,11 +82,13 @@ class MegatronTrainBackend:
         self._cpu_params: dict = {}
 
     def _wrap(self, actor):
-        """Float16Module for bf16/fp16, then megatron DDP + optimizer for the actor."""
-        from megatron.core.transformer.module import Float16Module
+        """megatron DDP + optimizer for the actor; the reference stays a bare forward-only model.
 
-        half = self.dtype != torch.float32
-        model = [Float16Module(self.tcfg, c) if half else c for c in self.chunks]
+        No Float16Module: the params are already in param_dtype and inputs are token ids; its
+        fp32 cast of the full [B, S, V/TP] logits would cost a copy of the largest activation.
+        The log-prob code upcasts only the response positions it needs.
+        """
+        model = list(self.chunks)
         if self.forward_only:
             for chunk in model:
                 chunk.eval().requires_grad_(False)
@@ -230,8 +232,10 @@ class MegatronTrainBackend:
 
     def _response_logprobs(self, mi: MicroInputs, logits: torch.Tensor, entropy: bool, entropy_grad: bool):
         prompt_len, resp_len = mi.batch["prompts"].shape[1], mi.batch["responses"].shape[1]
-        # logits at t predict token t+1: the response tokens come from positions P-1 .. P+R-2
-        resp_logits = logits[:, prompt_len - 1 : prompt_len + resp_len - 1].float() / self.temperature
+        # logits at t predict token t+1: the response tokens come from positions P-1 .. P+R-2;
+        # one fp32 copy of just those positions (to_copy, then an in-place scale)
+        resp_logits = logits[:, prompt_len - 1 : prompt_len + resp_len - 1].to(torch.float32, copy=True)
+        resp_logits.div_(self.temperature)
         resp_logits = mask_vocab_padding(resp_logits, self.hf_config.vocab_size)
         targets = mi.input_ids[:, prompt_len : prompt_len + resp_len]
         return logprobs_and_entropy(resp_logits, targets, entropy, entropy_grad)
@@ -334,8 +338,10 @@ class MegatronTrainBackend:
             for k, v in out.items():
                 sums[k] = sums.get(k, 0.0) + v * mi.weight
         if grad_norm is not None:
-            sums["actor/grad_norm"] = float(grad_norm)
-        return sums
+            sums["actor/grad_norm"] = grad_norm
+        # metrics stay device tensors until here: a .item() per micro-batch would stall the
+        # schedule (the CPU could no longer run ahead of the GPU)
+        return {k: float(v) for k, v in sums.items()}
 
     def _loss(self, mode: LossAggMode, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
         actor = self.cfg.actor_rollout_ref.actor
@@ -355,12 +361,12 @@ class MegatronTrainBackend:
         )
         entropy_loss = agg_loss(entropy, mask, mode)
         loss = pg_loss - actor.entropy_coeff * entropy_loss
-        metrics = dict(metrics, **{"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()})
+        metrics = dict(metrics, **{"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy_loss.detach()})
         if actor.use_kl_loss:
             kl = kl_penalty(logprobs, mb["ref_logprobs"].to(dev), KLEstimator.parse(actor.kl_loss_type))
             kl_loss = agg_loss(kl, mask, mode)
             loss = loss + actor.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.item()
+            metrics["actor/kl_loss"] = kl_loss.detach()
         # megatron divides each micro-batch's loss by their number; the weight already averages
         return loss * (mi.weight * n_micro), metrics
 

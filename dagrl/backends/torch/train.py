@@ -148,8 +148,8 @@ class TorchTrainBackend:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), actor.grad_clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
-        sums["actor/grad_norm"] = float(grad_norm)
-        return sums
+        sums["actor/grad_norm"] = grad_norm
+        return {k: float(v) for k, v in sums.items()}  # the mini-batch's one sync with the device
 
     def _micro_loss(self, module, mb: Batch, mode: LossAggMode) -> tuple[torch.Tensor, dict[str, float]]:
         actor = self.cfg.actor_rollout_ref.actor
@@ -168,12 +168,12 @@ class TorchTrainBackend:
         )
         entropy_loss = agg_loss(entropy, mask, mode)
         loss = pg_loss - actor.entropy_coeff * entropy_loss
-        metrics = dict(metrics, **{"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()})
+        metrics = dict(metrics, **{"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy_loss.detach()})
         if actor.use_kl_loss:
             kl = kl_penalty(logprobs, mb["ref_logprobs"].to(dev), KLEstimator.parse(actor.kl_loss_type))
             kl_loss = agg_loss(kl, mask, mode)
             loss = loss + actor.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.item()
+            metrics["actor/kl_loss"] = kl_loss.detach()
         return loss, metrics
 
     # ---- weights and checkpoints ---------------------------------------------------------------

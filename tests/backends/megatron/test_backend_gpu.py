@@ -121,7 +121,8 @@ def _megatron_logprobs(rank, world, cfg, batch, offload_check=False):
 
         old = out["ref_logprobs"]
         advantages = torch.randn(old.shape, generator=torch.Generator().manual_seed(0))
-        train = batch.union(Batch({"old_logprobs": old, "advantages": advantages * batch["response_mask"]}))
+        extra = Batch({"old_logprobs": old, "advantages": advantages * batch["response_mask"]})
+        train = batch.select(("prompts", "prompt_mask", "responses", "response_mask")).union(extra)
         backend.train_step(train)  # grads and optimizer state exist from here on
         before, _ = backend.forward_logprobs(batch, "ref_logprobs")
         backend.offload()
