@@ -1,6 +1,6 @@
 """The rules of actor_rollout_ref.actor.strategy=megatron, checked before Ray starts (see validate.py).
 
-They read the model's HF config.json (heads, vocabulary, layers, experts must split over the parallel
+They read the model's HF config.json (heads, layers, experts must split over the parallel
 sizes) and, once placement is planned, the DP sizes. Each failure is a ConfigError naming the key.
 """
 
@@ -125,7 +125,8 @@ def _check_megatron_sizes(prefix: str, m: MegatronConfig) -> None:
 
 
 def _check_tensor_split(prefix: str, m: MegatronConfig, hf) -> None:
-    """Each TP rank holds an equal slice of heads, key/value groups, vocabulary and MLP columns."""
+    """Each TP rank holds an equal slice of heads, key/value groups and MLP columns (the
+    vocabulary is padded to a multiple of TP instead, see backends/megatron/model.py)."""
     tp = m.tensor_model_parallel_size
     heads = hf.num_attention_heads
     why = {
@@ -134,7 +135,6 @@ def _check_tensor_split(prefix: str, m: MegatronConfig, hf) -> None:
             getattr(hf, "num_key_value_heads", None) or heads,
             "megatron splits the key/value (query) groups over TP",
         ),
-        "vocab_size": (hf.vocab_size, "dagrl does not pad the vocabulary, so that logits stay exact"),
         "intermediate_size": (getattr(hf, "intermediate_size", None), "the MLP is split column-wise"),
     }
     for field, (n, reason) in why.items():

@@ -7,6 +7,7 @@ slots of one planned node stay on one real node. Pools may span nodes of a Ray c
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import ray
@@ -67,7 +68,13 @@ def allocate(plan: Plan, timeout_s: float = 120.0) -> Bundles:
 
 
 class WorkerPool:
-    """The actors of one colocate group: one per slot, ranks in slot order."""
+    """The actors of one colocate group: one per slot, ranks in slot order.
+
+    `lock` serialises calls into the pool from concurrent DAG nodes. Without it, two nodes on one
+    pool (old_logprob and ref_logprob) could reach the workers in different orders, and a
+    sharded backend's collectives would pair one role's all-reduce on rank 0 with the other
+    role's on rank 1: silently wrong numbers, or a hang.
+    """
 
     def __init__(
         self, group: GroupPlan, bundles: Bundles, plan: Plan, cfg, actor_cls=None, setup: bool = True
@@ -76,6 +83,7 @@ class WorkerPool:
 
         cls = actor_cls or Worker
         self.roles = list(group.roles)
+        self.lock = threading.Lock()
         remote = ray.remote(cls)
         self.actors = []
         for rank, slot in enumerate(group.slots):
@@ -99,7 +107,8 @@ class WorkerPool:
         return ray.get([a.node_info.remote() for a in self.actors])
 
     def call_all(self, role: str, method: str, *args, **kwargs) -> list:
-        return ray.get([a.call.remote(role, method, *args, **kwargs) for a in self.actors])
+        with self.lock:
+            return ray.get([a.call.remote(role, method, *args, **kwargs) for a in self.actors])
 
     def shutdown(self) -> None:
         for a in self.actors:
@@ -121,11 +130,12 @@ class RoleHandle:
     def run(self, method: str, batch: Batch, **kwargs) -> tuple[Batch, list[dict]]:
         """Each DP shard through `method`; returns (concatenated output batch, per-rank metrics)."""
         shards = [ray.put(s) for s in batch.split(self.dp_size)]
-        futures = [
-            a.call.remote(self.role, method, shards[dp_rank], **kwargs)
-            for a, (dp_rank, _, _) in zip(self.pool.actors, self.dp_info)
-        ]
-        results = ray.get(futures)
+        with self.pool.lock:
+            futures = [
+                a.call.remote(self.role, method, shards[dp_rank], **kwargs)
+                for a, (dp_rank, _, _) in zip(self.pool.actors, self.dp_info)
+            ]
+            results = ray.get(futures)
         outputs = sorted(
             ((dp_rank, r) for r, (dp_rank, _, returns) in zip(results, self.dp_info) if returns),
             key=lambda x: x[0],

@@ -35,13 +35,17 @@ class WeightSyncNode:
         start = time.perf_counter()
         if runtime.colocated(ROLE_TRAIN, dst):
             pool = runtime.role(dst).pool
-            infos = ray.get([a.sync_weights_local.remote(ROLE_TRAIN, dst) for a in pool.actors])
+            with pool.lock:
+                infos = ray.get([a.sync_weights_local.remote(ROLE_TRAIN, dst) for a in pool.actors])
         else:
-            src_actors = runtime.role(ROLE_TRAIN).pool.actors
-            refs = ray.get(
-                [a.export_weight_refs.remote(ROLE_TRAIN, i == 0) for i, a in enumerate(src_actors)]
-            )[0]
-            infos = ray.get([a.load_weight_refs.remote(dst, refs) for a in runtime.role(dst).pool.actors])
+            src_pool, dst_pool = runtime.role(ROLE_TRAIN).pool, runtime.role(dst).pool
+            with src_pool.lock, dst_pool.lock:
+                # every train worker exports (collectively); rank 0's buckets go to every dst worker
+                keep = [
+                    a.export_weight_refs.remote(ROLE_TRAIN, i == 0) for i, a in enumerate(src_pool.actors)
+                ]
+                refs = ray.get(keep)[0]
+                infos = ray.get([a.load_weight_refs.remote(dst, refs) for a in dst_pool.actors])
         seconds = time.perf_counter() - start
         nbytes = infos[0]["bytes"]
         return NodeResult(

@@ -127,7 +127,10 @@ def load(path: str, model: list[torch.nn.Module], optimizer: Any | None) -> dict
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(loaded[f"model{i}"], strict=True)
     if optimizer is not None:
-        optimizer.load_state_dict(loaded["optimizer"])
+        # fp32 main params are views of the (grad-requiring) model params: copy without autograd
+        with torch.no_grad():
+            optimizer.load_state_dict(loaded["optimizer"])
+        _restore_adam_steps(optimizer)
     if saved == layout:
         _set_rng_state(loaded["rng_state"])
     torch.distributed.barrier()
@@ -169,6 +172,8 @@ def _sharded_state(
         f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(unwrap_model(model))
     }
     if optimizer is not None:
+        if is_loading:
+            _prime_adam_state(optimizer)
         merged: dict[str, Any] = {}
         for i in range(len(model)):
             merged.update(state[f"model{i}"])
@@ -176,6 +181,46 @@ def _sharded_state(
             merged, is_loading=is_loading, metadata=_optimizer_metadata(fmt)
         )
     return state
+
+
+def _prime_adam_state(optimizer: Any) -> None:
+    """Give a fresh torch Adam state tensors (zeros, step 0) so megatron can describe it.
+
+    megatron's DistributedOptimizer.state_dict() reads each parameter's "step" when neither
+    Apex nor TransformerEngine is installed, and torch's Adam creates its state only on the
+    first step: a never-stepped optimizer cannot be loaded into. Everything primed here is
+    overwritten by the load.
+    """
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(o, "optimizer", None)
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW) or len(inner.state) > 0:
+            continue
+        for group in inner.param_groups:
+            for p in group["params"]:
+                inner.state[p] = {
+                    "step": torch.tensor(0.0),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
+
+
+def _restore_adam_steps(optimizer: Any) -> None:
+    """Re-apply the loaded step count to torch Adam's per-parameter "step" tensors.
+
+    Without Apex/TE, DistributedOptimizer.load_state_dict sets the steps from the saved
+    param groups, then copies the pre-load step tensors (kept as local objects in the sharded
+    state dict) back over them: the bias correction would restart. The saved count stays in
+    each param group's "step", so it is taken from there.
+    """
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(o, "optimizer", None)
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        for group in inner.param_groups:
+            if "step" in group:
+                for p in group["params"]:
+                    old = inner.state[p].get("step", torch.tensor(0.0))  # keep its device / dtype
+                    inner.state[p]["step"] = torch.full_like(old, float(group["step"]))
 
 
 def _rng_object(layout: CheckpointLayout, rng_state: dict | None) -> ShardedObject:

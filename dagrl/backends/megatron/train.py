@@ -10,6 +10,7 @@ Used for the actor and, with forward_only=True, for the reference model (no DDP,
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -387,6 +388,7 @@ class MegatronTrainBackend:
 
     def save(self, path: str) -> None:
         """Sharded model + optimizer (+ step and RNG); the HF export is on demand (export_hf)."""
+        os.makedirs(path, exist_ok=True)  # every rank: on several nodes each may see its own disk
         ckpt.save(path, self.model, self.optimizer, {"steps": self.steps})
 
     def load(self, path: str) -> None:
