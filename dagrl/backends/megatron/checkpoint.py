@@ -16,6 +16,9 @@ megatron's third, `fully_sharded_model_space`, no longer saves in megatron-core 
 The non-distributed optimizers are always per-parameter, hence fully reshardable.
 RNG states only mean something for the same layout, so they are restored when the layout
 matches and skipped (with a warning) otherwise.
+
+megatron's `torch_dist` writer forks writer processes that need `psutil`; without it a save
+hangs (the writer dies before reporting), so the `megatron` extra must install psutil.
 """
 
 from __future__ import annotations
@@ -127,10 +130,7 @@ def load(path: str, model: list[torch.nn.Module], optimizer: Any | None) -> dict
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(loaded[f"model{i}"], strict=True)
     if optimizer is not None:
-        # fp32 main params are views of the (grad-requiring) model params: copy without autograd
-        with torch.no_grad():
-            optimizer.load_state_dict(loaded["optimizer"])
-        _restore_adam_steps(optimizer)
+        _load_optimizer(optimizer, loaded["optimizer"])
     if saved == layout:
         _set_rng_state(loaded["rng_state"])
     torch.distributed.barrier()
@@ -204,23 +204,53 @@ def _prime_adam_state(optimizer: Any) -> None:
                 }
 
 
-def _restore_adam_steps(optimizer: Any) -> None:
-    """Re-apply the loaded step count to torch Adam's per-parameter "step" tensors.
+def _load_optimizer(optimizer: Any, state: dict) -> None:
+    """optimizer.load_state_dict, except for DistributedOptimizer over torch's Adam (no Apex/TE).
 
-    Without Apex/TE, DistributedOptimizer.load_state_dict sets the steps from the saved
-    param groups, then copies the pre-load step tensors (kept as local objects in the sharded
-    state dict) back over them: the bias correction would restart. The saved count stays in
-    each param group's "step", so it is taken from there.
+    There megatron (0.16) mishandles Adam's per-parameter "step" tensor: loading the parameter
+    state copies the stale pre-load steps back (dp_reshardable) or fails on the missing key
+    (fully_reshardable), and the steps it sets share one tensor, which foreach Adam would then
+    advance once per parameter. So the step-free part is loaded with "step" set aside and
+    each parameter gets its own step tensor from the param groups afterwards.
     """
-    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = getattr(o, "optimizer", None)
-        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
-            continue
-        for group in inner.param_groups:
-            if "step" in group:
-                for p in group["params"]:
-                    old = inner.state[p].get("step", torch.tensor(0.0))  # keep its device / dtype
-                    inner.state[p]["step"] = torch.full_like(old, float(group["step"]))
+    chain = getattr(optimizer, "chained_optimizers", [optimizer])
+    if not any(_is_torch_adam_distributed(o) for o in chain):
+        with torch.no_grad():  # fp32 main params are views of grad-requiring model params
+            optimizer.load_state_dict(state)
+        return
+    states = [state] if len(chain) == 1 else [state[i] for i in range(len(chain))]
+    for o, sd in zip(chain, states):
+        with torch.no_grad():
+            if _is_torch_adam_distributed(o):
+                _load_torch_adam_distributed(o, sd)
+            else:
+                o.load_state_dict(sd)
+    if len(chain) > 1:
+        optimizer._synchronize_steps()  # what ChainedOptimizer.load_state_dict ends with
+
+
+def _is_torch_adam_distributed(o: Any) -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return isinstance(o, DistributedOptimizer) and isinstance(
+        o.optimizer, torch.optim.Adam | torch.optim.AdamW
+    )
+
+
+def _load_torch_adam_distributed(o: Any, state: dict) -> None:
+    state = dict(state)
+    param_state, kind = state.pop("param_state"), OptimizerFormat(state.pop("param_state_sharding_type"))
+    o.load_state_dict(state)  # hyper-parameters, grad scaler, and the step into the param groups
+    inner = o.optimizer
+    for s in inner.state.values():
+        s.pop("step", None)
+    if kind == OptimizerFormat.DP_RESHARDABLE:
+        o.load_parameter_state_from_dp_reshardable(param_state)
+    else:
+        o.load_parameter_state_from_fully_reshardable(param_state)
+    for group in inner.param_groups:
+        for p in group["params"]:
+            inner.state[p]["step"] = torch.tensor(float(group["step"]))
 
 
 def _rng_object(layout: CheckpointLayout, rng_state: dict | None) -> ShardedObject:
