@@ -209,6 +209,9 @@ class TrainerConfig:
     project_name: str = "dagrl"
     experiment_name: str = "default"
     save_freq: int = -1
+    # also write actor_hf/ (a transformers model directory) into every checkpoint; the torch
+    # backend's actor/ is one already, megatron's is sharded (dist_checkpointing)
+    save_hf: bool = False
     test_freq: int = 10
     val_before_train: bool = True
     resume_mode: str = "auto"  # auto | disable | <path of a global_step_N dir>

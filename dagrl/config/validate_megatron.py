@@ -223,6 +223,13 @@ def _check_megatron_kernels(prefix: str, m: MegatronConfig) -> None:
             "context parallel runs only in TransformerEngine's attention: use layer_spec=te or auto,"
             " or context_parallel_size=1",
         )
+    if cp > 1:  # with TE present: megatron could, but the backend does not split sequences yet
+        raise ConfigError(
+            f"{prefix}.context_parallel_size",
+            cp,
+            "dagrl's megatron backend does not split sequences over context-parallel ranks yet;"
+            " use context_parallel_size=1 (TP with sequence_parallel also shards activations)",
+        )
     if m.sequence_parallel and spec == LayerSpec.local:
         raise ConfigError(
             f"{prefix}.sequence_parallel",

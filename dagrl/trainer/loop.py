@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import ray
 import torch
 from tqdm import tqdm
 
@@ -108,6 +107,8 @@ class Trainer:
         os.makedirs(self.ckpt_root, exist_ok=True)
         staging = checkpoint.staging_dir(self.ckpt_root, self.step)
         self.runtime.role(ROLE_TRAIN).broadcast("save", os.path.join(staging, "actor"))
+        if self.cfg.trainer.save_hf:  # inside the staging dir: sealed with the checkpoint
+            self.export_hf(os.path.join(staging, "actor_hf"))
         # the driver draws no random numbers (sampling seeds derive from the step); workers save theirs
         state = {"global_step": self.step, "data": self.loader.state_dict()}
         path = checkpoint.commit(
@@ -130,4 +131,6 @@ class Trainer:
         log(f"resumed from {path} at step {self.step}")
 
     def export_hf(self, path: str) -> None:
-        ray.get(self.runtime.role(ROLE_TRAIN).pool.actors[0].call.remote(ROLE_TRAIN, "export_hf", path))
+        """A HF model directory of the current actor (every train worker takes part: megatron
+        gathers its shards collectively; one rank writes)."""
+        self.runtime.role(ROLE_TRAIN).broadcast("export_hf", path)

@@ -210,7 +210,8 @@ def test_context_parallel_needs_te_layer_spec(model, with_te):
             "use layer_spec=te or auto",
             *megatron(model, f"{CP}=2", f"{M}.layer_spec={spec}"),
         )
-    checked(*megatron(model, f"{CP}=2"))  # auto = te when it is installed
+    # auto = te when it is installed; the backend itself does not split sequences over CP yet
+    expect_error(CP, "does not split sequences", *megatron(model, f"{CP}=2"))
 
 
 def test_local_spec_has_no_sequence_parallel(model):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from tests.conftest import compose_config
 from tests.e2e.test_grpo_run import FAST, read_metrics, without_timing
@@ -34,8 +35,9 @@ def test_tp2_with_reference_resumes_exactly(ray_local, tmp_path):
     common += ["actor_rollout_ref.actor.use_kl_loss=true", "trainer.save_freq=2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run(compose_config(*common, "trainer.total_training_steps=3", f"trainer.default_local_dir={straight}"))
-    run(compose_config(*common, "trainer.total_training_steps=2", f"trainer.default_local_dir={resumed}"))
-    run(compose_config(*common, "trainer.total_training_steps=3", f"trainer.default_local_dir={resumed}"))
+    hf = "trainer.save_hf=true"  # each checkpoint also gets actor_hf/, gathered from the TP shards
+    run(compose_config(*common, hf, "trainer.total_training_steps=2", f"trainer.default_local_dir={resumed}"))
+    run(compose_config(*common, hf, "trainer.total_training_steps=3", f"trainer.default_local_dir={resumed}"))
     a = [without_timing(r) for r in read_metrics(straight)]
     b = [without_timing(r) for r in read_metrics(resumed)]
     assert [r["step"] for r in b] == [1, 2, 3]
@@ -44,6 +46,23 @@ def test_tp2_with_reference_resumes_exactly(ray_local, tmp_path):
     assert [{k: v for k, v in r.items() if not k.startswith(perf)} for r in a] == [
         {k: v for k, v in r.items() if not k.startswith(perf)} for r in b
     ]
+    _check_hf_export(resumed / "global_step_2" / "actor_hf")
+
+
+def _check_hf_export(path) -> None:
+    """transformers loads the export; same tensors as the shipped model, trained ones changed."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from dagrl.backends.hf_model import resolve_model_path
+
+    start = load_file(f"{resolve_model_path(None)}/model.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    state = {k: v for k, v in model.state_dict().items() if k in start}
+    assert set(state) == set(start)
+    assert all(state[k].shape == v.shape for k, v in start.items())
+    assert any(not torch.equal(state[k], v) for k, v in start.items())
+    assert (path / "tokenizer.json").is_file()
 
 
 def _model_bytes() -> int:

@@ -217,6 +217,8 @@ class TorchTrainBackend:
         _set_rng_state(extra["rng"])
 
     def export_hf(self, path: str) -> None:
+        if self.ctx.rank != 0:  # DDP replicas hold the same weights: one writer
+            return
         os.makedirs(path, exist_ok=True)
         self.model.save_pretrained(path, safe_serialization=True)
         load_tokenizer(self.path).save_pretrained(path)
