@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from dagrl.algos import KLEstimator, LossAggMode, agg_loss, compute_policy_loss, kl_penalty
+from dagrl.algos import LossAggMode
+from dagrl.backends.actor_loss import actor_loss, micro_batch_weights, weight_buckets
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron.logprobs import logprobs_and_entropy, mask_vocab_padding
@@ -321,17 +322,9 @@ class MegatronTrainBackend:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        total_tokens = float(mini["response_mask"].sum().clamp(min=1))
-        micros = [
-            self._micro_inputs(
-                mb,
-                # weights make the accumulated gradient that of the whole mini-batch's loss
-                float(mb["response_mask"].sum()) / total_tokens
-                if mode == LossAggMode.TOKEN_MEAN
-                else len(mb) / len(mini),
-            )
-            for mb in mini.chunks(actor.ppo_micro_batch_size_per_gpu)
-        ]
+        chunks = mini.chunks(actor.ppo_micro_batch_size_per_gpu)
+        weights = micro_batch_weights(mini, chunks, mode)
+        micros = [self._micro_inputs(mb, w) for mb, w in zip(chunks, weights)]
         outputs = self._run_schedule(micros, partial(self._loss, mode, len(micros)), forward_only=False)
         _, grad_norm, _ = self.optimizer.step()
         sums: dict[str, float] = {}
@@ -346,28 +339,8 @@ class MegatronTrainBackend:
 
     def _loss(self, mode: LossAggMode, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
         actor = self.cfg.actor_rollout_ref.actor
-        dev = logits.device
-        mb = mi.batch
-        mask = mb["response_mask"].to(dev).float()
         logprobs, entropy = self._response_logprobs(mi, logits, True, actor.entropy_coeff != 0)
-        pg_loss, metrics = compute_policy_loss(
-            mb["old_logprobs"].to(dev),
-            logprobs,
-            mb["advantages"].to(dev),
-            mask,
-            clip_ratio_low=actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio,
-            clip_ratio_high=actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio,
-            loss_agg_mode=mode,
-            clip_ratio_c=actor.clip_ratio_c,
-        )
-        entropy_loss = agg_loss(entropy, mask, mode)
-        loss = pg_loss - actor.entropy_coeff * entropy_loss
-        metrics = dict(metrics, **{"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy_loss.detach()})
-        if actor.use_kl_loss:
-            kl = kl_penalty(logprobs, mb["ref_logprobs"].to(dev), KLEstimator.parse(actor.kl_loss_type))
-            kl_loss = agg_loss(kl, mask, mode)
-            loss = loss + actor.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.detach()
+        loss, metrics = actor_loss(actor, mi.batch, logprobs, entropy, mode)
         # megatron divides each micro-batch's loss by their number; the weight already averages
         return loss * (mi.weight * n_micro), metrics
 
@@ -375,16 +348,7 @@ class MegatronTrainBackend:
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """Full HF-named tensors on every rank (a collective over TP/PP/EP), in buckets."""
         limit = self.cfg.actor_rollout_ref.rollout.weight_sync_bucket_mb * 2**20
-        bucket, size = {}, 0
-        for name, tensor in export_hf_weights(self.chunks, self.hf_config):
-            t = tensor.detach().cpu() if to_cpu else tensor.detach()
-            if bucket and size + t.numel() * t.element_size() > limit:
-                yield bucket
-                bucket, size = {}, 0
-            bucket[name] = t
-            size += t.numel() * t.element_size()
-        if bucket:
-            yield bucket
+        return weight_buckets(export_hf_weights(self.chunks, self.hf_config), limit, to_cpu)
 
     def save(self, path: str) -> None:
         """Sharded model + optimizer (+ step and RNG); the HF export is on demand (export_hf)."""

@@ -14,15 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from dagrl.algos import (
-    KLEstimator,
-    LossAggMode,
-    agg_loss,
-    compute_policy_loss,
-    entropy_from_logits,
-    kl_penalty,
-    logprobs_from_logits,
-)
+from dagrl.algos import LossAggMode, entropy_from_logits, logprobs_from_logits
+from dagrl.backends.actor_loss import actor_loss, micro_batch_weights, weight_buckets
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.core.batch import Batch, sequence_inputs
 
@@ -129,15 +122,9 @@ class TorchTrainBackend:
         mode = LossAggMode(actor.loss_agg_mode)
         self.optimizer.zero_grad(set_to_none=True)
         micro_batches = mini.chunks(actor.ppo_micro_batch_size_per_gpu)
-        total_tokens = float(mini["response_mask"].sum().clamp(min=1))
+        weights = micro_batch_weights(mini, micro_batches, mode)
         sums: dict[str, float] = {}
-        for i, mb in enumerate(micro_batches):
-            # weight makes the accumulated gradient equal to that of the whole mini-batch's loss
-            weight = (
-                float(mb["response_mask"].sum()) / total_tokens
-                if mode == LossAggMode.TOKEN_MEAN
-                else len(mb) / len(mini)
-            )
+        for i, (mb, weight) in enumerate(zip(micro_batches, weights)):
             sync = i == len(micro_batches) - 1 or self.ddp is None
             ctx = module.no_sync() if not sync else contextlib.nullcontext()
             with ctx:
@@ -151,44 +138,14 @@ class TorchTrainBackend:
         sums["actor/grad_norm"] = grad_norm
         return {k: float(v) for k, v in sums.items()}  # the mini-batch's one sync with the device
 
-    def _micro_loss(self, module, mb: Batch, mode: LossAggMode) -> tuple[torch.Tensor, dict[str, float]]:
-        actor = self.cfg.actor_rollout_ref.actor
-        dev = self.ctx.device
-        mask = mb["response_mask"].to(dev).float()
+    def _micro_loss(self, module, mb: Batch, mode: LossAggMode) -> tuple[torch.Tensor, dict]:
         logprobs, entropy = self._logits_logprobs(module, mb, True)
-        pg_loss, metrics = compute_policy_loss(
-            mb["old_logprobs"].to(dev),
-            logprobs,
-            mb["advantages"].to(dev),
-            mask,
-            clip_ratio_low=actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio,
-            clip_ratio_high=actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio,
-            loss_agg_mode=mode,
-            clip_ratio_c=actor.clip_ratio_c,
-        )
-        entropy_loss = agg_loss(entropy, mask, mode)
-        loss = pg_loss - actor.entropy_coeff * entropy_loss
-        metrics = dict(metrics, **{"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy_loss.detach()})
-        if actor.use_kl_loss:
-            kl = kl_penalty(logprobs, mb["ref_logprobs"].to(dev), KLEstimator.parse(actor.kl_loss_type))
-            kl_loss = agg_loss(kl, mask, mode)
-            loss = loss + actor.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.detach()
-        return loss, metrics
+        return actor_loss(self.cfg.actor_rollout_ref.actor, mb, logprobs, entropy, mode)
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         limit = self.cfg.actor_rollout_ref.rollout.weight_sync_bucket_mb * 2**20
-        bucket, size = {}, 0
-        for name, tensor in self.model.state_dict().items():
-            t = tensor.detach().cpu() if to_cpu else tensor.detach()
-            if bucket and size + t.numel() * t.element_size() > limit:
-                yield bucket
-                bucket, size = {}, 0
-            bucket[name] = t
-            size += t.numel() * t.element_size()
-        if bucket:
-            yield bucket
+        return weight_buckets(self.model.state_dict().items(), limit, to_cpu)
 
     def save(self, path: str) -> None:
         """Rank 0 writes the HF model; every rank its optimizer and RNG state."""
