@@ -39,9 +39,9 @@ class MicroInputs:
     """One micro-batch as megatron's model takes it, plus what the loss needs."""
 
     batch: Batch  # the rows (CPU), for advantages / old and ref log-probs
-    input_ids: torch.Tensor  # [B, S] on device, S = P + R (+ padding to a multiple of TP under SP)
-    position_ids: torch.Tensor  # [B, S]
-    attention_mask: torch.Tensor  # [B, 1, S, S] bool, True = masked out (megatron's convention)
+    input_ids: torch.Tensor  # [B, S] on device: each row's prompt + response from column 0
+    position_ids: torch.Tensor  # [B, S]: 0 .. S-1
+    prompt_lens: torch.Tensor  # [B] on device: real prompt tokens; the response starts there
     weight: float  # share of the mini-batch loss this micro-batch carries
 
 
@@ -197,28 +197,29 @@ class MegatronTrainBackend:
 
     # ---- inputs and schedule -------------------------------------------------------------------
     def _micro_inputs(self, mb: Batch, weight: float) -> MicroInputs:
-        dev = self.ctx.device
-        ids, attn, pos = sequence_inputs(
-            mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"]
-        )
+        """Left-align every row: its real prompt tokens from column 0, the response right after,
+        all padding at the end. Padding then only ever follows real tokens, so plain causal
+        attention is exact with no padding mask (SDPA / TE take their causal fast path), position
+        ids are aranges as HF counts them, and columns past the longest row are dropped."""
+        ids, _, _ = sequence_inputs(mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"])
+        width = ids.shape[1]
+        prompt_lens = mb["prompt_mask"].sum(dim=1)
+        left_pad = mb["prompts"].shape[1] - prompt_lens
+        ids = ids.gather(1, (torch.arange(width)[None] + left_pad[:, None]) % width)
+        seq = int((prompt_lens + mb["response_mask"].sum(dim=1)).max().clamp(min=1))
         multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
-        pad = -ids.shape[1] % multiple  # sequence parallel splits the sequence over TP ranks
-        if pad:
-            ids, attn, pos = (torch.nn.functional.pad(t, (0, pad)) for t in (ids, attn, pos))
-        seq = ids.shape[1]
-        causal = torch.ones(seq, seq, dtype=torch.bool).tril()
-        allowed = causal & attn.bool()[:, None, None, :]
-        allowed |= torch.eye(seq, dtype=torch.bool)  # every query keeps itself: no fully masked row
-        return MicroInputs(mb, ids.to(dev), pos.to(dev), (~allowed).to(dev), weight)
+        seq = -(-seq // multiple) * multiple  # sequence parallel splits the sequence over TP ranks
+        ids = torch.nn.functional.pad(ids, (0, max(0, seq - width)))[:, :seq]
+        pos = torch.arange(seq).expand_as(ids)
+        dev = self.ctx.device
+        return MicroInputs(mb, ids.to(dev), pos.to(dev), prompt_lens.to(dev), weight)
 
     def _run_schedule(self, micros: list[MicroInputs], loss_fn: Callable, forward_only: bool) -> list[dict]:
         """megatron's forward(-backward) over the micro-batches; returns loss_fn's dicts (last stage)."""
 
         def forward_step(data_iterator, model):
             mi = next(data_iterator)
-            logits = model(
-                input_ids=mi.input_ids, position_ids=mi.position_ids, attention_mask=mi.attention_mask
-            )
+            logits = model(input_ids=mi.input_ids, position_ids=mi.position_ids, attention_mask=None)
             return logits, partial(loss_fn, mi)
 
         iters = [iter(micros) for _ in self.model]
@@ -233,13 +234,16 @@ class MegatronTrainBackend:
         )
 
     def _response_logprobs(self, mi: MicroInputs, logits: torch.Tensor, entropy: bool, entropy_grad: bool):
-        prompt_len, resp_len = mi.batch["prompts"].shape[1], mi.batch["responses"].shape[1]
-        # logits at t predict token t+1: the response tokens come from positions P-1 .. P+R-2;
-        # one fp32 copy of just those positions (to_copy, then an in-place scale)
-        resp_logits = logits[:, prompt_len - 1 : prompt_len + resp_len - 1].to(torch.float32, copy=True)
+        rows, resp_len = mi.input_ids.shape[0], mi.batch["responses"].shape[1]
+        # logits at t predict token t+1: row b's response comes from positions p_b - 1 .. p_b + R - 2
+        # (clamped: positions past the row's end are response padding, masked in the loss);
+        # gathered, then upcast: fp32 copies of just those positions
+        at = mi.prompt_lens[:, None] - 1 + torch.arange(resp_len, device=logits.device)[None]
+        at = at.clamp(max=logits.shape[1] - 1)
+        resp_logits = logits[torch.arange(rows, device=logits.device)[:, None], at].to(torch.float32)
         resp_logits.div_(self.temperature)
         resp_logits = mask_vocab_padding(resp_logits, self.hf_config.vocab_size)
-        targets = mi.input_ids[:, prompt_len : prompt_len + resp_len]
+        targets = mi.batch["responses"].to(logits.device)
         return logprobs_and_entropy(resp_logits, targets, entropy, entropy_grad)
 
     # ---- forward -------------------------------------------------------------------------------
@@ -257,16 +261,17 @@ class MegatronTrainBackend:
         outputs = self._run_schedule(micros, loss_fn, forward_only=True)
         if not outputs:  # not the last pipeline stage: nothing to return
             return Batch(), {}
-        metrics = self._throughput("logprob", batch, time.perf_counter() - start, 1)
+        metrics = self._throughput("logprob", micros, time.perf_counter() - start, 1)
         return Batch({output_key: torch.cat([o["logprobs"] for o in outputs])}), metrics
 
-    def _throughput(self, phase: str, batch: Batch, seconds: float, passes: int) -> dict[str, float]:
-        """Tokens/s of this DP shard and model TFLOP/s per GPU (`passes` forward-equivalents;
-        fwd+bwd = 3). Flops per token: 2 x matmul params (output layer included, embedding
-        lookup not) + causal attention 2 x layers x seq x heads x head_dim, per forward."""
+    def _throughput(self, phase: str, micros: list[MicroInputs], seconds: float, passes: int) -> dict:
+        """Tokens/s of this DP shard (the tokens run through the model, padding included) and
+        model TFLOP/s per GPU (`passes` forward-equivalents; fwd+bwd = 3). Flops per token:
+        2 x matmul params (output layer included, embedding lookup not) + causal attention
+        2 x layers x seq x heads x head_dim, per forward."""
         c = self.tcfg
-        seq = batch["prompts"].shape[1] + batch["responses"].shape[1]
-        tokens = len(batch) * seq
+        tokens = sum(mi.input_ids.numel() for mi in micros)
+        seq = sum(mi.input_ids.numel() * mi.input_ids.shape[1] for mi in micros) / max(tokens, 1)
         kv = c.num_query_groups * c.kv_channels
         q = c.num_attention_heads * c.kv_channels
         ffn = c.moe_ffn_hidden_size * c.moe_router_topk if c.num_moe_experts else c.ffn_hidden_size
@@ -292,6 +297,7 @@ class MegatronTrainBackend:
         for chunk in self.model:
             chunk.train()
         history: dict[str, list[float]] = {}
+        self._step_micros: list[MicroInputs] = []  # for the throughput metrics
         gen = torch.Generator().manual_seed(self.cfg.trainer.seed + self.steps)
         start = time.perf_counter()
         for _ in range(actor.ppo_epochs):
@@ -303,7 +309,7 @@ class MegatronTrainBackend:
         seconds = time.perf_counter() - start
         metrics = {k: float(np.mean(v)) for k, v in history.items()}
         metrics["actor/lr"] = lr
-        metrics.update(self._throughput("update", batch, seconds, actor.ppo_epochs * 3))
+        metrics.update(self._throughput("update", self._step_micros, seconds, 3))
         if self.ctx.device.type == "cuda":
             metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
@@ -325,6 +331,7 @@ class MegatronTrainBackend:
         chunks = mini.chunks(actor.ppo_micro_batch_size_per_gpu)
         weights = micro_batch_weights(mini, chunks, mode)
         micros = [self._micro_inputs(mb, w) for mb, w in zip(chunks, weights)]
+        self._step_micros += micros
         outputs = self._run_schedule(micros, partial(self._loss, mode, len(micros)), forward_only=False)
         _, grad_norm, _ = self.optimizer.step()
         sums: dict[str, float] = {}

@@ -132,11 +132,12 @@ def test_tp1_matches_torch_backend(reference):
     _check_against_reference(results, reference)
 
 
-def test_tp2_matches_torch_backend(reference):
+@pytest.mark.parametrize("sp", ["false", "true"], ids=["tp2", "tp2-sp"])
+def test_tp2_matches_torch_backend(reference, sp):
+    """With sequence parallel the sdpa spec's norms run on sequence shards (odd lengths padded)."""
     batch, _ = reference
-    results = run_distributed(
-        _logprobs_then_step, 2, megatron_config(f"{M}.tensor_model_parallel_size=2"), batch
-    )
+    cfg = megatron_config(f"{M}.tensor_model_parallel_size=2", f"{M}.sequence_parallel={sp}")
+    results = run_distributed(_logprobs_then_step, 2, cfg, batch)
     _check_against_reference(results, reference)
 
 
