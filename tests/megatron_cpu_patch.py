@@ -299,3 +299,30 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float 
     if errors:
         raise RuntimeError("run_distributed failed:\n" + "\n".join(errors))
     return [outputs[rank] for rank in range(world_size)]
+
+
+def tiny_gpt_config(**overrides: Any):
+    """A tiny fp32 TransformerConfig for CPU tests: 2 layers, hidden 64, 4 heads in 2 query
+    groups, SwiGLU, RMSNorm, no biases or dropout, CPU initialisation (TP shards cut from one
+    full master weight, so TP2 starts from TP1's weights). Keyword overrides win."""
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    fields: dict[str, Any] = dict(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=2,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        bf16=False,
+    )
+    fields.update(overrides)
+    return TransformerConfig(**fields)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.megatron_cpu_patch import run_distributed
+from tests.megatron_cpu_patch import run_distributed, tiny_gpt_config
 
 VOCAB = 128
 SEQ = 16
@@ -19,33 +19,15 @@ BATCH = 4
 
 def _setup(tp: int, seed: int):
     """(ddp_model_chunks, optimizer) of a tiny fp32 GPTModel with the distributed optimizer."""
-    import torch.nn.functional as F
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.transformer import TransformerConfig
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    config = TransformerConfig(
-        num_layers=2,
-        hidden_size=64,
-        ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=2,
-        tensor_model_parallel_size=tp,
-        normalization="RMSNorm",
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=True,
-        params_dtype=torch.float32,
-        bf16=False,
-    )
+    config = tiny_gpt_config(tensor_model_parallel_size=tp)
     gpt = GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.megatron_cpu_patch import apply, run_distributed
+from tests.megatron_cpu_patch import apply, run_distributed, tiny_gpt_config
 
 SEED = 1234
 VOCAB = 128
@@ -35,33 +35,18 @@ def _build_model(
     With sequence_parallel the spec swaps megatron's torch norms (which refuse SP) for
     `_SequenceParallelRMSNorm`; TP1 references pass it too so both sides build the same model.
     """
-    import torch.nn.functional as F
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
 
-    config = TransformerConfig(
+    config = tiny_gpt_config(
         num_layers=num_layers,
-        hidden_size=64,
-        ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=2,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         sequence_parallel=sequence_parallel and tp > 1,
         recompute_granularity="full" if recompute else None,
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
-        normalization="RMSNorm",
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=True,
-        params_dtype=torch.float32,
-        bf16=False,
         pipeline_dtype=torch.float32,
     )
     # Same seed on every rank: with use_cpu_initialization each TP shard is cut from one

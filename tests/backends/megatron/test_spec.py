@@ -16,33 +16,16 @@ VOCAB, SEQ, BATCH = 96, 12, 3
 
 def _config(tp: int = 1, sequence_parallel: bool = False, **overrides):
     """A tiny Qwen-shaped config: GQA, qkv bias (Qwen2), q/k norm (Qwen3), SwiGLU, RMSNorm."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    kwargs = (
-        dict(
-            num_layers=2,
-            hidden_size=64,
-            num_attention_heads=4,
-            num_query_groups=2,
-            kv_channels=16,
-            ffn_hidden_size=96,
-            normalization="RMSNorm",
-            layernorm_epsilon=1e-6,
-            gated_linear_unit=True,
-            activation_func=torch.nn.functional.silu,
-            add_bias_linear=False,
-            add_qkv_bias=True,
-            qk_layernorm=True,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            use_cpu_initialization=True,
-            params_dtype=torch.float32,
-            tensor_model_parallel_size=tp,
-            sequence_parallel=sequence_parallel,
-        )
-        | overrides
+    fields = dict(
+        kv_channels=16,
+        ffn_hidden_size=96,
+        layernorm_epsilon=1e-6,
+        add_qkv_bias=True,
+        qk_layernorm=True,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sequence_parallel,
     )
-    return TransformerConfig(**kwargs)
+    return cpu_patch.tiny_gpt_config(**(fields | overrides))
 
 
 def _gpt(config, layer_spec):
