@@ -18,12 +18,7 @@ def build_backend(cfg: DagrlConfig, role: str, ctx):
 
         return TorchTrainBackend(cfg, ctx, forward_only=(role == ROLE_REF))
     if role == ROLE_ROLLOUT:
-        if arr.rollout.name != RolloutName.hf:
-            raise ConfigError(
-                "actor_rollout_ref.rollout.name",
-                arr.rollout.name.value,
-                "this build has only the 'hf' rollout backend; use actor_rollout_ref.rollout.name=hf",
-            )
+        assert arr.rollout.name == RolloutName.hf, "validate refuses other rollout names before Ray"
         from dagrl.backends.hf.rollout import HFRolloutBackend
 
         return HFRolloutBackend(cfg, ctx)

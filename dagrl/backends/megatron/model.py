@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from dagrl.config.schema import MegatronConfig
+from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -109,17 +110,9 @@ def _moe_fields(hf_config) -> dict[str, Any]:
         "moe_aux_loss_coeff": float(hf_config.router_aux_loss_coef) if aux else 0.0,
         "moe_router_dtype": "fp32",
         # grouped GEMM and permute fusion live in TransformerEngine; the local experts are a loop
-        "moe_grouped_gemm": _have_te(),
+        "moe_grouped_gemm": transformer_engine_available(),
         "moe_permute_fusion": False,
     }
-
-
-def _have_te() -> bool:
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _parallel_fields(m: MegatronConfig) -> dict[str, Any]:

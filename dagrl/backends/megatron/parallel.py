@@ -69,13 +69,6 @@ def init_parallel(m: MegatronConfig, seed: int) -> MegatronLayout:
     return layout
 
 
-def destroy_parallel() -> None:
-    global _initialised
-    if _initialised is not None:
-        mpu.destroy_model_parallel()
-        _initialised = None
-
-
 def dp_info() -> tuple[int, int, bool]:
     """(dp_rank, dp_size, returns_output): outputs are kept from TP rank 0 of the last PP stage."""
     returns = (

@@ -9,7 +9,6 @@ Used for the actor and, with forward_only=True, for the reference model (no DDP,
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -30,8 +29,8 @@ from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import get_sdpa_block_spec
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
 from dagrl.config.schema import LayerSpec
+from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs
-from dagrl.errors import ConfigError
 
 
 @dataclass
@@ -61,10 +60,7 @@ class MegatronTrainBackend:
         )
         init_parallel(self.m, cfg.trainer.seed)
         self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=arr.model.trust_remote_code)
-        key = f"actor_rollout_ref.{'ref' if forward_only else 'actor'}.megatron.param_dtype"
-        if self.m.param_dtype not in DTYPES:
-            raise ConfigError(key, self.m.param_dtype, "use bfloat16, float16 or float32")
-        self.dtype = DTYPES[self.m.param_dtype]
+        self.dtype = DTYPES[self.m.param_dtype]  # validate_megatron checked the name
         self.tcfg = transformer_config(
             self.hf_config, self.m, params_dtype=self.dtype, use_cpu_initialization=ctx.device.type == "cpu"
         )
@@ -381,15 +377,11 @@ def _allocated_gib() -> float:
     return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
-def has_transformer_engine() -> bool:
-    return importlib.util.find_spec("transformer_engine") is not None
-
-
 def layer_spec_for(choice: LayerSpec, tcfg):
     """The megatron layer spec for `megatron.layer_spec` (auto: TE when installed, else sdpa)."""
     if choice == LayerSpec.auto:
-        choice = LayerSpec.te if has_transformer_engine() else LayerSpec.sdpa
-    if tcfg.num_moe_experts and not has_transformer_engine():
+        choice = LayerSpec.te if transformer_engine_available() else LayerSpec.sdpa
+    if tcfg.num_moe_experts and not transformer_engine_available():
         import megatron.core.transformer.moe.moe_utils as moe_utils
 
         # megatron-core 0.16.1's router reads this TE name even when TE is absent (NameError)
