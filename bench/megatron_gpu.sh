@@ -3,6 +3,10 @@
 #
 #   bash bench/megatron_gpu.sh one OUT   # 1 GPU: gpu tests, mcore loop local vs sdpa, GRPO colocated
 #   bash bench/megatron_gpu.sh two OUT   # 2 GPUs: gpu tests, GRPO TP2+SP and PP2 colocated
+#   bash bench/megatron_gpu.sh update OUT  # 1 GPU: gpu tests, log-prob kernel, the actor update alone
+#                                          # (bench/megatron_update.py) paired with the plain loop at
+#                                          # the GRPO shape, GRPO colocated
+#   bash bench/megatron_gpu.sh update2 OUT # 2 GPUs: the paired update at TP2+SP and at PP2
 #   bash bench/megatron_gpu.sh loops2 OUT  # 2 GPUs: plain mcore loops TP2+SP / PP2 at the GRPO shape
 #   bash bench/megatron_gpu.sh script OUT  # 2 GPUs: run_scripts/run_qwen3-8b-megatron.sh (TP2, hf
 #                                          # rollout, parquet from examples/) 2 steps + save, resume to 3
@@ -35,11 +39,25 @@ step() {  # step NAME TIMEOUT_S COMMAND...
 
 if [ "$MODE" = one ]; then
     step pytest_gpu 240 python -m pytest -q -m gpu -p no:cacheprovider -x \
-        tests/backends/megatron/test_backend_gpu.py tests/backends/megatron/test_spec_gpu.py
+        tests/backends/megatron/test_backend_gpu.py tests/backends/megatron/test_spec_gpu.py \
+        tests/backends/megatron/test_logprobs_gpu.py
     step loop_local_752m 90 python bench/mcore_loop.py --spec local
     step loop_sdpa_752m 90 python bench/mcore_loop.py --spec sdpa
     step loop_sdpa_grpo_shape 90 python bench/mcore_loop.py --spec sdpa $SHAPE $LOOP
     step grpo_megatron_1gpu 300 python bench/grpo_gpu.py --strategy megatron --out /tmp/b1 --steps 3 $OFFLOAD
+elif [ "$MODE" = update ]; then
+    # the actor update beside the plain loop in one process, alternating steps (--with-loop)
+    UPD="--out /tmp/mu --steps 7 --warmup 2 --with-loop"
+    step pytest_gpu 240 python -m pytest -q -m gpu -p no:cacheprovider \
+        tests/backends/megatron/test_logprobs_gpu.py tests/backends/megatron/test_backend_gpu.py
+    step logprob_kernel 120 python bench/logprob_kernel.py
+    step update_paired 150 python bench/megatron_update.py $UPD
+    step update_paired_offload 150 python bench/megatron_update.py $UPD --offload
+    step grpo_megatron_1gpu 300 python bench/grpo_gpu.py --strategy megatron --out /tmp/b1 --steps 3 $OFFLOAD
+elif [ "$MODE" = update2 ]; then
+    UPD="--out /tmp/mu --steps 7 --warmup 2 --with-loop --offload"
+    step update_tp2_sp 200 torchrun --nproc-per-node 2 bench/megatron_update.py $UPD --tp 2 --sp
+    step update_pp2 200 torchrun --nproc-per-node 2 bench/megatron_update.py $UPD --pp 2
 elif [ "$MODE" = loops2 ]; then
     step loop_sdpa_tp2_sp 120 torchrun --nproc-per-node 2 bench/mcore_loop.py --spec sdpa --tp 2 --sp $SHAPE $LOOP
     step loop_sdpa_pp2 120 torchrun --nproc-per-node 2 bench/mcore_loop.py --spec sdpa --pp 2 $SHAPE $LOOP

@@ -17,13 +17,14 @@ from functools import partial
 
 import numpy as np
 import torch
+from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from dagrl.algos import LossAggMode
 from dagrl.backends.actor_loss import actor_loss, micro_batch_weights, weight_buckets
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.megatron import checkpoint as ckpt
-from dagrl.backends.megatron.logprobs import logprobs_and_entropy, mask_vocab_padding
+from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.model import build_model, transformer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import get_sdpa_block_spec
@@ -37,10 +38,15 @@ from dagrl.core.batch import Batch, sequence_inputs
 class MicroInputs:
     """One micro-batch as megatron's model takes it, plus what the loss needs."""
 
-    batch: Batch  # the rows (CPU), for advantages / old and ref log-probs
+    batch: Batch  # on device: what the loss reads (advantages, old / ref log-probs, masks)
     input_ids: torch.Tensor  # [B, S] on device: each row's prompt + response from column 0
     position_ids: torch.Tensor  # [B, S]: 0 .. S-1
-    prompt_lens: torch.Tensor  # [B] on device: real prompt tokens; the response starts there
+    # the response tokens whose predicting position lies inside the S columns, flattened:
+    token_index: torch.Tensor  # [N] index into the [B, R] response grid
+    token_rows: torch.Tensor  # [N] row b
+    token_positions: torch.Tensor  # [N] the position whose logits predict the token
+    token_targets: torch.Tensor  # [N] the token id
+    response_shape: tuple[int, int]  # (B, R)
     weight: float  # share of the mini-batch loss this micro-batch carries
 
 
@@ -192,11 +198,14 @@ class MegatronTrainBackend:
                     yield p
 
     # ---- inputs and schedule -------------------------------------------------------------------
-    def _micro_inputs(self, mb: Batch, weight: float) -> MicroInputs:
+    def _micro_inputs(self, mb: Batch, weight: float, loss_keys: tuple[str, ...] = ()) -> MicroInputs:
         """Left-align every row: its real prompt tokens from column 0, the response right after,
         all padding at the end. Padding then only ever follows real tokens, so plain causal
         attention is exact with no padding mask (SDPA / TE take their causal fast path), position
-        ids are aranges as HF counts them, and columns past the longest row are dropped."""
+        ids are aranges as HF counts them, and columns past the longest row are dropped.
+
+        Everything the schedule and the loss read goes to the device here, before the schedule
+        runs: a copy from pageable memory inside it would wait for the GPU to drain."""
         ids, _, _ = sequence_inputs(mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"])
         width = ids.shape[1]
         prompt_lens = mb["prompt_mask"].sum(dim=1)
@@ -207,15 +216,33 @@ class MegatronTrainBackend:
         seq = -(-seq // multiple) * multiple  # sequence parallel splits the sequence over TP ranks
         ids = torch.nn.functional.pad(ids, (0, max(0, seq - width)))[:, :seq]
         pos = torch.arange(seq).expand_as(ids)
+        # logits at position t predict token t+1: row b's response token j comes from p_b - 1 + j;
+        # positions past the S columns only exist for response padding (masked in the loss)
+        rows, resp_len = mb["responses"].shape
+        at = prompt_lens[:, None] - 1 + torch.arange(resp_len)[None]
+        inside = (at < seq).flatten()
         dev = self.ctx.device
-        return MicroInputs(mb, ids.to(dev), pos.to(dev), prompt_lens.to(dev), weight)
+        return MicroInputs(
+            batch=Batch({k: mb[k].to(dev) for k in loss_keys if k in mb}),
+            input_ids=ids.to(dev),
+            position_ids=pos.to(dev),
+            token_index=inside.nonzero().squeeze(1).to(dev),
+            token_rows=torch.arange(rows).repeat_interleave(resp_len)[inside].to(dev),
+            token_positions=at.flatten()[inside].to(dev),
+            token_targets=mb["responses"].flatten()[inside].to(dev),
+            response_shape=(rows, resp_len),
+            weight=weight,
+        )
 
     def _run_schedule(self, micros: list[MicroInputs], loss_fn: Callable, forward_only: bool) -> list[dict]:
         """megatron's forward(-backward) over the micro-batches; returns loss_fn's dicts (last stage)."""
 
         def forward_step(data_iterator, model):
             mi = next(data_iterator)
-            logits = model(input_ids=mi.input_ids, position_ids=mi.position_ids, attention_mask=None)
+            # labels make GPTLogitsModel return the [S, B, V/TP] logits as they are (model.py)
+            logits = model(
+                input_ids=mi.input_ids, position_ids=mi.position_ids, attention_mask=None, labels=mi.input_ids
+            )
             return logits, partial(loss_fn, mi)
 
         iters = [iter(micros) for _ in self.model]
@@ -229,18 +256,27 @@ class MegatronTrainBackend:
             forward_only=forward_only,
         )
 
-    def _response_logprobs(self, mi: MicroInputs, logits: torch.Tensor, entropy: bool, entropy_grad: bool):
-        rows, resp_len = mi.input_ids.shape[0], mi.batch["responses"].shape[1]
-        # logits at t predict token t+1: row b's response comes from positions p_b - 1 .. p_b + R - 2
-        # (clamped: positions past the row's end are response padding, masked in the loss);
-        # gathered, then upcast: fp32 copies of just those positions
-        at = mi.prompt_lens[:, None] - 1 + torch.arange(resp_len, device=logits.device)[None]
-        at = at.clamp(max=logits.shape[1] - 1)
-        resp_logits = logits[torch.arange(rows, device=logits.device)[:, None], at].to(torch.float32)
-        resp_logits.div_(self.temperature)
-        resp_logits = mask_vocab_padding(resp_logits, self.hf_config.vocab_size)
-        targets = mi.batch["responses"].to(logits.device)
-        return logprobs_and_entropy(resp_logits, targets, entropy, entropy_grad)
+    def _response_logprobs(self, mi: MicroInputs, logits: torch.Tensor, entropy: bool):
+        """(log-probs [B, R], entropy [B, R] or None) from the [S, B, V/TP] logits; response
+        padding outside the S columns gets 0."""
+        out = response_logprobs(
+            logits,
+            mi.token_rows,
+            mi.token_positions,
+            mi.token_targets,
+            self.temperature,
+            self.hf_config.vocab_size,
+            entropy,
+            group=mpu.get_tensor_model_parallel_group(),
+        )
+        logprobs, ent = out if entropy else (out, None)
+        grid = mi.response_shape[0] * mi.response_shape[1]
+
+        def to_grid(values: torch.Tensor) -> torch.Tensor:
+            full = values.new_zeros(grid).index_copy(0, mi.token_index, values)
+            return full.view(mi.response_shape)
+
+        return to_grid(logprobs), to_grid(ent) if entropy else None
 
     # ---- forward -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -249,8 +285,8 @@ class MegatronTrainBackend:
             chunk.eval()
 
         def loss_fn(mi: MicroInputs, logits: torch.Tensor):
-            logprobs, _ = self._response_logprobs(mi, logits, entropy=False, entropy_grad=False)
-            return logprobs.sum() * 0, {"logprobs": logprobs.cpu()}
+            logprobs, _ = self._response_logprobs(mi, logits, entropy=False)
+            return logprobs.sum() * 0, {"logprobs": logprobs}
 
         start = time.perf_counter()
         micros = [self._micro_inputs(mb, 1.0) for mb in batch.chunks(self.micro)]
@@ -258,7 +294,7 @@ class MegatronTrainBackend:
         if not outputs:  # not the last pipeline stage: nothing to return
             return Batch(), {}
         metrics = self._throughput("logprob", micros, time.perf_counter() - start, 1)
-        return Batch({output_key: torch.cat([o["logprobs"] for o in outputs])}), metrics
+        return Batch({output_key: torch.cat([o["logprobs"] for o in outputs]).cpu()}), metrics
 
     def _throughput(self, phase: str, micros: list[MicroInputs], seconds: float, passes: int) -> dict:
         """Tokens/s of this DP shard (the tokens run through the model, padding included) and
@@ -326,7 +362,8 @@ class MegatronTrainBackend:
         self.optimizer.zero_grad()
         chunks = mini.chunks(actor.ppo_micro_batch_size_per_gpu)
         weights = micro_batch_weights(mini, chunks, mode)
-        micros = [self._micro_inputs(mb, w) for mb, w in zip(chunks, weights)]
+        keys = ("response_mask", "old_logprobs", "advantages", "ref_logprobs")
+        micros = [self._micro_inputs(mb, w, keys) for mb, w in zip(chunks, weights)]
         self._step_micros += micros
         outputs = self._run_schedule(micros, partial(self._loss, mode, len(micros)), forward_only=False)
         _, grad_norm, _ = self.optimizer.step()
@@ -342,7 +379,9 @@ class MegatronTrainBackend:
 
     def _loss(self, mode: LossAggMode, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
         actor = self.cfg.actor_rollout_ref.actor
-        logprobs, entropy = self._response_logprobs(mi, logits, True, actor.entropy_coeff != 0)
+        logprobs, entropy = self._response_logprobs(mi, logits, entropy=True)
+        if actor.entropy_coeff == 0:  # a metric only: no gradient, so no entropy backward pass
+            entropy = entropy.detach()
         loss, metrics = actor_loss(actor, mi.batch, logprobs, entropy, mode)
         # megatron divides each micro-batch's loss by their number; the weight already averages
         return loss * (mi.weight * n_micro), metrics
