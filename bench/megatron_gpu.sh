@@ -6,7 +6,8 @@
 #   bash bench/megatron_gpu.sh update OUT  # 1 GPU: gpu tests, log-prob kernel, the actor update alone
 #                                          # (bench/megatron_update.py) paired with the plain loop at
 #                                          # the GRPO shape, GRPO colocated
-#   bash bench/megatron_gpu.sh update2 OUT # 2 GPUs: the paired update at TP2+SP and at PP2
+#   bash bench/megatron_gpu.sh update2 OUT # 2 GPUs: gpu tests, the paired update at TP2+SP and at PP2,
+#                                          # GRPO TP2+SP colocated
 #   bash bench/megatron_gpu.sh loops2 OUT  # 2 GPUs: plain mcore loops TP2+SP / PP2 at the GRPO shape
 #   bash bench/megatron_gpu.sh script OUT  # 2 GPUs: run_scripts/run_qwen3-8b-megatron.sh (TP2, hf
 #                                          # rollout, parquet from examples/) 2 steps + save, resume to 3
@@ -55,9 +56,13 @@ elif [ "$MODE" = update ]; then
     step update_paired_offload 150 python bench/megatron_update.py $UPD --offload
     step grpo_megatron_1gpu 300 python bench/grpo_gpu.py --strategy megatron --out /tmp/b1 --steps 3 $OFFLOAD
 elif [ "$MODE" = update2 ]; then
-    UPD="--out /tmp/mu --steps 7 --warmup 2 --with-loop --offload"
-    step update_tp2_sp 200 torchrun --nproc-per-node 2 bench/megatron_update.py $UPD --tp 2 --sp
-    step update_pp2 200 torchrun --nproc-per-node 2 bench/megatron_update.py $UPD --pp 2
+    UPD="--out /tmp/mu --steps 6 --warmup 2 --with-loop --offload"
+    step pytest_gpu 150 python -m pytest -q -m gpu -p no:cacheprovider \
+        tests/backends/megatron/test_backend_gpu.py -k "two_gpu or sequence_parallel"
+    step update_tp2_sp 150 torchrun --nproc-per-node 2 bench/megatron_update.py $UPD --tp 2 --sp
+    step update_pp2 150 torchrun --nproc-per-node 2 bench/megatron_update.py $UPD --pp 2
+    step grpo_megatron_tp2 200 python bench/grpo_gpu.py --strategy megatron --out /tmp/b2 --steps 3 \
+        trainer.n_gpus_per_node=2 $M.tensor_model_parallel_size=2 $M.sequence_parallel=true $OFFLOAD
 elif [ "$MODE" = loops2 ]; then
     step loop_sdpa_tp2_sp 120 torchrun --nproc-per-node 2 bench/mcore_loop.py --spec sdpa --tp 2 --sp $SHAPE $LOOP
     step loop_sdpa_pp2 120 torchrun --nproc-per-node 2 bench/mcore_loop.py --spec sdpa --pp 2 $SHAPE $LOOP
