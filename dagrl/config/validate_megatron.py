@@ -7,10 +7,11 @@ sizes) and, once placement is planned, the DP sizes. Each failure is a ConfigErr
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from dagrl.config.placement import ROLE_REF, ROLE_TRAIN, Plan
 from dagrl.config.schema import DagrlConfig, LayerSpec, MegatronConfig, TrainStrategy
-from dagrl.errors import ConfigError
+from dagrl.errors import ConfigError, DagrlError
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -66,8 +67,29 @@ def transformer_engine_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
+LOGPROB_KERNEL_ENV = "DAGRL_LOGPROB_KERNEL"
+
+
+def logprob_kernel_override() -> str | None:
+    """`DAGRL_LOGPROB_KERNEL` (torch | triton) forcing the log-prob implementation, or None for the
+    default (Triton on CUDA, torch passes elsewhere); any other value is an error."""
+    value = os.environ.get(LOGPROB_KERNEL_ENV) or None
+    if value not in (None, "torch", "triton"):
+        raise DagrlError(
+            f"environment variable {LOGPROB_KERNEL_ENV}={value!r}: use 'torch' or 'triton', or unset "
+            "it for the default (Triton kernels on CUDA, torch passes elsewhere)"
+        )
+    if value == "triton" and importlib.util.find_spec("triton") is None:
+        raise DagrlError(
+            f"environment variable {LOGPROB_KERNEL_ENV}=triton but triton is not installed: "
+            "pip install triton, or unset the variable"
+        )
+    return value
+
+
 def check_megatron(cfg: DagrlConfig) -> None:
     """Rules of strategy=megatron that need the config and the model's config.json."""
+    logprob_kernel_override()
     hf = _hf_config(cfg)
     arr = cfg.actor_rollout_ref
     for prefix, m in ((f"{A}.megatron", arr.actor.megatron), (f"{REF}.megatron", arr.ref.megatron)):

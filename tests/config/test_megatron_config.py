@@ -16,7 +16,7 @@ import pytest
 from dagrl.config import validate_megatron
 from dagrl.config.placement import format_plan, make_plan
 from dagrl.config.validate import resolve_defaults, validate, validate_with_plan
-from dagrl.errors import ConfigError, PlacementError
+from dagrl.errors import ConfigError, DagrlError, PlacementError
 from dagrl.trainer.setup import prepare
 from tests.conftest import compose_config
 
@@ -142,6 +142,15 @@ def test_torch_strategy_rejects_each_parallel_knob_by_name(key, value):
 def test_valid_megatron_config_passes(model):
     cfg = checked(*megatron(model, f"{TP}=2", f"{PP}=4"))
     assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 2
+
+
+@pytest.mark.parametrize("value", ["cuda", "Triton"])
+def test_logprob_kernel_override_must_be_known(model, monkeypatch, value):
+    monkeypatch.setenv("DAGRL_LOGPROB_KERNEL", value)
+    with pytest.raises(DagrlError, match=f"DAGRL_LOGPROB_KERNEL={value!r}: use 'torch' or 'triton'"):
+        checked(*megatron(model))
+    monkeypatch.setenv("DAGRL_LOGPROB_KERNEL", "torch")
+    checked(*megatron(model))
 
 
 # ---- sizes against the model ---------------------------------------------------------------------

@@ -16,10 +16,10 @@ Gradients: d log p(y) / dz = onehot(y) - p; dH / dz = -p * (log p + H).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
+
+from dagrl.config.validate_megatron import logprob_kernel_override
 
 NEG = -1e30  # the logit of vocabulary padding: finite, so p * z is 0 * NEG = 0, not nan
 _CHUNK_BYTES = 256 * 2**20  # fp32 working set of the torch path per chunk of tokens
@@ -109,11 +109,9 @@ class _LogprobEntropy(torch.autograd.Function):
 
 def _kernels(flat: torch.Tensor):
     """Triton on CUDA (or under TRITON_INTERPRET=1 in tests), torch otherwise;
-    DAGRL_LOGPROB_KERNEL=torch|triton forces one."""
-    forced = os.environ.get("DAGRL_LOGPROB_KERNEL")
-    if forced == "torch" or triton is None:
-        return _TorchPasses
-    if forced == "triton" or flat.is_cuda:
+    DAGRL_LOGPROB_KERNEL=torch|triton forces one (checked by validate before workers start)."""
+    forced = logprob_kernel_override()
+    if forced == "triton" or (forced is None and flat.is_cuda and triton is not None):
         return _TritonPasses
     return _TorchPasses
 

@@ -11,6 +11,8 @@ import os
 import pytest
 import torch
 
+from tests.backends.megatron.test_logprobs import reference
+
 pytestmark = pytest.mark.gpu
 pytest.importorskip("megatron.core")
 pytest.importorskip("triton")
@@ -48,9 +50,6 @@ def test_triton_matches_torch_passes_and_float64(temperature):
     torch.testing.assert_close(fast[2].float(), slow[2].float(), rtol=1e-2, atol=1e-6)
     assert fast[2][positions, rows, vocab:].abs().max() == 0
     # float64 on a few tokens
-    z = logits[positions[:64], rows[:64]].double()[:, :vocab] / temperature
-    lse = torch.logsumexp(z, dim=-1)
-    ref_lp = z.gather(1, targets[:64, None]).squeeze(1) - lse
-    ref_ent = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+    ref_lp, ref_ent = reference(logits, rows[:64], positions[:64], targets[:64], temperature, vocab)
     torch.testing.assert_close(fast[0][:64].double(), ref_lp, rtol=0, atol=1e-4)
     torch.testing.assert_close(fast[1][:64].double(), ref_ent, rtol=0, atol=1e-4)
