@@ -1,25 +1,5 @@
-"""Backend registry: a role's backend is chosen by config (strategy / rollout name)."""
+"""Backends and their registry: a role's backend is found under (role kind, name)."""
 
-from __future__ import annotations
+from dagrl.backends.registry import backend_names, build_backend, check_backends, register_backend
 
-from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN
-from dagrl.config.schema import DagrlConfig, RolloutName, TrainStrategy
-from dagrl.errors import ConfigError
-
-
-def build_backend(cfg: DagrlConfig, role: str, ctx):
-    arr = cfg.actor_rollout_ref
-    if role in (ROLE_TRAIN, ROLE_REF):
-        if arr.actor.strategy == TrainStrategy.megatron:
-            from dagrl.backends.megatron.train import MegatronTrainBackend
-
-            return MegatronTrainBackend(cfg, ctx, forward_only=(role == ROLE_REF))
-        from dagrl.backends.torch.train import TorchTrainBackend
-
-        return TorchTrainBackend(cfg, ctx, forward_only=(role == ROLE_REF))
-    if role == ROLE_ROLLOUT:
-        assert arr.rollout.name == RolloutName.hf, "validate refuses other rollout names before Ray"
-        from dagrl.backends.hf.rollout import HFRolloutBackend
-
-        return HFRolloutBackend(cfg, ctx)
-    raise ConfigError("placement.colocate_groups", role, "unknown role; roles are train, rollout, ref")
+__all__ = ["backend_names", "build_backend", "check_backends", "register_backend"]

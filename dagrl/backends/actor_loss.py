@@ -1,10 +1,8 @@
 """What every train backend computes the same way: the actor's loss on a micro-batch, the
-micro-batch weights of a mini-batch, and weight buckets for sync. The config-facing layer over
+micro-batch weights of a mini-batch. The config-facing layer over
 `dagrl.algos`, whose functions stay free of config objects."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -51,19 +49,3 @@ def micro_batch_weights(mini: Batch, micro_batches: list[Batch], mode: LossAggMo
         total = float(mini["response_mask"].sum().clamp(min=1))
         return [float(mb["response_mask"].sum()) / total for mb in micro_batches]
     return [len(mb) / len(mini) for mb in micro_batches]
-
-
-def weight_buckets(
-    named: Iterable[tuple[str, torch.Tensor]], limit_bytes: int, to_cpu: bool
-) -> Iterator[dict[str, torch.Tensor]]:
-    """(name, tensor) pairs grouped into dicts of about limit_bytes (one tensor may exceed it)."""
-    bucket, size = {}, 0
-    for name, tensor in named:
-        t = tensor.detach().cpu() if to_cpu else tensor.detach()
-        if bucket and size + t.numel() * t.element_size() > limit_bytes:
-            yield bucket
-            bucket, size = {}, 0
-        bucket[name] = t
-        size += t.numel() * t.element_size()
-    if bucket:
-        yield bucket

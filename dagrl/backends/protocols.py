@@ -1,8 +1,13 @@
 """What the engine asks of backends. Implementations: train `torch` (and `megatron`), rollout `hf` (and `vllm`).
 
-Batch-taking methods receive this worker's DP shard and return (output Batch, metrics). Every method
-is called on every worker of the role's pool; `dp_info` tells the pool which outputs to keep
-(e.g. only TP rank 0 of each DP group).
+Batch-taking methods receive this worker's DP shard and return (output Batch, metrics). How each
+call is spread over the pool is declared here with `@role_method` (dagrl/core/calls.py);
+implementations inherit nothing and need not repeat it. `dp_info` tells the pool which outputs
+to keep (e.g. only TP rank 0 of each DP group). The driver calls these through the typed handles
+in dagrl/backends/handles.py; weight export/import through dagrl/backends/weight_sync.py.
+
+RolloutBackend will gain sleep/wake and GPU-side weight transfer; new methods get a declaration
+here and a typed method on RolloutRole.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Protocol
 import torch
 
 from dagrl.core.batch import Batch
+from dagrl.core.calls import Collect, Dispatch, Execute, role_method
 
 WeightBucket = dict[str, torch.Tensor]
 
@@ -30,10 +36,12 @@ class DeviceTenant(Protocol):
 
 
 class TrainBackend(DeviceTenant, Protocol):
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
         """Log-probs [B, R] of `responses` given `prompts`, under output_key."""
         ...
 
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         """PPO epochs × mini-batches × micro-batches on this shard; returns metrics."""
         ...
@@ -42,16 +50,22 @@ class TrainBackend(DeviceTenant, Protocol):
         """HF-named parameters in buckets of about rollout.weight_sync_bucket_mb."""
         ...
 
-    def save(self, path: str) -> None: ...
+    @role_method(dispatch=Dispatch.all, execute=Execute.all, collect=Collect.none)
+    def save(self, path: str) -> None:
+        """Every rank writes its part (sharded backends save collectively)."""
+        ...
 
+    @role_method(dispatch=Dispatch.all, execute=Execute.all, collect=Collect.none)
     def load(self, path: str) -> None: ...
 
+    @role_method(dispatch=Dispatch.all, execute=Execute.all, collect=Collect.none)
     def export_hf(self, path: str) -> None:
         """Write a HF model directory (config, safetensors, tokenizer) that transformers loads."""
         ...
 
 
 class RolloutBackend(DeviceTenant, Protocol):
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
     def generate(self, batch: Batch, seed: int, validate: bool = False) -> tuple[Batch, dict]:
         """One response per row: responses, response_mask, rollout_logprobs."""
         ...

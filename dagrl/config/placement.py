@@ -7,12 +7,15 @@ machine has, so an 8-GPU job can be dry-run on a laptop. Slots are numbered node
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from dagrl.config.schema import DagrlConfig, TrainStrategy
+from dagrl.config.device_groups import parse_device_groups
+from dagrl.config.roles import ROLE_REF, ROLE_ROLLOUT, ROLE_TEACHER, ROLE_TRAIN, RoleSpec, build_role_specs
+from dagrl.config.schema import DagrlConfig, TeacherPlacement
 from dagrl.errors import PlacementError
 
-ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER = "train", "rollout", "ref", "teacher"
+__all__ = ["ROLE_REF", "ROLE_ROLLOUT", "ROLE_TEACHER", "ROLE_TRAIN", "Plan", "make_plan", "format_plan"]
 
 
 @dataclass
@@ -30,6 +33,7 @@ class RoleLayout:
 class GroupPlan:
     roles: list[str]
     slots: list[int]  # global slot indices
+    device: str | None = None  # "cpu" for a CPU group of device_groups; None = the plan's device
 
     def nodes(self, n_gpus_per_node: int) -> dict[int, list[int]]:
         """node index -> local device indices."""
@@ -46,6 +50,7 @@ class Plan:
     device: str  # "cpu" or "cuda"
     groups: list[GroupPlan]
     roles: dict[str, RoleLayout]
+    specs: dict[str, RoleSpec] = field(default_factory=dict)
     memory_gib: dict[str, float] = field(default_factory=dict)  # role -> estimate per device
     offloaded_gib: dict[str, float] = field(default_factory=dict)  # role -> host memory per device
 
@@ -53,43 +58,69 @@ class Plan:
     def total_slots(self) -> int:
         return sum(len(g.slots) for g in self.groups)
 
+    @property
+    def device_slots(self) -> int:
+        """Bundles with the plan's device to reserve: up to the highest slot a device group uses."""
+        used = [s for g in self.groups if g.device is None for s in g.slots]
+        return max(used) + 1 if used else 0
+
+    def device_of(self, group: GroupPlan) -> str:
+        return group.device or self.device
+
     def group_of(self, role: str) -> GroupPlan:
         return self.groups[self.roles[role].group]
 
 
-def parallel_sizes(cfg: DagrlConfig, role: str) -> tuple[int, int, int]:
-    """(TP, PP, CP) a role's backend uses."""
-    arr = cfg.actor_rollout_ref
-    if role == ROLE_ROLLOUT:
-        return arr.rollout.tensor_model_parallel_size, 1, 1
-    if role in (ROLE_TRAIN, ROLE_REF) and arr.actor.strategy == TrainStrategy.megatron:
-        m = arr.actor.megatron if role == ROLE_TRAIN else arr.ref.megatron
-        return m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
-    return 1, 1, 1
+def make_plan(cfg: DagrlConfig, roles: Iterable[str] | dict[str, RoleSpec], device: str) -> Plan:
+    """Assign each role's colocate group a block of slots; raise PlacementError if they do not fit.
 
-
-def make_plan(cfg: DagrlConfig, roles: set[str], device: str) -> Plan:
-    """Assign each role's colocate group a block of slots; raise PlacementError if they do not fit."""
+    `roles` are role specs (dagrl/config/roles.py) or names to build them for.
+    """
+    specs = roles if isinstance(roles, dict) else build_role_specs(cfg, roles)
     t = cfg.trainer
     total = t.nnodes * t.n_gpus_per_node
-    groups = _groups_for(cfg, roles)
-    sizes = _group_sizes(cfg, groups, total)
-    plans, next_slot = [], 0
-    for roles_in_group, size in zip(groups, sizes):
-        plans.append(GroupPlan(roles=roles_in_group, slots=list(range(next_slot, next_slot + size))))
-        next_slot += size
+    if cfg.placement.device_groups is not None:
+        plans = _device_group_plans(cfg, set(specs), total)
+    else:
+        groups = _groups_for(cfg, set(specs))
+        sizes = _group_sizes(cfg, groups, total)
+        plans, next_slot = [], 0
+        for roles_in_group, size in zip(groups, sizes):
+            plans.append(GroupPlan(roles=roles_in_group, slots=list(range(next_slot, next_slot + size))))
+            next_slot += size
     layouts = {}
     for gi, g in enumerate(plans):
         for role in g.roles:
-            tp, pp, cp = parallel_sizes(cfg, role)
-            model_parallel = tp * pp * cp
+            par = specs[role].parallel
+            tp, pp, cp, model_parallel = par.tp, par.pp, par.cp, par.model_parallel
             if len(g.slots) % model_parallel:
                 raise PlacementError(
                     f"role {role!r} has {len(g.slots)} devices, not a multiple of TP×PP×CP = {tp}×{pp}×{cp};"
                     f" change placement.gpus.{role} or the role's parallel sizes"
                 )
             layouts[role] = RoleLayout(role, gi, len(g.slots), len(g.slots) // model_parallel, tp, pp, cp)
-    return Plan(t.nnodes, t.n_gpus_per_node, device, plans, layouts)
+    return Plan(t.nnodes, t.n_gpus_per_node, device, plans, layouts, specs=specs)
+
+
+def _device_group_plans(cfg: DagrlConfig, roles: set[str], total: int) -> list[GroupPlan]:
+    """device_groups → groups: GPU groups on their ranks, CPU groups on slots after the devices."""
+    parsed = parse_device_groups(cfg.placement.device_groups, cfg.trainer.n_gpus_per_node, total)
+    missing = roles - {r for _, group_roles, _ in parsed for r in group_roles}
+    if missing:
+        raise PlacementError(
+            f"the DAG runs roles {sorted(missing)} that no group of placement.device_groups lists in its workers"
+        )
+    plans, next_cpu = [], total
+    for device, group_roles, slots in parsed:
+        members = [r for r in group_roles if r in roles]
+        if not members:
+            continue  # a group for roles this DAG does not use
+        if device == "cpu":
+            plans.append(GroupPlan(members, list(range(next_cpu, next_cpu + slots)), device="cpu"))
+            next_cpu += slots
+        else:
+            plans.append(GroupPlan(members, list(slots)))
+    return plans
 
 
 def _groups_for(cfg: DagrlConfig, roles: set[str]) -> list[list[str]]:
@@ -104,6 +135,12 @@ def _groups_for(cfg: DagrlConfig, roles: set[str]) -> list[list[str]]:
         members = [r for r in group if r in roles]
         if members:
             groups.append(members)
+    if ROLE_TEACHER in roles - seen and cfg.teacher.placement == TeacherPlacement.colocate:
+        # a colocated teacher shares the train devices unless colocate_groups says otherwise
+        home = next((g for g in groups if ROLE_TRAIN in g), None)
+        if home is not None:
+            home.append(ROLE_TEACHER)
+            seen.add(ROLE_TEACHER)
     groups += [[r] for r in sorted(roles - seen)]  # roles in no group own their devices
     return groups
 
@@ -113,6 +150,8 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
     sizes: list[int | None] = []
     for group in groups:
         asked = {r: gpus.get(r) for r in group if gpus.get(r) is not None}
+        if ROLE_TEACHER in group and cfg.teacher.placement == TeacherPlacement.standalone:
+            asked[ROLE_TEACHER] = cfg.teacher.gpus
         if len(set(asked.values())) > 1:
             raise PlacementError(
                 f"colocated roles {group} ask for different device counts {asked}: colocated roles share"
@@ -146,7 +185,10 @@ def format_plan(plan: Plan) -> str:
     kind = "GPU" if plan.device == "cuda" else "CPU slot"
     lines = [f"cluster: {plan.nnodes} node(s) × {plan.n_gpus_per_node} {kind}(s), {plan.total_slots} used"]
     for gi, g in enumerate(plan.groups):
-        where = ", ".join(f"node {n}: {kind}s {ids}" for n, ids in g.nodes(plan.n_gpus_per_node).items())
+        if g.device == "cpu":
+            where = f"{len(g.slots)} CPU worker(s), any node"
+        else:
+            where = ", ".join(f"node {n}: {kind}s {ids}" for n, ids in g.nodes(plan.n_gpus_per_node).items())
         mode = "colocated" if len(g.roles) > 1 else "separate"
         lines.append(f"group {gi} ({mode}): roles {g.roles} on {where}")
         for role in g.roles:
@@ -161,7 +203,8 @@ def _memory(plan: Plan, role: str) -> str:
     mem = plan.memory_gib.get(role)
     if mem is None:
         return ""
-    what = "params+grads+optimizer" if role == ROLE_TRAIN else "weights"
+    spec = plan.specs.get(role)
+    what = "params+grads+optimizer" if spec is not None and spec.trains else "weights"
     text = f", est. {mem:.2f} GiB/device {what}"
     host = plan.offloaded_gib.get(role)
     if host:

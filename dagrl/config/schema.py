@@ -31,6 +31,17 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class ModelDtype(str, Enum):
+    """Weight dtypes a model may be loaded in (the short names are accepted as in verl)."""
+
+    float32 = "float32"
+    fp32 = "fp32"
+    bfloat16 = "bfloat16"
+    bf16 = "bf16"
+    float16 = "float16"
+    fp16 = "fp16"
+
+
 class LayerSpec(str, Enum):
     """Megatron transformer-layer implementation. auto = te when TransformerEngine imports, else sdpa."""
 
@@ -38,6 +49,13 @@ class LayerSpec(str, Enum):
     te = "te"  # TransformerEngine fused layers (needed for context parallel)
     sdpa = "sdpa"  # dagrl's: PyTorch fused scaled-dot-product attention + SP-capable RMSNorm
     local = "local"  # megatron-core's local spec (unfused attention; no sequence parallel)
+
+
+class TeacherPlacement(str, Enum):
+    """Where the teacher model runs."""
+
+    colocate = "colocate"  # a train backend in forward-only mode, its own model, on the train devices
+    standalone = "standalone"  # vLLM replicas on devices of their own (teacher.gpus)
 
 
 class AdvEstimator(str, Enum):
@@ -188,6 +206,28 @@ class RewardConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """The distillation teacher. The role exists only when `model` is set."""
+
+    model: Optional[str] = None
+    """HF model path or hub id of the teacher; None = no teacher role."""
+    dtype: Optional[str] = None
+    """Weights dtype (float32, bfloat16, float16); None = actor_rollout_ref.model.dtype."""
+    placement: TeacherPlacement = TeacherPlacement.colocate
+    """colocate: forward-only train backend on the train devices; standalone: vLLM on teacher.gpus."""
+    gpus: int = 0
+    """Devices of a standalone teacher (>= 1); a colocated teacher uses the train devices (0)."""
+    tensor_model_parallel_size: int = 1
+    """vLLM tensor parallel size of a standalone teacher; must divide teacher.gpus."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the standalone teacher's vLLM engine."""
+    offload: bool = False
+    """Keep a colocated teacher's weights in host memory between its forwards (ms-swift offload_teacher_model)."""
+    log_prob_micro_batch_size_per_gpu: int = 64
+    """Sequences per forward pass of the teacher."""
+
+
+@dataclass
 class PlacementConfig:
     # GPUs (or CPU slots when trainer.device=cpu) per role; None = share of the cluster.
     # The built-in roles are listed so `placement.gpus.rollout=2` overrides without a `+`.
@@ -196,6 +236,10 @@ class PlacementConfig:
     )
     # Roles listed together share devices and take turns; every other role owns its devices.
     colocate_groups: list[list[str]] = field(default_factory=lambda: [["train", "rollout", "ref"]])
+    device_groups: Optional[Any] = None
+    """ms-swift's form instead of gpus + colocate_groups: {nproc_per_node, <group>: {device: GPU|CPU,
+    ranks: [..] | n | 'list(range(a, b))', workers: [roles]}}, or the same as a JSON string.
+    See dagrl/config/device_groups.py."""
 
 
 @dataclass
@@ -233,6 +277,10 @@ class DagrlConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    roles: dict[str, str] = field(default_factory=dict)
+    """Roles declared by plugins, name -> backend: `+roles.judge=my_judge` builds the backend the
+    plugin registered with @register_backend("judge", "my_judge") on the judge role's workers."""
 
 
 def register_configs() -> None:

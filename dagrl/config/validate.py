@@ -9,7 +9,8 @@ import os
 
 from dagrl.algos import KLEstimator, LossAggMode
 from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
-from dagrl.config.schema import DagrlConfig, Device, RolloutName, TrainStrategy
+from dagrl.config.roles import ROLE_TEACHER, RoleKind
+from dagrl.config.schema import DagrlConfig, Device, ModelDtype, RolloutName, TeacherPlacement, TrainStrategy
 from dagrl.config.validate_megatron import (
     check_megatron,
     check_megatron_plan,
@@ -43,8 +44,25 @@ def validate(cfg: DagrlConfig) -> None:
     _check_actor(cfg)
     _check_rollout(cfg)
     _check_trainer(cfg)
+    _check_teacher(cfg)
     if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
         check_megatron(cfg)
+
+
+def validate_roles(cfg: DagrlConfig, roles: set[str]) -> None:
+    """The roles a DAG runs on exist in the config: a teacher needs teacher.model; any role without
+    a built-in backend (reward, plugin roles) names its backend under roles.<name>."""
+    if ROLE_TEACHER in roles and cfg.teacher.model is None:
+        raise ConfigError("teacher.model", None, "the DAG runs a teacher node; set the teacher's model path")
+    builtin = {k.value for k in RoleKind} - {RoleKind.reward.value}
+    for name in sorted(roles - builtin):
+        if name not in cfg.roles:
+            raise ConfigError(
+                f"roles.{name}",
+                None,
+                f"the DAG runs nodes on role {name!r}, which has no built-in backend;"
+                f" name the one its plugin registered: +roles.{name}=<backend name>",
+            )
 
 
 def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
@@ -62,6 +80,8 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
                 f"train_batch_size × rollout.n = {rows} responses must split evenly over the {dp} DP ranks"
                 f" of role {role!r}; pick a batch size so that this divides",
             )
+    if ROLE_TRAIN not in plan.roles:
+        return  # a DAG without an actor update (a plugin's pipeline)
     dp = plan.roles[ROLE_TRAIN].dp
     if (a.ppo_mini_batch_size * n) % dp:
         raise ConfigError(
@@ -176,6 +196,40 @@ def _check_trainer(cfg: DagrlConfig) -> None:
             "trainer.resume_mode",
             t.resume_mode,
             "use auto, disable, or the path of an existing global_step_N checkpoint directory",
+        )
+
+
+def _check_teacher(cfg: DagrlConfig) -> None:
+    t = cfg.teacher
+    if t.model is None:
+        return
+    if t.placement == TeacherPlacement.standalone:
+        if t.gpus < 1:
+            raise ConfigError("teacher.gpus", t.gpus, "a standalone teacher needs its own devices: set >= 1")
+        if t.tensor_model_parallel_size < 1 or t.gpus % t.tensor_model_parallel_size:
+            raise ConfigError(
+                "teacher.tensor_model_parallel_size",
+                t.tensor_model_parallel_size,
+                f"must be >= 1 and divide teacher.gpus={t.gpus}",
+            )
+    else:
+        if t.gpus:
+            raise ConfigError(
+                "teacher.gpus",
+                t.gpus,
+                "a colocated teacher runs on the train devices; leave teacher.gpus at 0",
+            )
+        if t.engine_kwargs or t.tensor_model_parallel_size != 1:
+            raise ConfigError(
+                "teacher.engine_kwargs",
+                dict(t.engine_kwargs) or t.tensor_model_parallel_size,
+                "engine kwargs and tensor_model_parallel_size are for teacher.placement=standalone (vLLM)",
+            )
+    if t.dtype is not None:
+        _parse_enum(ModelDtype, t.dtype, "teacher.dtype")
+    if t.log_prob_micro_batch_size_per_gpu < 1:
+        raise ConfigError(
+            "teacher.log_prob_micro_batch_size_per_gpu", t.log_prob_micro_batch_size_per_gpu, "must be >= 1"
         )
 
 

@@ -8,7 +8,9 @@ slots of one planned node stay on one real node. Pools may span nodes of a Ray c
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
@@ -16,43 +18,48 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dagrl.config.placement import GroupPlan, Plan
 from dagrl.core.batch import Batch
+from dagrl.core.calls import Execute, call_spec, collect_results, dispatch_shards
 from dagrl.errors import PlacementError
 
 
 @dataclass
 class Bundles:
     pg: object
-    order: list[int]  # planned slot -> bundle index
+    order: list[int]  # planned device slot -> bundle index
     cpus_per_slot: int
+    cpu_slots: dict[int, int] = field(default_factory=dict)  # CPU-group slot -> bundle index
 
     def release(self) -> None:
         remove_placement_group(self.pg)
 
     def strategy(self, slot: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(
-            placement_group=self.pg, placement_group_bundle_index=self.order[slot]
-        )
+        index = self.cpu_slots[slot] if slot in self.cpu_slots else self.order[slot]
+        return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
 
 
 def allocate(plan: Plan, timeout_s: float = 120.0) -> Bundles:
     """Reserve the plan's slots in Ray; a clear error if the cluster cannot hold them."""
     resources = ray.cluster_resources()
     need_gpu = plan.device == "cuda"
+    slots = plan.device_slots
+    cpu_workers = len(_cpu_group_slots(plan))
     if need_gpu:
         have = int(resources.get("GPU", 0))
         cpus = max(1, int(resources.get("CPU", 1)) // max(1, plan.total_slots))
         bundle = {"GPU": 1, "CPU": min(cpus, 4)}
     else:
         have = int(resources.get("CPU", 0))
-        cpus = max(1, have // max(1, plan.total_slots))
+        cpus = max(1, (have - cpu_workers) // max(1, slots))
         bundle = {"CPU": cpus}
-    if have < plan.total_slots:
+    if have < slots:
         kind = "GPU" if need_gpu else "CPU"
         raise PlacementError(
-            f"the plan needs {plan.total_slots} {kind} slots but the Ray cluster has {have} {kind}s"
+            f"the plan needs {slots} {kind} slots but the Ray cluster has {have} {kind}s"
             f" ({resources}); lower trainer.nnodes × trainer.n_gpus_per_node or placement.gpus, or add nodes"
         )
-    pg = placement_group([dict(bundle) for _ in range(plan.total_slots)], strategy="PACK")
+    # CPU groups of device_groups: one CPU each, after the device slots (slot ids continue from there)
+    cpu_bundles = [{"CPU": 1} for _ in range(cpu_workers)]
+    pg = placement_group([dict(bundle) for _ in range(slots)] + cpu_bundles, strategy="PACK")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(pg)
@@ -63,8 +70,14 @@ def allocate(plan: Plan, timeout_s: float = 120.0) -> Bundles:
     first_seen: dict[str, int] = {}
     for b in sorted(node_of):
         first_seen.setdefault(node_of[b], b)
-    order = sorted(node_of, key=lambda b: (first_seen[node_of[b]], b))
-    return Bundles(pg=pg, order=order, cpus_per_slot=bundle["CPU"])
+    device_bundles = [b for b in node_of if b < slots]
+    order = sorted(device_bundles, key=lambda b: (first_seen[node_of[b]], b))
+    cpu_slots = {s: slots + k for k, s in enumerate(_cpu_group_slots(plan))}
+    return Bundles(pg=pg, order=order, cpus_per_slot=bundle["CPU"], cpu_slots=cpu_slots)
+
+
+def _cpu_group_slots(plan: Plan) -> list[int]:
+    return [s for g in plan.groups if g.device == "cpu" for s in g.slots]
 
 
 class WorkerPool:
@@ -86,17 +99,21 @@ class WorkerPool:
         self.lock = threading.Lock()
         remote = ray.remote(cls)
         self.actors = []
+        device = plan.device_of(group)
+        cpus = 1 if group.device == "cpu" else bundles.cpus_per_slot
         for rank, slot in enumerate(group.slots):
-            options = dict(scheduling_strategy=bundles.strategy(slot), num_cpus=bundles.cpus_per_slot)
-            if plan.device == "cuda":
+            options = dict(scheduling_strategy=bundles.strategy(slot), num_cpus=cpus)
+            if device == "cuda":
                 options["num_gpus"] = 1
             self.actors.append(
-                remote.options(**options).remote(
-                    cfg, self.roles, rank, len(group.slots), plan.device, bundles.cpus_per_slot
-                )
+                remote.options(**options).remote(cfg, self.roles, rank, len(group.slots), device, cpus)
             )
         if setup:
-            self.setup()
+            try:
+                self.setup()
+            except BaseException:
+                self.shutdown()  # the actors started so far hold bundles of the placement group
+                raise
 
     def setup(self) -> None:
         info = ray.get(self.actors[0].node_info.remote())
@@ -105,10 +122,6 @@ class WorkerPool:
 
     def node_info(self) -> list[dict]:
         return ray.get([a.node_info.remote() for a in self.actors])
-
-    def call_all(self, role: str, method: str, *args, **kwargs) -> list:
-        with self.lock:
-            return ray.get([a.call.remote(role, method, *args, **kwargs) for a in self.actors])
 
     def shutdown(self) -> None:
         for a in self.actors:
@@ -120,27 +133,49 @@ class WorkerPool:
 
 
 class RoleHandle:
-    """A role's view of its pool: splits a batch over the role's DP ranks and gathers the outputs."""
+    """A role's view of its pool. `call` runs a backend method declared with `@role_method`
+    (dagrl/core/calls.py) the way it declares: which data each worker gets, which workers run,
+    how the results are joined. Typed subclasses (dagrl/backends/handles.py) name the calls the
+    engine makes, so readers and type checkers can follow them."""
 
     def __init__(self, role: str, pool: WorkerPool):
         self.role, self.pool = role, pool
-        self.dp_info = ray.get([a.dp_info.remote(role) for a in pool.actors])
-        self.dp_size = self.dp_info[0][1]
+        self.ranks: list[tuple[int, int, bool]] = ray.get([a.dp_info.remote(role) for a in pool.actors])
+        self.dp_size = self.ranks[0][1]
 
-    def run(self, method: str, batch: Batch, **kwargs) -> tuple[Batch, list[dict]]:
-        """Each DP shard through `method`; returns (concatenated output batch, per-rank metrics)."""
-        shards = [ray.put(s) for s in batch.split(self.dp_size)]
+    @property
+    def workers(self) -> int:
+        return len(self.pool.actors)
+
+    def call(self, method: Callable, *args, **kwargs) -> Any:
+        """Run `method` (a function declared with @role_method) on the role's workers."""
+        spec = call_spec(method)
+        running = [0] if spec.execute == Execute.first else list(range(self.workers))
+        if args:
+            shards = dispatch_shards(spec, args[0], self.ranks, running)
+            refs = _put_once(shards)
+            calls = [(refs[i], *args[1:]) for i in range(len(running))]
+        else:
+            calls = [() for _ in running]
         with self.pool.lock:
-            futures = [
-                a.call.remote(self.role, method, shards[dp_rank], **kwargs)
-                for a, (dp_rank, _, _) in zip(self.pool.actors, self.dp_info)
-            ]
-            results = ray.get(futures)
-        outputs = sorted(
-            ((dp_rank, r) for r, (dp_rank, _, returns) in zip(results, self.dp_info) if returns),
-            key=lambda x: x[0],
-        )
-        return Batch.concat([r[0] for _, r in outputs]), [r[1] for _, r in outputs]
+            results = ray.get(
+                [
+                    self.pool.actors[w].call.remote(self.role, method.__name__, *a, **kwargs)
+                    for w, a in zip(running, calls)
+                ]
+            )
+        return collect_results(spec, results, [self.ranks[w] for w in running])
 
-    def broadcast(self, method: str, *args, **kwargs) -> list:
-        return self.pool.call_all(self.role, method, *args, **kwargs)
+
+def _put_once(shards: list) -> list:
+    """Batches go to the object store once each (a shard sent to several TP ranks is shared)."""
+    stored: dict[int, object] = {}
+    out = []
+    for shard in shards:
+        if isinstance(shard, Batch):
+            if id(shard) not in stored:
+                stored[id(shard)] = ray.put(shard)
+            out.append(stored[id(shard)])
+        else:
+            out.append(shard)
+    return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -11,7 +11,11 @@ class Runtime:
     roles: dict = field(default_factory=dict)  # role -> RoleHandle
     tokenizer: object = None
     rewarder: object = None  # RewardComposer
-    step: int = 0
+    step: int = 0  # set per step by `at_step`; the shared runtime is never changed
+
+    def at_step(self, step: int) -> Runtime:
+        """The view nodes of one step see: the same roles and services, that step's number."""
+        return replace(self, step=step)
 
     def role(self, name: str):
         return self.roles[name]

@@ -35,8 +35,9 @@ class Scheduler:
         self.nodes = {spec.name: kinds[spec.kind](spec, runtime.cfg) for spec in dag.nodes}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dagrl-node")
 
-    def run(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Run every node once; returns the batch with all outputs and the merged metrics."""
+    def run(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
+        """Run every node once for `step`; returns the batch with all outputs and the merged metrics."""
+        runtime = self.runtime.at_step(step)
         metrics: dict[str, float] = {}
         done: set[str] = set()
         running: dict[Future, str] = {}
@@ -47,7 +48,7 @@ class Scheduler:
                     continue
                 if self.dag.deps[spec.name] <= done:
                     inputs = batch.select(spec.inputs)
-                    running[self.pool.submit(self._run_node, spec.name, inputs)] = spec.name
+                    running[self.pool.submit(self._run_node, runtime, spec.name, inputs)] = spec.name
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for fut in finished:
                 name = running.pop(fut)
@@ -59,9 +60,9 @@ class Scheduler:
         metrics["timing_s/step"] = time.perf_counter() - started
         return batch, metrics
 
-    def _run_node(self, name: str, inputs: Batch) -> tuple[NodeResult, float]:
+    def _run_node(self, runtime: Runtime, name: str, inputs: Batch) -> tuple[NodeResult, float]:
         start = time.perf_counter()
-        result = self.nodes[name].run(self.runtime, inputs)
+        result = self.nodes[name].run(runtime, inputs)
         spec = self.dag.node(name)
         produced, declared = result.batch.keys(), set(spec.outputs)
         assert produced == declared, f"node {name} produced {sorted(produced)}, declared {sorted(declared)}"

@@ -2,8 +2,9 @@
 
 A worker hosts one backend per role of its group (train, ref, rollout, ...). Colocated roles
 therefore share the process and its device; before a role runs, the others hand the device over
-(offload to CPU / sleep) when the device is a GPU. Weight sync between colocated roles is an
-in-process copy; between separate groups it goes through the Ray object store.
+(offload to CPU / sleep) when the device is a GPU. The driver calls backend methods by their
+declared name (`call`, from RoleHandle.call) or runs a service function here (`run`, e.g. the
+weight sync in dagrl/backends/weight_sync.py).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Worker:
             )
         ctx = ParallelContext(self.rank, self.world_size, device)
         from dagrl.backends import build_backend
+        from dagrl.config.roles import role_spec
         from dagrl.core.plugins import load_plugins
 
         # plugins run in every worker too: what they register or patch must exist where backends run
@@ -84,63 +86,39 @@ class Worker:
 
         start = time.perf_counter()
         for role in self.roles:
-            self.backends[role] = build_backend(self.cfg, role, ctx)
+            self.backends[role] = build_backend(self.cfg, role_spec(self.cfg, role), ctx)
         self.active = self.roles[-1]
         return {"build_s": time.perf_counter() - start}
 
     # ---- calls -------------------------------------------------------------------------------
     def dp_info(self, role: str) -> tuple[int, int, bool]:
-        """(dp_rank, dp_size, returns_output) of this worker for a role."""
-        return self.backends[role].dp_info()
+        """(dp_rank, dp_size, returns_output) of this worker for a role; every rank is its own DP
+        rank when the backend does not say otherwise (plugin backends)."""
+        backend = self.backends[role]
+        if hasattr(backend, "dp_info"):
+            return backend.dp_info()
+        return self.rank, self.world_size, True
 
     def call(self, role: str, method: str, *args, **kwargs):
-        self._activate(role)
-        return getattr(self.backends[role], method)(*args, **kwargs)
+        return getattr(self.activate(role), method)(*args, **kwargs)
 
-    def _activate(self, role: str) -> None:
-        """Colocated roles take turns on a GPU: the others move their state off the device first."""
+    def run(self, fn, *args, **kwargs):
+        """Run a module-level service function with this worker as its first argument."""
+        return fn(self, *args, **kwargs)
+
+    def activate(self, role: str):
+        """Give the device to `role` and return its backend. Colocated roles take turns on a GPU:
+        the others move their state off the device first."""
         if self.active == role or self.device_kind != "cuda" or len(self.backends) == 1:
             self.active = role
-            return
+            return self.backends[role]
         for other, backend in self.backends.items():
             if other != role:
                 backend.offload()
         torch.cuda.empty_cache()
         self.backends[role].onload()
         self.active = role
-
-    # ---- weight sync -------------------------------------------------------------------------
-    def sync_weights_local(self, src: str, dst: str) -> dict:
-        """Colocated: copy src's current weights into dst inside this process."""
-        self._activate(src)
-        buckets = list(self.backends[src].export_weights())
-        self._activate(dst)
-        nbytes = self.backends[dst].load_weights(buckets)
-        return {"bytes": nbytes}
-
-    def export_weight_refs(self, src: str, keep: bool) -> list:
-        """Separate: put src's weights into the object store in buckets; returns the refs.
-
-        Every worker of the source pool takes part (a sharded backend gathers its shards
-        collectively); only the one with keep=True stores the buckets.
-        """
-        import ray
-
-        self._activate(src)
-        refs = []
-        for bucket in self.backends[src].export_weights(to_cpu=keep):
-            if keep:
-                refs.append(ray.put(bucket))
-        return refs
-
-    def load_weight_refs(self, dst: str, refs: list) -> dict:
-        import ray
-
-        self._activate(dst)
-        nbytes = 0
-        for ref in refs:  # one bucket in memory at a time
-            nbytes += self.backends[dst].load_weights([ray.get(ref)])
-        return {"bytes": nbytes}
+        return self.backends[role]
 
     def shutdown(self) -> None:
         if torch.distributed.is_initialized():

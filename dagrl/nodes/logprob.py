@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from dagrl.backends.handles import train_role
 from dagrl.core.node import NodeResult, register_node_kind
 
 _SEQ_INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
+
+
+def logprob_result(runtime, spec, batch, output_key: str) -> NodeResult:
+    """Log-probs of the responses on spec.role's train backend under output_key."""
+    out, per_rank = train_role(runtime, spec.role).forward_logprobs(batch, output_key=output_key)
+    # backends may report throughput as perf/logprob_*: name it after this node
+    keys = set().union(*per_rank) if per_rank else set()
+    metrics = {
+        k.replace("perf/logprob_", f"perf/{spec.name}_"): float(np.mean([m[k] for m in per_rank if k in m]))
+        for k in keys
+    }
+    return NodeResult(out, metrics)
 
 
 @register_node_kind("old_logprob")
@@ -24,24 +37,22 @@ class OldLogprobNode:
         return True
 
     def run(self, runtime, batch):
-        out, per_rank = runtime.role(self.spec.role).run(
-            "forward_logprobs", batch, output_key=self.outputs[0]
-        )
-        # backends may report throughput as perf/logprob_*: name it after this node
-        keys = set().union(*per_rank) if per_rank else set()
-        metrics = {
-            k.replace("perf/logprob_", f"perf/{self.spec.name}_"): float(
-                np.mean([m[k] for m in per_rank if k in m])
-            )
-            for k in keys
-        }
-        return NodeResult(out, metrics)
+        return logprob_result(runtime, self.spec, batch, self.outputs[0])
 
 
 @register_node_kind("ref_logprob")
-class RefLogprobNode(OldLogprobNode):
+class RefLogprobNode:
+    required_inputs = _SEQ_INPUTS
+    optional_inputs = ()
     outputs = ("ref_logprobs",)
+    remote = True
+
+    def __init__(self, spec, cfg):
+        self.spec = spec
 
     @staticmethod
     def enabled(cfg) -> bool:
         return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+    def run(self, runtime, batch):
+        return logprob_result(runtime, self.spec, batch, self.outputs[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dagrl.backends.handles import rollout_role
 from dagrl.core.node import NodeResult, register_node_kind
 
 
@@ -25,7 +26,7 @@ class RolloutNode:
         return True
 
     def run(self, runtime, batch):
-        handle = runtime.role(self.spec.role)
-        out, per_rank = handle.run("generate", batch, seed=step_seed(runtime.cfg.trainer.seed, runtime.step))
+        handle = rollout_role(runtime, self.spec.role)
+        out, per_rank = handle.generate(batch, seed=step_seed(runtime.cfg.trainer.seed, runtime.step))
         tps = sum(m["rollout/tokens_per_s"] for m in per_rank)
         return NodeResult(out, {"rollout/tokens_per_s": tps})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dagrl.backends.handles import train_role
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
 
@@ -23,6 +24,6 @@ class ActorUpdateNode:
         return True
 
     def run(self, runtime, batch):
-        _, per_rank = runtime.role(self.spec.role).run("train_step", batch)
+        _, per_rank = train_role(runtime, self.spec.role).train_step(batch)
         metrics = {k: float(np.mean([m[k] for m in per_rank])) for k in per_rank[0]}
         return NodeResult(Batch(), metrics)

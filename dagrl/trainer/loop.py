@@ -7,30 +7,46 @@ import os
 import torch
 from tqdm import tqdm
 
-from dagrl.config.placement import ROLE_ROLLOUT, ROLE_TRAIN
+from dagrl.backends.handles import rollout_role, train_role
+from dagrl.backends.weight_sync import sync_weights
+from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
 from dagrl.core.batch import Batch, left_pad
+from dagrl.errors import DataError
 from dagrl.nodes.reward import score_responses
 from dagrl.nodes.rollout import step_seed
 from dagrl.trainer import checkpoint
 from dagrl.trainer.logger import MetricsLogger, log
 
+GRPO_SOURCE = ("prompts", "prompt_mask", "group_ids", "data_source", "ground_truth", "extra_info")
 
-def collate(examples, pad_id: int, n: int, first_group: int) -> Batch:
-    """Prompts left-padded, each repeated n times (rows i*n..i*n+n-1 form group i)."""
-    prompts, prompt_mask = left_pad([e.prompt_ids for e in examples], pad_id)
-    batch = Batch(
-        {
-            "prompts": prompts,
-            "prompt_mask": prompt_mask,
-            "group_ids": torch.arange(first_group, first_group + len(examples)),
-        },
-        {
-            "data_source": [e.data_source for e in examples],
-            "ground_truth": [e.ground_truth for e in examples],
-            "extra_info": [e.extra_info for e in examples],
-        },
-    )
-    return batch.repeat_interleave(n)
+
+def collate(examples, pad_id: int, n: int, first_group: int, source=GRPO_SOURCE) -> Batch:
+    """The DAG's `source` keys from the rows; each row repeated n times (rows i*n..i*n+n-1 form group i).
+
+    Prompts (and teacher prompts) are left-padded.
+    """
+    tensors, meta = {}, {}
+    if {"prompts", "prompt_mask"} & set(source):
+        tensors["prompts"], tensors["prompt_mask"] = left_pad([e.prompt_ids for e in examples], pad_id)
+    if {"teacher_prompts", "teacher_prompt_mask"} & set(source):
+        tensors["teacher_prompts"], tensors["teacher_prompt_mask"] = left_pad(
+            [_teacher_ids(e) for e in examples], pad_id
+        )
+    if "group_ids" in source:
+        tensors["group_ids"] = torch.arange(first_group, first_group + len(examples))
+    for key in ("data_source", "ground_truth", "extra_info"):
+        if key in source:
+            meta[key] = [getattr(e, key) for e in examples]
+    return Batch(tensors, meta).select(list(source)).repeat_interleave(n)
+
+
+def _teacher_ids(example) -> list[int]:
+    if example.teacher_prompt_ids is None:
+        raise DataError(
+            f"row {example.index} has no teacher_prompt, but the DAG reads teacher_prompts;"
+            " give every row a teacher_prompt (see docs/data.md)"
+        )
+    return example.teacher_prompt_ids
 
 
 class Trainer:
@@ -56,15 +72,15 @@ class Trainer:
         )
         while self.step < self.total_steps:
             self.step += 1
-            self.runtime.step = self.step
             examples = self.loader.next_batch()
             batch = collate(
                 examples,
                 self.runtime.tokenizer.pad_token_id,
                 self.cfg.actor_rollout_ref.rollout.n,
                 (self.step - 1) * len(examples),
+                self.scheduler.dag.source,
             )
-            _, metrics = self.scheduler.run(batch)
+            _, metrics = self.scheduler.run(batch, step=self.step)
             metrics["train/epoch"] = float(self.loader.epoch)
             is_last = self.step == self.total_steps
             if self.val_dataset is not None and t.test_freq > 0 and (self.step % t.test_freq == 0 or is_last):
@@ -82,15 +98,14 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Sample the validation prompts with rollout.val_kwargs and score them."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        rollout = self.runtime.role(ROLE_ROLLOUT)
+        rollout = rollout_role(self.runtime, ROLE_ROLLOUT)
         if self.step > 0:  # the rollout holds the weights of the step's start; give it the updated ones
-            self.scheduler.nodes["weight_sync"].run(self.runtime, Batch())
+            sync_weights(self.runtime.role(ROLE_TRAIN), rollout)
         examples = [self.val_dataset[i] for i in range(len(self.val_dataset))]
         batch = collate(examples, self.runtime.tokenizer.pad_token_id, vk.n, 0)
         pad = (-len(batch)) % rollout.dp_size  # pad with repeats so every DP rank gets a shard
         padded = Batch.concat([batch, batch.index(range(pad))]) if pad else batch
-        out, _ = rollout.run(
-            "generate",
+        out, _ = rollout.generate(
             padded.select(["prompts", "prompt_mask"]),
             validate=True,
             seed=step_seed(self.cfg.trainer.seed, 0),
@@ -106,7 +121,7 @@ class Trainer:
         """All ranks write into a staging dir; the driver seals it atomically."""
         os.makedirs(self.ckpt_root, exist_ok=True)
         staging = checkpoint.staging_dir(self.ckpt_root, self.step)
-        self.runtime.role(ROLE_TRAIN).broadcast("save", os.path.join(staging, "actor"))
+        train_role(self.runtime, ROLE_TRAIN).save(os.path.join(staging, "actor"))
         if self.cfg.trainer.save_hf:  # inside the staging dir: sealed with the checkpoint
             self.export_hf(os.path.join(staging, "actor_hf"))
         # the driver draws no random numbers (sampling seeds derive from the step); workers save theirs
@@ -125,7 +140,7 @@ class Trainer:
         if path is None:
             return
         state = checkpoint.read_state(path)
-        self.runtime.role(ROLE_TRAIN).broadcast("load", os.path.join(path, "actor"))
+        train_role(self.runtime, ROLE_TRAIN).load(os.path.join(path, "actor"))
         self.loader.load_state_dict(state["data"])
         self.step = int(state["global_step"])
         log(f"resumed from {path} at step {self.step}")
@@ -133,4 +148,4 @@ class Trainer:
     def export_hf(self, path: str) -> None:
         """A HF model directory of the current actor (every train worker takes part: megatron
         gathers its shards collectively; one rank writes)."""
-        self.runtime.role(ROLE_TRAIN).broadcast("export_hf", path)
+        train_role(self.runtime, ROLE_TRAIN).export_hf(path)

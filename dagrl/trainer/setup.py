@@ -11,9 +11,18 @@ import os
 from dataclasses import dataclass
 
 from dagrl.backends.hf_model import load_tokenizer, resolve_model_path, torch_dtype
-from dagrl.config.placement import ROLE_REF, ROLE_TRAIN, Plan, RoleLayout, make_plan
-from dagrl.config.schema import DagrlConfig, MegatronConfig, TrainStrategy
-from dagrl.config.validate import data_files, resolve_defaults, resolve_device, validate, validate_with_plan
+from dagrl.backends.registry import check_backends
+from dagrl.config.placement import Plan, RoleLayout, make_plan
+from dagrl.config.roles import build_role_specs
+from dagrl.config.schema import DagrlConfig, MegatronConfig
+from dagrl.config.validate import (
+    data_files,
+    resolve_defaults,
+    resolve_device,
+    validate,
+    validate_roles,
+    validate_with_plan,
+)
 from dagrl.config.validate_megatron import check_megatron_device
 from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
@@ -38,7 +47,10 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     check_megatron_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
-    plan = make_plan(cfg, {s.role for s in specs if s.role}, device)
+    validate_roles(cfg, {s.role for s in specs if s.role})
+    roles = build_role_specs(cfg, {s.role for s in specs if s.role})
+    check_backends(roles.values())
+    plan = make_plan(cfg, roles, device)
     validate_with_plan(cfg, plan)
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
@@ -53,17 +65,20 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
     memory between phases is left out of the figure and recorded in `plan.offloaded_gib`.
     """
     params, expert_params = _count_params(cfg, model_path)
-    arr = cfg.actor_rollout_ref
-    width = torch_dtype(arr.model.dtype).itemsize
     out = {}
     for role, layout in plan.roles.items():
-        if arr.actor.strategy == TrainStrategy.megatron and role in (ROLE_TRAIN, ROLE_REF):
-            m = arr.actor.megatron if role == ROLE_TRAIN else arr.ref.megatron
-            gpu, host = _megatron_bytes(m, layout, params - expert_params, expert_params, role == ROLE_TRAIN)
+        spec = plan.specs[role]
+        if spec.model.path != cfg.actor_rollout_ref.model.path:
+            continue  # another model (a teacher, a plugin's): not counted here
+        width = torch_dtype(spec.model.dtype).itemsize
+        if spec.megatron is not None:
+            gpu, host = _megatron_bytes(
+                spec.megatron, layout, params - expert_params, expert_params, spec.trains
+            )
             out[role] = gpu / 2**30
             if host:
                 plan.offloaded_gib[role] = host / 2**30
-        elif role == ROLE_TRAIN:
+        elif spec.trains:
             out[role] = params / (layout.tp * layout.pp) * 4 * width / 2**30  # weights, grads, Adam m, v
         else:
             out[role] = params / (layout.tp * layout.pp) * width / 2**30
@@ -163,15 +178,25 @@ def init_ray(cfg: DagrlConfig) -> None:
 
 def launch(prepared: Prepared, tokenizer, rewarder):
     """Start (or join) Ray, reserve bundles, build pools and role handles; returns (runtime, pools)."""
-    from dagrl.core.pools import RoleHandle, WorkerPool, allocate
+    from dagrl.backends.handles import make_handle
+    from dagrl.core.pools import WorkerPool, allocate
     from dagrl.core.runtime import Runtime
 
     init_ray(prepared.cfg)
     bundles = allocate(prepared.plan)
-    pools = [WorkerPool(g, bundles, prepared.plan, prepared.cfg) for g in prepared.plan.groups]
+    pools: list[WorkerPool] = []
+    try:
+        for group in prepared.plan.groups:
+            pools.append(WorkerPool(group, bundles, prepared.plan, prepared.cfg))
+    except BaseException:
+        # a pool that failed to start (a backend raised, an actor died) must not keep the devices
+        for pool in pools:
+            pool.shutdown()
+        bundles.release()
+        raise
     roles = {}
     for pool in pools:
         for role in pool.roles:
-            roles[role] = RoleHandle(role, pool)
+            roles[role] = make_handle(prepared.plan.specs[role], pool)
     runtime = Runtime(cfg=prepared.cfg, roles=roles, tokenizer=tokenizer, rewarder=rewarder)
     return runtime, pools, bundles

@@ -71,6 +71,7 @@ class Probe:
             "rank": self.rank,
             "world_size": self.world_size,
             "roles": self.roles,
+            "device_kind": self.device_kind,
         }
 
     def shutdown(self) -> None:
@@ -145,3 +146,112 @@ def test_allocate_more_slots_than_cluster(two_node_cluster):
     _, plan = plan_for("colocate", nnodes=3, per_node=2)
     with pytest.raises(PlacementError, match="the plan needs 6 GPU slots but the Ray cluster has 4 GPUs"):
         allocate(plan, timeout_s=10)
+
+
+# ---- device_groups (ms-swift's form) -------------------------------------------------------------
+SEPARATE_AS_GROUPS = (
+    "+placement.device_groups={nproc_per_node: 2,"
+    " actor: {device: GPU, ranks: 'list(range(0, 2))', workers: [train, ref]},"
+    " sampler: {device: GPU, ranks: [2, 3], workers: [rollout]}}"
+)
+
+
+def test_device_groups_give_the_same_plan_as_colocate_groups():
+    _, separate = plan_for("separate")
+    cfg = compose_config("trainer.nnodes=2", "trainer.n_gpus_per_node=2", SEPARATE_AS_GROUPS)
+    grouped = make_plan(cfg, ROLES, "cuda")
+    assert format_plan(grouped) == format_plan(separate)
+    assert [(g.roles, g.slots) for g in grouped.groups] == [(["train", "ref"], [0, 1]), (["rollout"], [2, 3])]
+
+
+def test_device_groups_as_a_json_string_with_counts():
+    groups = {
+        "nproc_per_node": 2,
+        "all": {"device": "GPU", "ranks": 4, "workers": ["train", "rollout", "ref"]},
+    }
+    import json
+
+    _, colocate = plan_for("colocate")
+    cfg = compose_config("trainer.nnodes=2", "trainer.n_gpus_per_node=2")
+    cfg.placement.device_groups = json.dumps(groups)  # what placement.device_groups='<json>' gives
+    assert format_plan(make_plan(cfg, ROLES, "cuda")) == format_plan(colocate)
+
+
+def test_cpu_group_runs_a_role_without_gpus():
+    cfg = compose_config(
+        "trainer.n_gpus_per_node=2",
+        "+roles.judge=rules",
+        "+placement.device_groups={nproc_per_node: 2,"
+        " gpu: {device: GPU, ranks: 2, workers: [train, rollout, ref]},"
+        " judge: {device: CPU, ranks: 3, workers: [judge]}}",
+    )
+    plan = make_plan(cfg, ROLES | {"judge"}, "cuda")
+    judge = plan.group_of("judge")
+    assert judge.device == "cpu" and len(judge.slots) == 3 and plan.roles["judge"].dp == 3
+    assert plan.device_slots == 2 and plan.total_slots == 5
+    assert "judge: 3 workers" in format_plan(plan) and "3 CPU worker(s)" in format_plan(plan)
+
+
+@pytest.mark.parametrize(
+    "groups, key",
+    [
+        (
+            "{nproc_per_node: 4, a: {ranks: 2, workers: [train, rollout, ref]}}",
+            "placement.device_groups.nproc_per_node",
+        ),
+        ("{a: {device: TPU, ranks: 2, workers: [train]}}", "placement.device_groups.a.device"),
+        (
+            "{a: {ranks: [0, 1], workers: [train, ref]}, b: {ranks: [1], workers: [rollout]}}",
+            "placement.device_groups.b.ranks",
+        ),
+        ("{a: {ranks: [0, 9], workers: [train]}}", "placement.device_groups.a.ranks"),
+        ("{a: {ranks: 'range(0, 2)', workers: [train]}}", "placement.device_groups.a.ranks"),
+        (
+            "{a: {ranks: 1, workers: [train]}, b: {ranks: 1, workers: [train]}}",
+            "placement.device_groups.b.workers",
+        ),
+    ],
+)
+def test_device_groups_errors_name_the_key(groups, key):
+    from dagrl.errors import ConfigError
+
+    cfg = compose_config("trainer.n_gpus_per_node=2", f"+placement.device_groups={groups}")
+    with pytest.raises(ConfigError) as exc:
+        make_plan(cfg, {"train"}, "cuda")
+    assert exc.value.key == key
+
+
+def test_device_groups_must_place_every_role():
+    cfg = compose_config(
+        "trainer.n_gpus_per_node=2", "+placement.device_groups={a: {ranks: 2, workers: [train]}}"
+    )
+    with pytest.raises(PlacementError, match="rollout"):
+        make_plan(cfg, {"train", "rollout"}, "cuda")
+
+
+def test_device_and_cpu_groups_on_two_ray_nodes(two_node_cluster):
+    _, gpu_nodes = two_node_cluster
+    cfg = compose_config(
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=2",
+        "+roles.judge=rules",
+        "+placement.device_groups={nproc_per_node: 2,"
+        " actor: {device: GPU, ranks: [2, 3], workers: [train, ref]},"
+        " sampler: {device: GPU, ranks: [0, 1], workers: [rollout]},"
+        " judge: {device: CPU, ranks: 2, workers: [judge]}}",
+    )
+    plan = make_plan(cfg, ROLES | {"judge"}, "cuda")
+    bundles = allocate(plan, timeout_s=60)
+    pools = [WorkerPool(g, bundles, plan, cfg, actor_cls=Probe, setup=False) for g in plan.groups]
+    try:
+        by_roles = {tuple(p.roles): p.node_info() for p in pools}
+        train, rollout, judge = by_roles[("train", "ref")], by_roles[("rollout",)], by_roles[("judge",)]
+        # ranks 2,3 are node 1's devices, ranks 0,1 node 0's: each GPU group fills one node
+        assert len({i["node_id"] for i in train}) == 1 and len({i["node_id"] for i in rollout}) == 1
+        assert {i["node_id"] for i in train} != {i["node_id"] for i in rollout}
+        assert {i["node_id"] for i in train + rollout} == gpu_nodes
+        assert all(len(i["gpu_ids"]) == 1 for i in train + rollout)
+        assert [i["gpu_ids"] for i in judge] == [[], []] and [i["rank"] for i in judge] == [0, 1]
+        assert [i["device_kind"] for i in judge] == ["cpu", "cpu"]
+    finally:
+        release(bundles, pools)

@@ -148,7 +148,7 @@ def test_independent_nodes_run_concurrently(tmp_path):
     scheduler = make_scheduler(tmp_path, FAN_IN)
     try:
         start = time.perf_counter()
-        out, metrics = scheduler.run(data_batch())
+        out, metrics = scheduler.run(data_batch(), step=1)
         wall = time.perf_counter() - start
     finally:
         scheduler.close()
@@ -178,7 +178,7 @@ def test_node_error_propagates(tmp_path):
     )
     try:
         with pytest.raises(ValueError, match="failed on purpose"):
-            scheduler.run(data_batch())
+            scheduler.run(data_batch(), step=1)
     finally:
         scheduler.close()
 
@@ -195,6 +195,6 @@ def test_undeclared_output_asserts(tmp_path):
     )
     try:
         with pytest.raises(AssertionError, match=r"node liar produced \['schedtest_a'\], declared \[\]"):
-            scheduler.run(data_batch())
+            scheduler.run(data_batch(), step=1)
     finally:
         scheduler.close()

@@ -21,7 +21,7 @@ from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from dagrl.algos import LossAggMode
-from dagrl.backends.actor_loss import actor_loss, micro_batch_weights, weight_buckets
+from dagrl.backends.actor_loss import actor_loss, micro_batch_weights
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron.logprobs import response_logprobs
@@ -29,6 +29,7 @@ from dagrl.backends.megatron.model import build_model, transformer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import get_sdpa_block_spec
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
+from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.schema import LayerSpec
 from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs

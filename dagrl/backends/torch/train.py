@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from dagrl.algos import LossAggMode, entropy_from_logits, logprobs_from_logits
-from dagrl.backends.actor_loss import actor_loss, micro_batch_weights, weight_buckets
+from dagrl.backends.actor_loss import actor_loss, micro_batch_weights
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
+from dagrl.backends.weight_sync import weight_buckets
 from dagrl.core.batch import Batch, sequence_inputs
 
 

@@ -1,0 +1,47 @@
+"""The built-in backends. Implementations are imported when a role builds one, not before."""
+
+from __future__ import annotations
+
+import copy
+
+from dagrl.backends.registry import register_backend
+from dagrl.config.roles import RoleKind, RoleSpec
+
+
+def _train_cfg(cfg, spec: RoleSpec):
+    """The config a train backend reads, pointed at the spec's model.
+
+    Train backends read actor_rollout_ref.model; a teacher is the same backend in forward-only
+    mode with its own model, so it gets a copy whose model section names the teacher's.
+    """
+    model = cfg.actor_rollout_ref.model
+    if (spec.model.path, spec.model.dtype) == (model.path, model.dtype):
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    cfg.actor_rollout_ref.model.path = spec.model.path
+    cfg.actor_rollout_ref.model.dtype = spec.model.dtype
+    return cfg
+
+
+def _torch(cfg, spec: RoleSpec, ctx):
+    from dagrl.backends.torch.train import TorchTrainBackend
+
+    return TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains)
+
+
+def _megatron(cfg, spec: RoleSpec, ctx):
+    from dagrl.backends.megatron.train import MegatronTrainBackend
+
+    return MegatronTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains)
+
+
+for _kind in (RoleKind.train, RoleKind.ref, RoleKind.teacher):
+    register_backend(_kind, "torch")(_torch)
+    register_backend(_kind, "megatron")(_megatron)
+
+
+@register_backend(RoleKind.rollout, "hf")
+def _hf(cfg, spec: RoleSpec, ctx):
+    from dagrl.backends.hf.rollout import HFRolloutBackend
+
+    return HFRolloutBackend(cfg, ctx)

@@ -1,0 +1,60 @@
+"""Typed handles: the calls the engine makes into a role, as methods readers can follow.
+
+Each method forwards to the backend method declared in dagrl/backends/protocols.py, which says
+how the call is dispatched, executed and collected. A plugin role uses the plain `RoleHandle.call`
+with its own `@role_method`-declared methods.
+"""
+
+from __future__ import annotations
+
+from dagrl.backends.protocols import RolloutBackend, TrainBackend
+from dagrl.config.roles import RoleKind, RoleSpec
+from dagrl.core.batch import Batch
+from dagrl.core.pools import RoleHandle, WorkerPool
+
+_TRAIN_BACKENDS = ("torch", "megatron")
+
+
+class TrainRole(RoleHandle):
+    """train, ref, and a colocated teacher: a train backend (ref/teacher in forward-only mode)."""
+
+    def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, list[dict]]:
+        return self.call(TrainBackend.forward_logprobs, batch, output_key=output_key)
+
+    def train_step(self, batch: Batch) -> tuple[Batch, list[dict]]:
+        return self.call(TrainBackend.train_step, batch)
+
+    def save(self, path: str) -> None:
+        self.call(TrainBackend.save, path)
+
+    def load(self, path: str) -> None:
+        self.call(TrainBackend.load, path)
+
+    def export_hf(self, path: str) -> None:
+        self.call(TrainBackend.export_hf, path)
+
+
+class RolloutRole(RoleHandle):
+    def generate(self, batch: Batch, seed: int, validate: bool = False) -> tuple[Batch, list[dict]]:
+        return self.call(RolloutBackend.generate, batch, seed=seed, validate=validate)
+
+
+def make_handle(spec: RoleSpec, pool: WorkerPool) -> RoleHandle:
+    """The typed handle of a role: by kind for the built-in ones, the plain handle for plugin roles."""
+    if spec.kind == RoleKind.rollout.value:
+        return RolloutRole(spec.name, pool)
+    if spec.backend in _TRAIN_BACKENDS and spec.kind in (RoleKind.train, RoleKind.ref, RoleKind.teacher):
+        return TrainRole(spec.name, pool)
+    return RoleHandle(spec.name, pool)
+
+
+def train_role(runtime, name: str) -> TrainRole:
+    handle = runtime.role(name)
+    assert isinstance(handle, TrainRole), f"role {name!r} does not run a train backend"
+    return handle
+
+
+def rollout_role(runtime, name: str) -> RolloutRole:
+    handle = runtime.role(name)
+    assert isinstance(handle, RolloutRole), f"role {name!r} does not run a rollout backend"
+    return handle

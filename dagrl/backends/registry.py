@@ -1,0 +1,74 @@
+"""Backend registry: a role's backend is found under (role kind, name), as node kinds are.
+
+A factory takes (cfg, spec, ctx) and returns the backend. Built-in factories import their
+implementation inside the call, so a backend whose dependencies are missing on this machine
+(vLLM on a CPU box) costs nothing until a role asks for it:
+
+    @register_backend("rollout", "vllm")
+    def _vllm(cfg, spec, ctx):
+        from dagrl.backends.vllm.rollout import VLLMRolloutBackend
+        return VLLMRolloutBackend(cfg, spec, ctx)
+
+Plugins register theirs from `external_plugins` modules (loaded in the driver and every worker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from enum import Enum
+
+from dagrl.config.roles import RoleSpec
+from dagrl.errors import ConfigError
+
+BackendFactory = Callable  # (cfg: DagrlConfig, spec: RoleSpec, ctx: ParallelContext) -> backend
+
+_BACKENDS: dict[tuple[str, str], BackendFactory] = {}
+
+
+def register_backend(kind: str | Enum, name: str) -> Callable[[BackendFactory], BackendFactory]:
+    """Register a factory (or a class taking (cfg, spec, ctx)) for roles of `kind` named `name`."""
+    key = (_value(kind), name)
+
+    def wrap(factory: BackendFactory) -> BackendFactory:
+        if key in _BACKENDS and _BACKENDS[key] is not factory:
+            raise ValueError(f"backend {key} is registered twice ({_BACKENDS[key]} and {factory})")
+        _BACKENDS[key] = factory
+        return factory
+
+    return wrap
+
+
+def backend_names(kind: str | Enum) -> list[str]:
+    _load_builtins()
+    return sorted(name for k, name in _BACKENDS if k == _value(kind))
+
+
+def check_backends(specs: Iterable[RoleSpec]) -> None:
+    """Every role's backend is registered; a ConfigError under the key that chose it otherwise."""
+    _load_builtins()
+    for spec in specs:
+        if (spec.kind, spec.backend) not in _BACKENDS:
+            known = backend_names(spec.kind)
+            raise ConfigError(
+                spec.backend_key,
+                spec.backend,
+                f"no {spec.kind!r} backend of that name; registered: {known or 'none'}"
+                + (
+                    ""
+                    if spec.builtin
+                    else " (register one with @register_backend in an external_plugins module)"
+                ),
+            )
+
+
+def build_backend(cfg, spec: RoleSpec, ctx):
+    check_backends([spec])
+    return _BACKENDS[(spec.kind, spec.backend)](cfg, spec, ctx)
+
+
+def _value(kind: str | Enum) -> str:
+    return kind.value if isinstance(kind, Enum) else kind
+
+
+def _load_builtins() -> None:
+    import dagrl.backends.builtin  # noqa: F401  (registers the built-in backends)

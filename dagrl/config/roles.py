@@ -1,0 +1,165 @@
+"""Role specs: the one table of what each role runs, built once from the config.
+
+Placement (parallel sizes), validation (DP divisibility), the dry-run plan (memory estimate) and
+backend construction (registry key) read these specs; nothing else decodes the config per role.
+Built-in roles are `RoleKind` members; plugins declare more under `roles.<name>` (their kind is
+their name, so their backends register under it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from dagrl.config.schema import DagrlConfig, MegatronConfig, TeacherPlacement, TrainStrategy
+
+
+class RoleKind(str, Enum):
+    train = "train"
+    rollout = "rollout"
+    ref = "ref"
+    teacher = "teacher"
+    reward = "reward"
+
+
+ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER = "train", "rollout", "ref", "teacher"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str | None  # None = the built-in tiny model
+    dtype: str
+    tokenizer: str | None  # None = the model's own
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+@dataclass(frozen=True)
+class OffloadPolicy:
+    """What a role keeps in host memory between its turns on a shared device."""
+
+    params: bool = False
+    grads: bool = False
+    optimizer: bool = False
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    name: str
+    kind: str  # a RoleKind value, or the role's own name for plugin roles
+    backend: str  # registry name under (kind, backend)
+    backend_key: str  # the config key that chose the backend (for errors)
+    model: ModelSpec
+    parallel: ParallelLayout = field(default_factory=ParallelLayout)
+    micro_batch_size: int = 1  # sequences per forward on one device
+    trains: bool = False
+    offload: OffloadPolicy = field(default_factory=OffloadPolicy)
+    megatron: MegatronConfig | None = None  # set when the backend is megatron
+
+    @property
+    def builtin(self) -> bool:
+        """Whether dagrl ships backends for this role (reward and plugin roles bring their own)."""
+        return self.kind in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER)
+
+
+def build_role_specs(cfg: DagrlConfig, roles: Iterable[str]) -> dict[str, RoleSpec]:
+    """Specs of the named roles (those the DAG uses), in name order."""
+    return {name: role_spec(cfg, name) for name in sorted(set(roles))}
+
+
+def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
+    arr = cfg.actor_rollout_ref
+    actor_model = ModelSpec(arr.model.path, arr.model.dtype, None, arr.model.trust_remote_code)
+    strategy_key = "actor_rollout_ref.actor.strategy"
+    if name in (ROLE_TRAIN, ROLE_REF):
+        trains = name == ROLE_TRAIN
+        mega = _megatron(cfg, arr.actor.megatron if trains else arr.ref.megatron)
+        return RoleSpec(
+            name=name,
+            kind=name,
+            backend=arr.actor.strategy.value,
+            backend_key=strategy_key,
+            model=actor_model,
+            parallel=_layout(mega),
+            micro_batch_size=(
+                arr.actor.ppo_micro_batch_size_per_gpu
+                if trains
+                else arr.ref.log_prob_micro_batch_size_per_gpu
+            ),
+            trains=trains,
+            offload=_offload(mega),
+            megatron=mega,
+        )
+    if name == ROLE_ROLLOUT:
+        r = arr.rollout
+        return RoleSpec(
+            name=name,
+            kind=name,
+            backend=r.name.value,
+            backend_key="actor_rollout_ref.rollout.name",
+            model=actor_model,
+            parallel=ParallelLayout(tp=r.tensor_model_parallel_size),
+            micro_batch_size=r.micro_batch_size_per_gpu,
+        )
+    if name == ROLE_TEACHER:
+        return _teacher_spec(cfg, actor_model)
+    # reward and plugin roles: the backend a plugin registered under the role's name
+    return RoleSpec(
+        name=name, kind=name, backend=cfg.roles.get(name, ""), backend_key=f"roles.{name}", model=actor_model
+    )
+
+
+def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
+    t, arr = cfg.teacher, cfg.actor_rollout_ref
+    model = ModelSpec(t.model, t.dtype or arr.model.dtype, None, arr.model.trust_remote_code)
+    if t.placement == TeacherPlacement.standalone:
+        return RoleSpec(
+            name=ROLE_TEACHER,
+            kind=ROLE_TEACHER,
+            backend="vllm",
+            backend_key="teacher.placement",
+            model=model,
+            parallel=ParallelLayout(tp=t.tensor_model_parallel_size),
+            micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
+        )
+    mega = _megatron(cfg, arr.ref.megatron)
+    return RoleSpec(
+        name=ROLE_TEACHER,
+        kind=ROLE_TEACHER,
+        backend=arr.actor.strategy.value,
+        backend_key="actor_rollout_ref.actor.strategy",  # the actor's train backend, forward-only
+        model=model,
+        parallel=_layout(mega),
+        micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
+        offload=OffloadPolicy(params=t.offload),
+        megatron=mega,
+    )
+
+
+def _megatron(cfg: DagrlConfig, m: MegatronConfig) -> MegatronConfig | None:
+    return m if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron else None
+
+
+def _layout(m: MegatronConfig | None) -> ParallelLayout:
+    if m is None:
+        return ParallelLayout()
+    return ParallelLayout(
+        m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
+    )
+
+
+def _offload(m: MegatronConfig | None) -> OffloadPolicy:
+    if m is None:
+        return OffloadPolicy()
+    return OffloadPolicy(m.param_offload, m.grad_offload, m.optimizer_offload)
