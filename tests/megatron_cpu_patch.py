@@ -95,9 +95,9 @@ def apply() -> None:
         importlib.import_module(name).torch = _CpuTorch()
     _patch_rng_state_functions()
     _patch_cuda_tensor_checks()
-    import megatron.core
+    from dagrl.backends.registry import allow_device
 
-    megatron.core.dagrl_cpu_patched = True  # dagrl refuses megatron on CPU without this patch
+    allow_device("megatron", "cpu")  # dagrl refuses megatron on CPU without this patch
     _APPLIED = True
 
 

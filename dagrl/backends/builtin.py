@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from dagrl.backends.registry import register_backend
+from dagrl.backends.registry import register_backend, restrict_devices
 from dagrl.config.roles import RoleKind, RoleSpec
 
 
@@ -38,6 +38,12 @@ def _megatron(cfg, spec: RoleSpec, ctx):
 for _kind in (RoleKind.train, RoleKind.ref, RoleKind.teacher):
     register_backend(_kind, "torch")(_torch)
     register_backend(_kind, "megatron")(_megatron)
+restrict_devices(
+    "megatron",
+    {"cuda"},
+    "the megatron backend needs GPUs (megatron-core hard-codes CUDA): run on GPUs "
+    "(trainer.device=cuda), or train on the CPU with actor_rollout_ref.actor.strategy=torch",
+)
 
 
 @register_backend(RoleKind.rollout, "hf")

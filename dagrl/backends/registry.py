@@ -23,6 +23,9 @@ from dagrl.errors import ConfigError
 BackendFactory = Callable  # (cfg: DagrlConfig, spec: RoleSpec, ctx: ParallelContext) -> backend
 
 _BACKENDS: dict[tuple[str, str], BackendFactory] = {}
+# backend name -> devices it runs on, for backends that do not run everywhere
+_DEVICES: dict[str, set[str]] = {}
+_DEVICE_FIX: dict[str, str] = {}
 
 
 def register_backend(kind: str | Enum, name: str) -> Callable[[BackendFactory], BackendFactory]:
@@ -38,15 +41,29 @@ def register_backend(kind: str | Enum, name: str) -> Callable[[BackendFactory], 
     return wrap
 
 
+def restrict_devices(name: str, devices: set[str], fix: str) -> None:
+    """Backend `name` runs only on `devices` ("cpu", "cuda"); `fix` tells the user what to do instead."""
+    _DEVICES[name], _DEVICE_FIX[name] = set(devices), fix
+
+
+def allow_device(name: str, device: str) -> None:
+    """Let backend `name` run on `device` (a plugin that makes it work there, e.g. a CPU port)."""
+    if name in _DEVICES:
+        _DEVICES[name].add(device)
+
+
 def backend_names(kind: str | Enum) -> list[str]:
     _load_builtins()
     return sorted(name for k, name in _BACKENDS if k == _value(kind))
 
 
-def check_backends(specs: Iterable[RoleSpec]) -> None:
-    """Every role's backend is registered; a ConfigError under the key that chose it otherwise."""
+def check_backends(specs: Iterable[RoleSpec], device: str | None = None) -> None:
+    """Every role's backend is registered (a ConfigError under the key that chose it otherwise)
+    and, when `device` is given, runs on that device."""
     _load_builtins()
     for spec in specs:
+        if device is not None and device not in _DEVICES.get(spec.backend, {device}):
+            raise ConfigError("trainer.device", device, _DEVICE_FIX[spec.backend])
         if (spec.kind, spec.backend) not in _BACKENDS:
             known = backend_names(spec.kind)
             raise ConfigError(

@@ -10,7 +10,7 @@ import importlib.util
 import os
 
 from dagrl.config.placement import ROLE_REF, ROLE_TRAIN, Plan
-from dagrl.config.schema import DagrlConfig, LayerSpec, MegatronConfig, TrainStrategy
+from dagrl.config.schema import DagrlConfig, LayerSpec, MegatronConfig
 from dagrl.errors import ConfigError, DagrlError
 
 A = "actor_rollout_ref.actor"
@@ -370,22 +370,3 @@ def _check_interleaved_micro_batches(cfg: DagrlConfig, plan: Plan) -> None:
                 f" PP = {pp} micro-batches (now {count}); pick a micro-batch size that gives"
                 f" {pp}, {2 * pp}, ... micro-batches",
             )
-
-
-def check_megatron_device(cfg: DagrlConfig, device: str) -> None:
-    """megatron-core hard-codes CUDA; only the test suite's CPU patch makes it run on a CPU."""
-    if (
-        cfg.actor_rollout_ref.actor.strategy != TrainStrategy.megatron
-        or device != "cpu"
-        or cfg.trainer.dry_run
-    ):
-        return
-    import megatron.core
-
-    if not getattr(megatron.core, "dagrl_cpu_patched", False):
-        raise ConfigError(
-            "trainer.device",
-            "cpu",
-            "the megatron backend needs GPUs (megatron-core hard-codes CUDA): run on GPUs "
-            "(trainer.device=cuda), or train on the CPU with actor_rollout_ref.actor.strategy=torch",
-        )

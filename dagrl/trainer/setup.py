@@ -23,7 +23,6 @@ from dagrl.config.validate import (
     validate_roles,
     validate_with_plan,
 )
-from dagrl.config.validate_megatron import check_megatron_device
 from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
@@ -44,12 +43,11 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     resolve_defaults(cfg)
     validate(cfg)
     device = resolve_device(cfg)
-    check_megatron_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
     validate_roles(cfg, {s.role for s in specs if s.role})
     roles = build_role_specs(cfg, {s.role for s in specs if s.role})
-    check_backends(roles.values())
+    check_backends(roles.values(), None if cfg.trainer.dry_run else device)
     plan = make_plan(cfg, roles, device)
     validate_with_plan(cfg, plan)
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))

@@ -578,12 +578,12 @@ def test_script_defaults_fit_a_qwen3_8b_config(tmp_path):
 
 def test_megatron_on_cpu_needs_gpus_outside_the_test_patch(monkeypatch):
     """Without the tests' CPU patch, megatron on a CPU device is refused before Ray starts."""
-    import megatron.core
-
+    from dagrl.backends import registry
     from dagrl.errors import ConfigError
     from dagrl.trainer.setup import prepare
 
-    monkeypatch.delattr(megatron.core, "dagrl_cpu_patched", raising=False)
+    registry.backend_names("train")  # the built-ins (and their device limits) are registered
+    monkeypatch.setitem(registry._DEVICES, "megatron", {"cuda"})
     cfg = compose_config("actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu")
     with pytest.raises(ConfigError) as exc:
         prepare(cfg)
