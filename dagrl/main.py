@@ -40,11 +40,15 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     from dagrl.trainer.loop import Trainer
 
     scheduler = Scheduler(prepared.dag, runtime)
-    trainer = Trainer(cfg, runtime, scheduler, loader, val, os.path.expanduser(cfg.trainer.default_local_dir))
+    validators = tuple(Scheduler(d, runtime) for d in prepared.val_dags) if prepared.val_dags else None
+    out_dir = os.path.expanduser(cfg.trainer.default_local_dir)
+    trainer = Trainer(cfg, runtime, scheduler, loader, val if validators else None, out_dir, validators)
     try:
         return trainer.fit()
     finally:
         scheduler.close()
+        for validator in validators or ():
+            validator.close()
         for pool in pools:
             pool.shutdown()
         bundles.release()  # a later run in this Ray (tests, notebooks) gets the devices back

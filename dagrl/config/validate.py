@@ -10,7 +10,16 @@ import os
 from dagrl.algos import KLEstimator, LossAggMode
 from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
 from dagrl.config.roles import ROLE_TEACHER, RoleKind
-from dagrl.config.schema import DagrlConfig, Device, ModelDtype, RolloutName, TeacherPlacement, TrainStrategy
+from dagrl.config.schema import (
+    DagrlConfig,
+    Device,
+    ModelDtype,
+    ResumeMode,
+    RolloutName,
+    TeacherPlacement,
+    TrainStrategy,
+    parse_resume_mode,
+)
 from dagrl.config.validate_megatron import (
     check_megatron,
     check_megatron_plan,
@@ -105,6 +114,8 @@ def _check_data(cfg: DagrlConfig) -> None:
     for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
         if getattr(d, key) < 1:
             raise ConfigError(f"data.{key}", getattr(d, key), "must be a positive integer")
+    if d.val_batch_size is not None and d.val_batch_size < 1:
+        raise ConfigError("data.val_batch_size", d.val_batch_size, "must be >= 1, or null for all at once")
     for key in ("train_files", "val_files"):
         for path in data_files(getattr(d, key)):
             if not os.path.isfile(os.path.expanduser(path)):
@@ -186,12 +197,8 @@ def _check_trainer(cfg: DagrlConfig) -> None:
         raise ConfigError(
             "trainer.save_freq", (t.save_freq, t.test_freq), "use a positive step count, or -1 for never"
         )
-    unknown = set(t.logger) - {"console", "tensorboard", "jsonl"}
-    if unknown:
-        raise ConfigError(
-            "trainer.logger", list(t.logger), "loggers are console, tensorboard (jsonl is always on)"
-        )
-    if t.resume_mode not in ("auto", "disable") and not os.path.isdir(os.path.expanduser(t.resume_mode)):
+    mode = parse_resume_mode(t.resume_mode)
+    if not isinstance(mode, ResumeMode) and not os.path.isdir(mode):
         raise ConfigError(
             "trainer.resume_mode",
             t.resume_mode,

@@ -7,13 +7,11 @@ import os
 import torch
 from tqdm import tqdm
 
-from dagrl.backends.handles import rollout_role, train_role
-from dagrl.backends.weight_sync import sync_weights
-from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
+from dagrl.backends.handles import train_role
+from dagrl.config.roles import ROLE_TRAIN
+from dagrl.config.schema import ResumeMode, parse_resume_mode
 from dagrl.core.batch import Batch, left_pad
 from dagrl.errors import DataError
-from dagrl.nodes.reward import score_responses
-from dagrl.nodes.rollout import step_seed
 from dagrl.trainer import checkpoint
 from dagrl.trainer.logger import MetricsLogger, log
 
@@ -50,8 +48,9 @@ def _teacher_ids(example) -> list[int]:
 
 
 class Trainer:
-    def __init__(self, cfg, runtime, scheduler, train_loader, val_dataset, out_dir: str):
-        self.cfg, self.runtime, self.scheduler = cfg, runtime, scheduler
+    def __init__(self, cfg, runtime, scheduler, train_loader, val_dataset, out_dir: str, validators=None):
+        """validators: the validation DAG's schedulers (before the first update, after it)."""
+        self.cfg, self.runtime, self.scheduler, self.validators = cfg, runtime, scheduler, validators
         self.loader, self.val_dataset = train_loader, val_dataset
         self.ckpt_root = os.path.expanduser(cfg.trainer.default_local_dir)
         self.metrics = MetricsLogger(out_dir, list(cfg.trainer.logger), cfg.trainer.experiment_name)
@@ -96,25 +95,13 @@ class Trainer:
         return last
 
     def validate(self) -> dict[str, float]:
-        """Sample the validation prompts with rollout.val_kwargs and score them."""
+        """Run the validation DAG on the validation prompts (rollout.val_kwargs) and score them."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        rollout = rollout_role(self.runtime, ROLE_ROLLOUT)
-        if self.step > 0:  # the rollout holds the weights of the step's start; give it the updated ones
-            sync_weights(self.runtime.role(ROLE_TRAIN), rollout)
+        scheduler = self.validators[1 if self.step > 0 else 0]  # after an update: sync weights first
         examples = [self.val_dataset[i] for i in range(len(self.val_dataset))]
-        batch = collate(examples, self.runtime.tokenizer.pad_token_id, vk.n, 0)
-        pad = (-len(batch)) % rollout.dp_size  # pad with repeats so every DP rank gets a shard
-        padded = Batch.concat([batch, batch.index(range(pad))]) if pad else batch
-        out, _ = rollout.generate(
-            padded.select(["prompts", "prompt_mask"]),
-            validate=True,
-            seed=step_seed(self.cfg.trainer.seed, 0),
-        )
-        out = out.index(range(len(batch)))
-        _, metrics = score_responses(
-            self.runtime, batch.select(["data_source", "ground_truth", "extra_info"]).union(out)
-        )
-        return {f"val/{k}": v for k, v in metrics.items()}
+        batch = collate(examples, self.runtime.tokenizer.pad_token_id, vk.n, 0, scheduler.dag.source)
+        _, metrics = scheduler.run(batch, step=self.step)
+        return {f"val/{k}": v for k, v in metrics.items() if k.startswith(("reward/", "response_length/"))}
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> str:
@@ -133,10 +120,10 @@ class Trainer:
         return path
 
     def maybe_resume(self) -> None:
-        mode = self.cfg.trainer.resume_mode
-        if mode == "disable":
+        mode = parse_resume_mode(self.cfg.trainer.resume_mode)
+        if mode == ResumeMode.disable:
             return
-        path = checkpoint.latest(self.ckpt_root) if mode == "auto" else os.path.expanduser(mode)
+        path = checkpoint.latest(self.ckpt_root) if mode == ResumeMode.auto else mode
         if path is None:
             return
         state = checkpoint.read_state(path)

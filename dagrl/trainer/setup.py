@@ -36,6 +36,7 @@ class Prepared:
     plan: Plan
     dag: Dag
     model_path: str
+    val_dags: tuple[Dag, Dag] | None = None  # (before any update: no weight sync, later: with it)
 
 
 def prepare(cfg: DagrlConfig) -> Prepared:
@@ -53,7 +54,21 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
-    return Prepared(cfg, device, plan, dag, model_path)
+    return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)))
+
+
+def validation_dags(roles: set[str]) -> tuple[Dag, Dag] | None:
+    """The validation DAG (conf/dags/validate.yaml) without and with its weight sync; None when
+    the training DAG has no rollout role to sample with."""
+    from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
+
+    if not {ROLE_ROLLOUT, ROLE_TRAIN} <= roles:
+        return None
+    source, specs = load_dag_specs("validate")
+    first = [s for s in specs if s.kind != "weight_sync"]
+    for s in first:
+        s.after = [a for a in s.after if a in {f.name for f in first}]
+    return build_dag("validate", source, first, roles), build_dag("validate", source, specs, roles)
 
 
 def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[str, float]:

@@ -126,8 +126,8 @@ def _parallel_fields(m: MegatronConfig) -> dict[str, Any]:
         "expert_tensor_parallel_size": m.expert_tensor_parallel_size,
         # SP needs TP > 1; megatron rejects sequence_parallel with TP 1
         "sequence_parallel": m.sequence_parallel and m.tensor_model_parallel_size > 1,
-        "recompute_granularity": m.recompute_granularity,
-        "recompute_method": m.recompute_method,
+        "recompute_granularity": m.recompute_granularity.value if m.recompute_granularity else None,
+        "recompute_method": m.recompute_method.value if m.recompute_method else None,
         "recompute_num_layers": m.recompute_num_layers,
     }
 
