@@ -10,6 +10,8 @@ implementation inside the call, so a backend whose dependencies are missing on t
         return VLLMRolloutBackend(cfg, spec, ctx)
 
 Plugins register theirs from `external_plugins` modules (loaded in the driver and every worker).
+The built-ins register when the `dagrl.backends` package is imported (dagrl/backends/builtin.py),
+which happens before this module is.
 """
 
 from __future__ import annotations
@@ -53,14 +55,12 @@ def allow_device(name: str, device: str) -> None:
 
 
 def backend_names(kind: str | Enum) -> list[str]:
-    _load_builtins()
     return sorted(name for k, name in _BACKENDS if k == _value(kind))
 
 
 def check_backends(specs: Iterable[RoleSpec], device: str | None = None) -> None:
     """Every role's backend is registered (a ConfigError under the key that chose it otherwise)
     and, when `device` is given, runs on that device."""
-    _load_builtins()
     for spec in specs:
         if device is not None and device not in _DEVICES.get(spec.backend, {device}):
             raise ConfigError("trainer.device", device, _DEVICE_FIX[spec.backend])
@@ -83,9 +83,12 @@ def build_backend(cfg, spec: RoleSpec, ctx):
     return _BACKENDS[(spec.kind, spec.backend)](cfg, spec, ctx)
 
 
+def build_role_backend(cfg, role: str, ctx):
+    """What a worker calls for each of its roles: the role's spec, then its registered backend."""
+    from dagrl.config.roles import role_spec
+
+    return build_backend(cfg, role_spec(cfg, role), ctx)
+
+
 def _value(kind: str | Enum) -> str:
     return kind.value if isinstance(kind, Enum) else kind
-
-
-def _load_builtins() -> None:
-    import dagrl.backends.builtin  # noqa: F401  (registers the built-in backends)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import ray
 import torch
 
-from dagrl.core.pools import RoleHandle
+if TYPE_CHECKING:
+    from dagrl.core.pools import RoleHandle
 
 
 def weight_buckets(

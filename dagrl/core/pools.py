@@ -90,8 +90,16 @@ class WorkerPool:
     """
 
     def __init__(
-        self, group: GroupPlan, bundles: Bundles, plan: Plan, cfg, actor_cls=None, setup: bool = True
+        self,
+        group: GroupPlan,
+        bundles: Bundles,
+        plan: Plan,
+        cfg,
+        actor_cls=None,
+        setup: bool = True,
+        build=None,
     ):
+        """build(cfg, role, ctx) -> backend runs in each worker (dagrl.backends.build_role_backend)."""
         from dagrl.core.worker import Worker
 
         cls = actor_cls or Worker
@@ -106,7 +114,7 @@ class WorkerPool:
             if device == "cuda":
                 options["num_gpus"] = 1
             self.actors.append(
-                remote.options(**options).remote(cfg, self.roles, rank, len(group.slots), device, cpus)
+                remote.options(**options).remote(cfg, self.roles, rank, len(group.slots), device, cpus, build)
             )
         if setup:
             try:

@@ -34,8 +34,12 @@ class ParallelContext:
 class Worker:
     """Not decorated: pools wrap it with ray.remote and the bundle's resources."""
 
-    def __init__(self, cfg, roles: list[str], rank: int, world_size: int, device_kind: str, threads: int):
+    def __init__(
+        self, cfg, roles: list[str], rank: int, world_size: int, device_kind: str, threads: int, build=None
+    ):
+        """build(cfg, role, ctx) -> backend: given by the launcher (backends sit above core)."""
         self.cfg, self.roles, self.rank, self.world_size = cfg, list(roles), rank, world_size
+        self.build = build
         self.device_kind = device_kind
         self.backends: dict = {}
         self.active: str | None = None
@@ -77,8 +81,6 @@ class Worker:
                 world_size=self.world_size,
             )
         ctx = ParallelContext(self.rank, self.world_size, device)
-        from dagrl.backends import build_backend
-        from dagrl.config.roles import role_spec
         from dagrl.core.plugins import load_plugins
 
         # plugins run in every worker too: what they register or patch must exist where backends run
@@ -86,7 +88,7 @@ class Worker:
 
         start = time.perf_counter()
         for role in self.roles:
-            self.backends[role] = build_backend(self.cfg, role_spec(self.cfg, role), ctx)
+            self.backends[role] = self.build(self.cfg, role, ctx)
         self.active = self.roles[-1]
         return {"build_s": time.perf_counter() - start}
 

@@ -191,6 +191,7 @@ def init_ray(cfg: DagrlConfig) -> None:
 
 def launch(prepared: Prepared, tokenizer, rewarder):
     """Start (or join) Ray, reserve bundles, build pools and role handles; returns (runtime, pools)."""
+    from dagrl.backends import build_role_backend
     from dagrl.backends.handles import make_handle
     from dagrl.core.pools import WorkerPool, allocate
     from dagrl.core.runtime import Runtime
@@ -200,7 +201,7 @@ def launch(prepared: Prepared, tokenizer, rewarder):
     pools: list[WorkerPool] = []
     try:
         for group in prepared.plan.groups:
-            pools.append(WorkerPool(group, bundles, prepared.plan, prepared.cfg))
+            pools.append(WorkerPool(group, bundles, prepared.plan, prepared.cfg, build=build_role_backend))
     except BaseException:
         # a pool that failed to start (a backend raised, an actor died) must not keep the devices
         for pool in pools:

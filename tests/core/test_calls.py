@@ -7,6 +7,7 @@ import pytest
 import ray
 import torch
 
+from dagrl.backends import build_role_backend
 from dagrl.config.placement import make_plan
 from dagrl.core.batch import Batch
 from dagrl.core.calls import CallSpec, Collect, Dispatch, Execute, collect_results, dispatch_shards
@@ -29,7 +30,7 @@ def echo_handle():
     )
     plan = make_plan(cfg, {"echo"}, "cpu")
     bundles = allocate(plan, timeout_s=60)
-    pool = WorkerPool(plan.groups[0], bundles, plan, cfg)
+    pool = WorkerPool(plan.groups[0], bundles, plan, cfg, build=build_role_backend)
     try:
         yield RoleHandle("echo", pool)
     finally:
