@@ -40,6 +40,7 @@ class Trainer:
         self.ckpt_root = os.path.expanduser(cfg.trainer.default_local_dir)
         self.metrics = MetricsLogger(out_dir, list(cfg.trainer.logger), cfg.trainer.experiment_name)
         self.step = 0
+        self.saved_step = 0  # the step of the last checkpoint written or resumed from
         t = cfg.trainer
         by_epochs = t.total_epochs * train_loader.steps_per_epoch
         self.total_steps = min(by_epochs, t.total_training_steps) if t.total_training_steps else by_epochs
@@ -103,31 +104,29 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> str:
-        """All ranks write into a staging dir; the driver seals it atomically."""
-        os.makedirs(self.ckpt_root, exist_ok=True)
-        staging = checkpoint.staging_dir(self.ckpt_root, self.step)
-        self.runtime.role(ROLE_TRAIN).broadcast("save", os.path.join(staging, "actor"))
-        if self.cfg.trainer.save_hf:  # inside the staging dir: sealed with the checkpoint
-            self.export_hf(os.path.join(staging, "actor_hf"))
+        """All ranks write into a staging dir; the driver seals it atomically (checkpoint.save)."""
+
+        def write(staging: str) -> None:
+            self.runtime.role(ROLE_TRAIN).broadcast("save", os.path.join(staging, "actor"))
+            if self.cfg.trainer.save_hf:  # inside the staging dir: sealed with the checkpoint
+                self.export_hf(os.path.join(staging, "actor_hf"))
+
         # the driver draws no random numbers (sampling seeds derive from the step); workers save theirs
         state = {"global_step": self.step, "data": self.loader.state_dict()}
-        path = checkpoint.commit(
-            self.ckpt_root, staging, self.step, state, self.cfg.trainer.max_actor_ckpt_to_keep
-        )
+        t = self.cfg.trainer
+        path = checkpoint.save(self.ckpt_root, self.step, write, state, t.max_actor_ckpt_to_keep)
+        self.saved_step = self.step
         log(f"saved checkpoint {path}")
         return path
 
     def maybe_resume(self) -> None:
-        mode = self.cfg.trainer.resume_mode
-        if mode == "disable":
-            return
-        path = checkpoint.latest(self.ckpt_root) if mode == "auto" else os.path.expanduser(mode)
+        path = checkpoint.pick(self.ckpt_root, self.cfg.trainer.resume_mode)  # verified against its manifest
         if path is None:
             return
         state = checkpoint.read_state(path)
         self.runtime.role(ROLE_TRAIN).broadcast("load", os.path.join(path, "actor"))
         self.loader.load_state_dict(state["data"])
-        self.step = int(state["global_step"])
+        self.step = self.saved_step = int(state["global_step"])
         log(f"resumed from {path} at step {self.step}")
 
     def export_hf(self, path: str) -> None:
