@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from dagrl.config.placement import format_plan
 from dagrl.config.schema import DagrlConfig, register_configs
-from dagrl.errors import DagrlError
+from dagrl.errors import DagrlError, Interrupted
+from dagrl.trainer import interrupt
 from dagrl.trainer.logger import log
 
 register_configs()
@@ -34,15 +35,26 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     tokenizer, loader, val = load_data(cfg, prepared.model_path)
     rewarder = rewarder_for(cfg)
     start = time.perf_counter()
-    runtime, pools, bundles = launch(prepared, tokenizer, rewarder)
-    log(f"workers ready in {time.perf_counter() - start:.1f}s")
+    with interrupt.stop_signals():  # Ctrl-C / SIGTERM: finish the step, save, exit 130 / 143
+        runtime, pools, bundles = launch(prepared, tokenizer, rewarder)
+        interrupt.install()  # ray.init put its own SIGTERM handler in place
+        log(f"workers ready in {time.perf_counter() - start:.1f}s")
+        return _train(cfg, prepared, runtime, pools, bundles, loader, val)
+
+
+def _train(cfg: DagrlConfig, prepared, runtime, pools, bundles, loader, val) -> dict[str, float]:
+    import ray
+
     from dagrl.core.scheduler import Scheduler
+    from dagrl.core.worker_death import worker_died
     from dagrl.trainer.loop import Trainer
 
     scheduler = Scheduler(prepared.dag, runtime)
     trainer = Trainer(cfg, runtime, scheduler, loader, val, os.path.expanduser(cfg.trainer.default_local_dir))
     try:
         return trainer.fit()
+    except ray.exceptions.RayActorError as exc:  # a call that bypassed the pools' own ray.get
+        raise worker_died(exc, pools) from exc
     finally:
         scheduler.close()
         for pool in pools:
@@ -55,6 +67,9 @@ def _hydra_main(dcfg: DictConfig) -> None:
     cfg: DagrlConfig = OmegaConf.to_object(dcfg)
     try:
         run(cfg)
+    except Interrupted as exc:
+        log(str(exc))
+        sys.exit(exc.exit_code)
     except DagrlError as exc:
         log(f"error: {exc}")
         sys.exit(2)

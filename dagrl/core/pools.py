@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dagrl.config.placement import GroupPlan, Plan
 from dagrl.core.batch import Batch
+from dagrl.core.worker_death import worker_died
 from dagrl.errors import PlacementError
 
 
@@ -84,6 +85,7 @@ class WorkerPool:
         cls = actor_cls or Worker
         self.roles = list(group.roles)
         self.lock = threading.Lock()
+        self.infos: list[dict] = []  # node_info of each rank, to name a dead worker's node
         remote = ray.remote(cls)
         self.actors = []
         for rank, slot in enumerate(group.slots):
@@ -99,23 +101,31 @@ class WorkerPool:
             self.setup()
 
     def setup(self) -> None:
-        info = ray.get(self.actors[0].node_info.remote())
-        port = ray.get(self.actors[0].free_port.remote())
-        ray.get([a.setup.remote(info["ip"], port) for a in self.actors])
+        self.infos = self.get([a.node_info.remote() for a in self.actors])
+        port = self.get(self.actors[0].free_port.remote())
+        self.get([a.setup.remote(self.infos[0]["ip"], port) for a in self.actors])
 
     def node_info(self) -> list[dict]:
-        return ray.get([a.node_info.remote() for a in self.actors])
+        return self.get([a.node_info.remote() for a in self.actors])
+
+    def get(self, refs):
+        """ray.get for calls into this pool: a dead worker becomes one WorkerDiedError line
+        naming role, rank, node and its last error (instead of Ray's actor-id paragraph)."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            raise worker_died(exc, [self]) from exc
 
     def call_all(self, role: str, method: str, *args, **kwargs) -> list:
         with self.lock:
-            return ray.get([a.call.remote(role, method, *args, **kwargs) for a in self.actors])
+            return self.get([a.call.remote(role, method, *args, **kwargs) for a in self.actors])
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Ask every worker to leave its process group, wait up to timeout_s for all of them
+        together (a busy or dead one does not hold up the rest), then kill them all."""
+        refs = [a.shutdown.remote() for a in self.actors]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         for a in self.actors:
-            try:
-                ray.get(a.shutdown.remote(), timeout=10)
-            except Exception:  # a dead actor has nothing to shut down
-                pass
             ray.kill(a)
 
 
@@ -124,7 +134,7 @@ class RoleHandle:
 
     def __init__(self, role: str, pool: WorkerPool):
         self.role, self.pool = role, pool
-        self.dp_info = ray.get([a.dp_info.remote(role) for a in pool.actors])
+        self.dp_info = pool.get([a.dp_info.remote(role) for a in pool.actors])
         self.dp_size = self.dp_info[0][1]
 
     def run(self, method: str, batch: Batch, **kwargs) -> tuple[Batch, list[dict]]:
@@ -135,7 +145,7 @@ class RoleHandle:
                 a.call.remote(self.role, method, shards[dp_rank], **kwargs)
                 for a, (dp_rank, _, _) in zip(self.pool.actors, self.dp_info)
             ]
-            results = ray.get(futures)
+            results = self.pool.get(futures)
         outputs = sorted(
             ((dp_rank, r) for r, (dp_rank, _, returns) in zip(results, self.dp_info) if returns),
             key=lambda x: x[0],

@@ -97,7 +97,10 @@ def pick(root: str, resume_mode: str) -> str | None:
             if damaged:
                 log(f"resume: falling back to the previous intact checkpoint {path}")
             return path
-        log(f"resume: checkpoint {path} is damaged ({problem}); skipping it")
+        # renamed aside so trimming never keeps it in place of an intact one (nothing is deleted)
+        aside = os.path.join(root, f"damaged_{os.path.basename(path)}_{uuid.uuid4().hex[:6]}")
+        os.replace(path, aside)
+        log(f"resume: checkpoint {path} is damaged ({problem}); moved it to {aside}")
         damaged.append(f"{os.path.basename(path)}: {problem}")
     if damaged:
         raise CheckpointError(

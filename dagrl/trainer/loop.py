@@ -11,7 +11,7 @@ from dagrl.config.placement import ROLE_ROLLOUT, ROLE_TRAIN
 from dagrl.core.batch import Batch, left_pad
 from dagrl.nodes.reward import score_responses
 from dagrl.nodes.rollout import step_seed
-from dagrl.trainer import checkpoint
+from dagrl.trainer import checkpoint, interrupt
 from dagrl.trainer.logger import MetricsLogger, log
 
 
@@ -56,6 +56,7 @@ class Trainer:
             total=self.total_steps, initial=self.step, disable=not t.progress_bar, desc="train", leave=False
         )
         while self.step < self.total_steps:
+            interrupt.stop_if_requested(self)  # Ctrl-C / SIGTERM: stop here, between steps, saved
             self.step += 1
             self.runtime.step = self.step
             examples = self.loader.next_batch()

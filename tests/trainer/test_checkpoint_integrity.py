@@ -57,6 +57,11 @@ def test_truncated_latest_falls_back_to_previous_and_says_so(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"checkpoint {second} is damaged (actor/weights.pt has 10 bytes" in out
     assert f"falling back to the previous intact checkpoint {first}" in out
+    # moved aside, so that trimming after the next save cannot keep it instead of an intact one
+    assert [n for n in os.listdir(root) if n.startswith("damaged_global_step_2_")]
+    save(root, 2)
+    checkpoint.trim(root, keep=1)
+    assert checkpoint.pick(root, "auto") == second
 
 
 def test_explicit_damaged_checkpoint_is_refused(tmp_path):
