@@ -14,7 +14,8 @@ import re
 
 from dagrl.errors import WorkerDiedError
 
-_RAY_REASON = re.compile(r"(The actor is dead because [^\n]*|Worker exit detail: [^\n]*)")
+_DEAD_BECAUSE = re.compile(r"The actor is dead because ([^.\n]*)")
+_EXIT_DETAIL = re.compile(r"Worker exit detail: ([^.\n]*)")
 
 
 def worker_died(exc: Exception, pools: list) -> WorkerDiedError:
@@ -32,10 +33,15 @@ def worker_died(exc: Exception, pools: list) -> WorkerDiedError:
 
 
 def last_error(exc: Exception, pid: int | None) -> str:
+    """Ray's reason in a few words (first sentences only: the rest is a list of possible causes),
+    then the last line the worker wrote to its stderr, when its log is on this machine."""
+    text = str(exc)
+    because, detail = _DEAD_BECAUSE.search(text), _EXIT_DETAIL.search(text)
+    reason = because.group(1).strip() if because else text.strip().splitlines()[0]
+    if detail:
+        reason += f" ({detail.group(1).strip()})"
     line = _last_log_line(pid) if pid else None
-    reason = _RAY_REASON.search(str(exc))
-    ray_reason = reason.group(1).strip() if reason else str(exc).strip().splitlines()[0]
-    return f"{line} ({ray_reason})" if line else ray_reason
+    return f"{reason}; last line of its log: {line}" if line else reason
 
 
 def _last_log_line(pid: int) -> str | None:
