@@ -19,6 +19,7 @@ from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
 from dagrl.rewards import RewardComposer, RewardTerm
+from dagrl.trainer.preflight import check_run_outside
 
 
 @dataclass
@@ -43,6 +44,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
+    check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     return Prepared(cfg, device, plan, dag, model_path)
 
 
