@@ -22,7 +22,8 @@ RAY_CONNECT_TIMEOUT_S = 10.0
 def check_run_outside(cfg: DagrlConfig, plan: Plan, params: int | None) -> None:
     """All preflight checks. `params`: the model's parameter count (None skips the space check)."""
     ancestor = check_output_dir(cfg.trainer.default_local_dir)
-    if cfg.trainer.save_freq > 0 and params is not None:
+    # a dry run prints the plan, often on another machine than the one that trains: no disk figure
+    if cfg.trainer.save_freq > 0 and params is not None and not cfg.trainer.dry_run:
         check_free_space(cfg, plan, params, ancestor)
     check_resume_mode(cfg.trainer.resume_mode)
     check_ray_address(cfg.trainer.ray_address)
