@@ -157,3 +157,26 @@ def test_killed_worker_ends_run_with_one_line(tmp_path):
     assert "its worker process has died" in line and len(line) < 400, line
     assert seconds < 60
     assert_no_orphans(procs)
+
+
+@pytest.mark.slow
+def test_disk_full_at_a_worker_save_is_named_and_cleaned(tmp_path):
+    """A 14 MiB disk holds one checkpoint of the tiny model (~10 MiB with AdamW state: preflight
+    passes) but not two: the second save fails inside the worker (torch.save: "iostream error")."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=14m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.decode().strip()})")
+    try:
+        run = Run(mnt, "trainer.save_freq=1", "trainer.total_training_steps=3")
+        rc, seconds = run.exit(timeout_s=150)
+        out = "\n".join(run.lines)
+        assert rc == 2, out
+        line = run.line("error: No space left on device while writing actor/")
+        print(line)
+        assert "for checkpoint global_step_2" in line and "freed the partial checkpoint" in line, line
+        assert sorted(os.listdir(mnt)) == ["global_step_1", checkpoint.TRACKER, "metrics.jsonl"]
+        assert checkpoint.pick(str(mnt), "auto") == str(mnt / "global_step_1")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
