@@ -70,6 +70,9 @@ def _hydra_main(dcfg: DictConfig) -> None:
     except Interrupted as exc:
         log(str(exc))
         sys.exit(exc.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C while the config and data were read: nothing to save yet
+        log("stopped by SIGINT before training started")
+        sys.exit(130)
     except DagrlError as exc:
         log(f"error: {exc}")
         sys.exit(2)

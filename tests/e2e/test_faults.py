@@ -60,7 +60,7 @@ class Run:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.proc.kill()
                 raise AssertionError(f"no line starting {prefix!r}:\n" + "\n".join(self.lines[-40:]))
-            time.sleep(0.1)
+            time.sleep(0.02)
 
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
@@ -180,3 +180,19 @@ def test_disk_full_at_a_worker_save_is_named_and_cleaned(tmp_path):
         assert checkpoint.pick(str(mnt), "auto") == str(mnt / "global_step_1")
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.slow
+def test_second_signal_exits_at_once_without_checkpoint(tmp_path):
+    run = Run(tmp_path)
+    run.wait_for("step    1")
+    procs = run.descendants()
+    run.proc.send_signal(signal.SIGINT)
+    run.wait_for("SIGINT received: stopping after the current step", timeout_s=30)
+    run.proc.send_signal(signal.SIGINT)
+    rc, seconds = run.exit(timeout_s=30)
+    print(f"second SIGINT: exit {rc} after {seconds:.1f}s")
+    assert rc == 130
+    run.line("second SIGINT: stopping now, without a final checkpoint")
+    assert not any(n.startswith("global_step_") for n in os.listdir(tmp_path))
+    assert_no_orphans(procs)
