@@ -44,12 +44,14 @@ def save(root: str, step: int, write: Callable[[str], None], trainer_state: dict
         return commit(root, staging, step, trainer_state, keep)
     except Exception as exc:
         cause = _os_cause(exc, staging or root)
-        message = _save_failure(root, staging, step, cause) if cause else None  # before the files go
+        # which file failed and how much was written: read before the partial dir goes
+        failed = _failed_file(staging, cause[1]) if cause else None
+        partial = _tree_bytes(staging) if staging else 0
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
-        if message is None:
+        if cause is None:
             raise
-        raise CheckpointError(message) from exc
+        raise CheckpointError(_save_failure(root, staging, step, cause[0], failed, partial)) from exc
 
 
 def staging_dir(root: str, step: int) -> str:
@@ -210,20 +212,25 @@ def _probe(where: str) -> tuple[int, None] | None:
     return (errno.ENOSPC, None) if free < (1 << 20) else None
 
 
-def _save_failure(root: str, staging: str | None, step: int, cause: tuple) -> str:
-    code, filename = cause
-    partial = _tree_bytes(staging) if staging else 0
-    if filename and staging and os.path.abspath(filename).startswith(os.path.abspath(staging)):
-        filename = os.path.relpath(filename, staging)
-    elif not filename and staging:
-        filename = _newest_file(staging)
-    what = f" while writing {filename}" if filename else ""
+def _failed_file(staging: str | None, filename: str | None) -> str | None:
+    """The failing file relative to the staging dir: from the error, else the newest entry."""
+    if not staging:
+        return filename
+    if filename and os.path.abspath(filename).startswith(os.path.abspath(staging)):
+        return os.path.relpath(filename, staging)
+    return filename or _newest_file(staging)
+
+
+def _save_failure(
+    root: str, staging: str | None, step: int, code: int, failed: str | None, partial: int
+) -> str:
+    what = f" while writing {failed}" if failed else ""
     freed = f"freed the partial checkpoint ({partial / 2**20:.1f} MiB)" if staging else "nothing was written"
     if code in (errno.ENOSPC, errno.EDQUOT):
         free = shutil.disk_usage(root).free / 2**20
         fix = (
-            f"{free:.1f} MiB are free there now; free space, lower trainer.max_actor_ckpt_to_keep, or set"
-            " trainer.default_local_dir to a larger disk"
+            f"{free:.1f} MiB are free there now; free space, lower"
+            " trainer.max_actor_ckpt_to_keep, or set trainer.default_local_dir to a larger disk"
         )
     elif code == errno.EROFS:
         fix = "the filesystem is read-only; set trainer.default_local_dir to a writable directory"
