@@ -5,7 +5,8 @@
 #
 #   bash bench/vllm_gpu.sh check OUT   # 1 GPU: gpu tests, the default tiny job on vLLM,
 #                                      #   bench/rollout_vs_vllm.py on the side-by-side model
-#   bash bench/vllm_gpu.sh side OUT    # 1 GPU: TRL, then dagrl+vLLM presets, on the side-by-side
+#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf]   # 1 GPU: the side-by-side, TRL and the
+#                                      #   chosen dagrl presets (default: trl fast lean), one command
 #   bash bench/vllm_gpu.sh two OUT     # 2 GPUs: separate placement with and without overlap,
 #                                      #   rollout TP=2 colocated with a TP=2 megatron trainer
 #
@@ -56,10 +57,17 @@ check)
     step rollout_vs_vllm 400 python3 bench/rollout_vs_vllm.py --model $M --data $D/train.parquet
     ;;
 side)
-    mkdir -p "$OUT/trl"
-    step trl 420 env OUT="$OUT/trl" bash .anchors/side_by_side.sh trl
-    side dagrl_fast $FAST
-    side dagrl_lean $LEAN
+    shift 2
+    [ $# -gt 0 ] || set -- trl fast lean
+    for what in "$@"; do
+        case $what in
+        trl) mkdir -p "$OUT/trl"; step trl 420 env OUT="$OUT/trl" bash .anchors/side_by_side.sh trl ;;
+        fast) side dagrl_fast $FAST ;;
+        lean) side dagrl_lean $LEAN ;;
+        hf) side dagrl_hf ;;
+        *) echo "unknown side run $what" ;;
+        esac
+    done
     ;;
 two)
     SEP="placement=separate trainer.n_gpus_per_node=2 $R.name=vllm $R.gpu_memory_utilization=0.8 \
