@@ -18,7 +18,10 @@ def build_backend(cfg: DagrlConfig, role: str, ctx):
 
         return TorchTrainBackend(cfg, ctx, forward_only=(role == ROLE_REF))
     if role == ROLE_ROLLOUT:
-        assert arr.rollout.name == RolloutName.hf, "validate refuses other rollout names before Ray"
+        if arr.rollout.name == RolloutName.vllm:
+            from dagrl.backends.vllm.rollout import VLLMRolloutBackend  # imports vllm: GPU machines only
+
+            return VLLMRolloutBackend(cfg, ctx)
         from dagrl.backends.hf.rollout import HFRolloutBackend
 
         return HFRolloutBackend(cfg, ctx)

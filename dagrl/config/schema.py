@@ -40,6 +40,17 @@ class LayerSpec(str, Enum):
     local = "local"  # megatron-core's local spec (unfused attention; no sequence parallel)
 
 
+class RolloutISLevel(str, Enum):
+    token = "token"
+    sequence = "sequence"
+
+
+class RolloutRSLevel(str, Enum):
+    token = "token"
+    sequence = "sequence"
+    geometric = "geometric"
+
+
 class AdvEstimator(str, Enum):
     grpo = "grpo"
 
@@ -118,6 +129,13 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     entropy_coeff: float = 0.0
+    # torch strategy, colocated on a GPU: params and optimizer state go to CPU while other roles
+    # (rollout, ref) use the device; false keeps them resident (fastest when everything fits)
+    offload: bool = True
+    # false: when the update is on-policy (ppo_mini_batch_size == data.train_batch_size and
+    # ppo_epochs == 1) the old log-probs are the update's own forward, detached (TRL does this), and
+    # the separate old_logprob pass over the batch is skipped
+    recompute_old_logprobs: bool = True
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
@@ -131,6 +149,13 @@ class SamplingConfig:
 
 
 @dataclass
+class VLLMEngineKwargs:
+    # passed to vllm.LLM(...) as they are (e.g. max_num_seqs, kv_cache_dtype); keys dagrl sets from
+    # its own settings are refused by validate, naming the dagrl key to use instead
+    vllm: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RolloutConfig:
     name: RolloutName = RolloutName.hf
     n: int = 8
@@ -138,8 +163,28 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     tensor_model_parallel_size: int = 1
+    # vllm: share of the GPU's memory the engine may take (weights + activations + KV cache)
     gpu_memory_utilization: float = 0.5
+    # vllm: 1 = weights to CPU while asleep, 2 = weights dropped (the next sync refills them)
     sleep_level: int = 1
+    # vllm: sleep (free weights and KV cache) while colocated roles use the GPU; false keeps the
+    # engine resident, which is fastest when the trainer's state and the engine both fit
+    free_cache_engine: bool = True
+    max_num_batched_tokens: Optional[int] = None  # vllm: None = vLLM's default
+    max_num_seqs: Optional[int] = None  # vllm: None = vLLM's default
+    max_model_len: Optional[int] = None  # vllm: None = data.max_prompt_length + data.max_response_length
+    enforce_eager: bool = False  # vllm: no CUDA graphs (slower decoding, faster start)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True  # the n samples of a prompt share its prefill
+    load_format: str = "auto"  # vllm: "dummy" skips reading weights at start (the first sync fills them)
+    # per-token log-probs of the sampled tokens from the rollout engine (temperature applied):
+    # the rollout-vs-trainer mismatch metrics and rollout_correction need them
+    calculate_log_probs: bool = True
+    ignore_eos: bool = False  # keep sampling past EOS to max_response_length (benchmarks)
+    # separate placement only: 0 = synchronous; 1 = the rollout of step t+1 runs while step t
+    # trains, on weights one step old (reported as rollout/staleness)
+    overlap_steps: int = 0
+    engine_kwargs: VLLMEngineKwargs = field(default_factory=VLLMEngineKwargs)
     log_prob_micro_batch_size_per_gpu: int = 64
     micro_batch_size_per_gpu: int = 256  # prompts×n sequences generated at once by the hf backend
     weight_sync_bucket_mb: int = 256
@@ -166,6 +211,18 @@ class KLCtrlConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    # verl's algorithm.rollout_correction: importance weights π_old/π_rollout on the policy
+    # gradient (truncated at rollout_is_threshold) and rejection of tokens / sequences whose ratio
+    # leaves [rollout_rs_threshold_lower, rollout_rs_threshold]; null = off
+    rollout_is: Optional[RolloutISLevel] = None
+    rollout_is_threshold: float = 2.0
+    rollout_rs: Optional[RolloutRSLevel] = None
+    rollout_rs_threshold: float = 2.0
+    rollout_rs_threshold_lower: Optional[float] = None  # None = 1 / rollout_rs_threshold
+
+
+@dataclass
 class AlgorithmConfig:
     name: str = "grpo"
     adv_estimator: AdvEstimator = AdvEstimator.grpo
@@ -173,6 +230,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "k1"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass

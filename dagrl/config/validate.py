@@ -9,13 +9,14 @@ import os
 
 from dagrl.algos import KLEstimator, LossAggMode
 from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
-from dagrl.config.schema import DagrlConfig, Device, RolloutName, TrainStrategy
+from dagrl.config.schema import DagrlConfig, Device, TrainStrategy
 from dagrl.config.validate_megatron import (
     check_megatron,
     check_megatron_plan,
     check_no_megatron_knobs,
     inherit_ref_megatron,
 )
+from dagrl.config.validate_rollout import check_overlap_placement, check_rollout_engine
 from dagrl.errors import ConfigError
 
 A = "actor_rollout_ref.actor"
@@ -78,6 +79,8 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
         )
     if a.strategy == TrainStrategy.megatron:
         check_megatron_plan(cfg, plan)
+    if ROLE_ROLLOUT in plan.roles:
+        check_overlap_placement(cfg, plan.roles[ROLE_ROLLOUT].group == plan.roles[ROLE_TRAIN].group)
 
 
 def _check_data(cfg: DagrlConfig) -> None:
@@ -130,8 +133,6 @@ def _check_actor(cfg: DagrlConfig) -> None:
 
 def _check_rollout(cfg: DagrlConfig) -> None:
     r = cfg.actor_rollout_ref.rollout
-    if r.name == RolloutName.vllm:
-        raise ConfigError(f"{R}.name", "vllm", "the vllm rollout backend is not in this build yet; use hf")
     if r.n < 2:
         raise ConfigError(
             f"{R}.n", r.n, "GRPO compares responses within a group: use rollout.n >= 2 (e.g. 8)"
@@ -150,6 +151,7 @@ def _check_rollout(cfg: DagrlConfig) -> None:
         )
     if not 0 < r.gpu_memory_utilization <= 1:
         raise ConfigError(f"{R}.gpu_memory_utilization", r.gpu_memory_utilization, "must be in (0, 1]")
+    check_rollout_engine(cfg)
 
 
 def _check_trainer(cfg: DagrlConfig) -> None:

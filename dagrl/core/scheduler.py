@@ -35,10 +35,15 @@ class Scheduler:
         self.nodes = {spec.name: kinds[spec.kind](spec, runtime.cfg) for spec in dag.nodes}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dagrl-node")
 
-    def run(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Run every node once; returns the batch with all outputs and the merged metrics."""
+    def run(
+        self, batch: Batch, only: set[str] | None = None, runtime: Runtime | None = None
+    ) -> tuple[Batch, dict[str, float]]:
+        """Run every node once (or those named in `only`: the others count as done, their outputs
+        already in `batch`); returns the batch with all outputs and the merged metrics.
+        `runtime`: what the nodes see instead of the scheduler's (e.g. another step number)."""
+        runtime = runtime or self.runtime
         metrics: dict[str, float] = {}
-        done: set[str] = set()
+        done: set[str] = {s.name for s in self.dag.nodes if only is not None and s.name not in only}
         running: dict[Future, str] = {}
         started = time.perf_counter()
         while len(done) < len(self.dag.nodes):
@@ -47,7 +52,7 @@ class Scheduler:
                     continue
                 if self.dag.deps[spec.name] <= done:
                     inputs = batch.select(spec.inputs)
-                    running[self.pool.submit(self._run_node, spec.name, inputs)] = spec.name
+                    running[self.pool.submit(self._run_node, spec.name, inputs, runtime)] = spec.name
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for fut in finished:
                 name = running.pop(fut)
@@ -56,12 +61,13 @@ class Scheduler:
                 metrics.update(result.metrics)
                 metrics[f"timing_s/{name}"] = seconds
                 done.add(name)
-        metrics["timing_s/step"] = time.perf_counter() - started
+        if only is None:
+            metrics["timing_s/step"] = time.perf_counter() - started
         return batch, metrics
 
-    def _run_node(self, name: str, inputs: Batch) -> tuple[NodeResult, float]:
+    def _run_node(self, name: str, inputs: Batch, runtime: Runtime) -> tuple[NodeResult, float]:
         start = time.perf_counter()
-        result = self.nodes[name].run(self.runtime, inputs)
+        result = self.nodes[name].run(runtime, inputs)
         spec = self.dag.node(name)
         produced, declared = result.batch.keys(), set(spec.outputs)
         assert produced == declared, f"node {name} produced {sorted(produced)}, declared {sorted(declared)}"

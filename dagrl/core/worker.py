@@ -3,7 +3,7 @@
 A worker hosts one backend per role of its group (train, ref, rollout, ...). Colocated roles
 therefore share the process and its device; before a role runs, the others hand the device over
 (offload to CPU / sleep) when the device is a GPU. Weight sync between colocated roles is an
-in-process copy; between separate groups it goes through the Ray object store.
+in-process copy; between separate groups, a broadcast from train rank 0 (weight_broadcast.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Worker:
         self.device_kind = device_kind
         self.backends: dict = {}
         self.active: str | None = None
+        self.weight_group = None  # BroadcastGroup: train rank 0 and the workers of a separate rollout pool
         torch.set_num_threads(max(1, threads))
         from transformers.utils import logging as hf_logging
 
@@ -76,6 +77,7 @@ class Worker:
                 world_size=self.world_size,
             )
         ctx = ParallelContext(self.rank, self.world_size, device)
+        self.device = device
         from dagrl.backends import build_backend
         from dagrl.core.plugins import load_plugins
 
@@ -102,46 +104,64 @@ class Worker:
         if self.active == role or self.device_kind != "cuda" or len(self.backends) == 1:
             self.active = role
             return
-        for other, backend in self.backends.items():
-            if other != role:
-                backend.offload()
-        torch.cuda.empty_cache()
+        self._release_others(role)
         self.backends[role].onload()
         self.active = role
 
+    def _release_others(self, role: str) -> None:
+        if self.device_kind != "cuda" or len(self.backends) == 1:
+            return
+        # offload() returns False when the backend keeps its state resident (nothing was freed);
+        # then the cache stays too, and the next phase does not pay for fresh cudaMallocs
+        freed = [backend.offload() for other, backend in self.backends.items() if other != role]
+        if any(f is not False for f in freed):
+            torch.cuda.empty_cache()
+
     # ---- weight sync -------------------------------------------------------------------------
     def sync_weights_local(self, src: str, dst: str) -> dict:
-        """Colocated: copy src's current weights into dst inside this process."""
+        """Colocated: src's current weights into dst without leaving the device, in stages so the
+        GPU never holds dst's old weights, the new ones and dst's KV cache at once: dst wakes its
+        weights only, loads src's tensors in place, src leaves the device, then dst takes the rest.
+        """
         self._activate(src)
-        buckets = list(self.backends[src].export_weights())
-        self._activate(dst)
-        nbytes = self.backends[dst].load_weights(buckets)
+        dst_backend = self.backends[dst]
+        dst_backend.begin_weight_update()
+        nbytes = dst_backend.load_weights(self.backends[src].export_weights())
+        self._release_others(dst)
+        dst_backend.finish_weight_update()
+        self.active = dst
         return {"bytes": nbytes}
 
-    def export_weight_refs(self, src: str, keep: bool) -> list:
-        """Separate: put src's weights into the object store in buckets; returns the refs.
+    def weight_group_init(self, host: str, port: int, rank: int, world_size: int) -> float:
+        """Join the trainer → rollout broadcast group; returns its plain broadcast GB/s."""
+        from dagrl.backends.weight_broadcast import BroadcastGroup
 
-        Every worker of the source pool takes part (a sharded backend gathers its shards
-        collectively); only the one with keep=True stores the buckets.
-        """
-        import ray
+        self.weight_group = BroadcastGroup(host, port, rank, world_size, self.device)
+        return self.weight_group.bandwidth_gbps()
 
+    def send_weights(self, src: str) -> dict:
+        """Separate: every train worker exports (megatron gathers its shards collectively); the one
+        in the broadcast group sends each bucket to every rollout worker."""
         self._activate(src)
-        refs = []
-        for bucket in self.backends[src].export_weights(to_cpu=keep):
-            if keep:
-                refs.append(ray.put(bucket))
-        return refs
+        buckets = self.backends[src].export_weights()
+        if self.weight_group is None:
+            for _ in buckets:  # take part in the collective export, keep nothing
+                pass
+            return {"bytes": 0}
+        return {"bytes": self.weight_group.send(buckets)}
 
-    def load_weight_refs(self, dst: str, refs: list) -> dict:
-        import ray
-
+    def receive_weights(self, dst: str) -> dict:
         self._activate(dst)
-        nbytes = 0
-        for ref in refs:  # one bucket in memory at a time
-            nbytes += self.backends[dst].load_weights([ray.get(ref)])
+        backend = self.backends[dst]
+        backend.begin_weight_update()
+        nbytes = self.weight_group.receive(lambda bucket: backend.load_weights([bucket]))
+        backend.finish_weight_update()
         return {"bytes": nbytes}
 
     def shutdown(self) -> None:
+        for backend in self.backends.values():
+            close = getattr(backend, "shutdown", None)  # engines that hold GPU memory and threads
+            if close is not None:
+                close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

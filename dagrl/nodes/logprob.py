@@ -21,7 +21,8 @@ class OldLogprobNode:
 
     @staticmethod
     def enabled(cfg) -> bool:
-        return True
+        # validate allows skipping only when the update is on-policy (one epoch over one mini-batch)
+        return cfg.actor_rollout_ref.actor.recompute_old_logprobs
 
     def run(self, runtime, batch):
         out, per_rank = runtime.role(self.spec.role).run(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from dagrl.core.node import NodeResult, register_node_kind
 
 
@@ -27,5 +29,6 @@ class RolloutNode:
     def run(self, runtime, batch):
         handle = runtime.role(self.spec.role)
         out, per_rank = handle.run("generate", batch, seed=step_seed(runtime.cfg.trainer.seed, runtime.step))
-        tps = sum(m["rollout/tokens_per_s"] for m in per_rank)
-        return NodeResult(out, {"rollout/tokens_per_s": tps})
+        metrics = {k: float(np.mean([m[k] for m in per_rank if k in m])) for k in set().union(*per_rank)}
+        metrics["rollout/tokens_per_s"] = sum(m["rollout/tokens_per_s"] for m in per_rank)  # all replicas
+        return NodeResult(out, metrics)

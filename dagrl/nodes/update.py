@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from dagrl.core.batch import Batch
+from dagrl.core.metrics import reduce_all
 from dagrl.core.node import NodeResult, register_node_kind
 
 
 @register_node_kind("actor_update")
 class ActorUpdateNode:
-    required_inputs = ("prompts", "prompt_mask", "responses", "response_mask", "old_logprobs", "advantages")
-    optional_inputs = ("ref_logprobs",)
+    required_inputs = ("prompts", "prompt_mask", "responses", "response_mask", "advantages")
+    # old_logprobs: absent when the update is on-policy and recompute_old_logprobs=false;
+    # rollout_logprobs: the rollout-vs-trainer mismatch metrics and rollout_correction
+    optional_inputs = ("old_logprobs", "ref_logprobs", "rollout_logprobs")
     outputs = ()
     remote = True
 
@@ -24,5 +25,5 @@ class ActorUpdateNode:
 
     def run(self, runtime, batch):
         _, per_rank = runtime.role(self.spec.role).run("train_step", batch)
-        metrics = {k: float(np.mean([m[k] for m in per_rank])) for k in per_rank[0]}
+        metrics = reduce_all(per_rank)
         return NodeResult(Batch(), metrics)

@@ -13,6 +13,7 @@ from dagrl.nodes.reward import score_responses
 from dagrl.nodes.rollout import step_seed
 from dagrl.trainer import checkpoint, interrupt
 from dagrl.trainer.logger import MetricsLogger, log
+from dagrl.trainer.overlap import RolloutAhead
 
 
 def collate(examples, pad_id: int, n: int, first_group: int) -> Batch:
@@ -44,6 +45,8 @@ class Trainer:
         t = cfg.trainer
         by_epochs = t.total_epochs * train_loader.steps_per_epoch
         self.total_steps = min(by_epochs, t.total_training_steps) if t.total_training_steps else by_epochs
+        overlap = cfg.actor_rollout_ref.rollout.overlap_steps
+        self.ahead = RolloutAhead(scheduler, ROLE_ROLLOUT) if overlap else None
 
     def fit(self) -> dict[str, float]:
         self.maybe_resume()
@@ -59,14 +62,10 @@ class Trainer:
             interrupt.stop_if_requested(self)  # Ctrl-C / SIGTERM: stop here, between steps, saved
             self.step += 1
             self.runtime.step = self.step
-            examples = self.loader.next_batch()
-            batch = collate(
-                examples,
-                self.runtime.tokenizer.pad_token_id,
-                self.cfg.actor_rollout_ref.rollout.n,
-                (self.step - 1) * len(examples),
-            )
-            _, metrics = self.scheduler.run(batch)
+            if self.ahead is None:
+                _, metrics = self.scheduler.run(self.next_batch(self.step))
+            else:
+                metrics = self.overlapped_step()
             metrics["train/epoch"] = float(self.loader.epoch)
             is_last = self.step == self.total_steps
             if self.val_dataset is not None and t.test_freq > 0 and (self.step % t.test_freq == 0 or is_last):
@@ -79,7 +78,23 @@ class Trainer:
             last = metrics
         bar.close()
         self.metrics.close()
+        if self.ahead is not None:
+            self.ahead.close()
         return last
+
+    def next_batch(self, step: int) -> Batch:
+        examples = self.loader.next_batch()
+        n = self.cfg.actor_rollout_ref.rollout.n
+        return collate(examples, self.runtime.tokenizer.pad_token_id, n, (step - 1) * len(examples))
+
+    def overlapped_step(self) -> dict[str, float]:
+        """Train on this step's batch while the next one is sampled (trainer/overlap.py)."""
+        current = None if self.ahead.pending is not None else self.next_batch(self.step)
+        upcoming, state = None, None
+        if self.step < self.total_steps:
+            state = self.loader.state_dict()
+            upcoming = self.next_batch(self.step + 1)
+        return self.ahead.step(self.step, current, upcoming, state)
 
     def validate(self) -> dict[str, float]:
         """Sample the validation prompts with rollout.val_kwargs and score them."""
@@ -113,7 +128,9 @@ class Trainer:
                 self.export_hf(os.path.join(staging, "actor_hf"))
 
         # the driver draws no random numbers (sampling seeds derive from the step); workers save theirs
-        state = {"global_step": self.step, "data": self.loader.state_dict()}
+        in_flight = self.ahead is not None and self.ahead.data_state is not None
+        data = self.ahead.data_state if in_flight else self.loader.state_dict()  # not the batch in flight
+        state = {"global_step": self.step, "data": data}
         t = self.cfg.trainer
         path = checkpoint.save(self.ckpt_root, self.step, write, state, t.max_actor_ckpt_to_keep)
         self.saved_step = self.step

@@ -15,6 +15,7 @@ from dagrl.config.placement import ROLE_REF, ROLE_TRAIN, Plan, RoleLayout, make_
 from dagrl.config.schema import DagrlConfig, MegatronConfig, TrainStrategy
 from dagrl.config.validate import data_files, resolve_defaults, resolve_device, validate, validate_with_plan
 from dagrl.config.validate_megatron import check_megatron_device
+from dagrl.config.validate_rollout import check_rollout_device
 from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
@@ -37,6 +38,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     validate(cfg)
     device = resolve_device(cfg)
     check_megatron_device(cfg, device)
+    check_rollout_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
     plan = make_plan(cfg, {s.role for s in specs if s.role}, device)
@@ -160,7 +162,8 @@ def init_ray(cfg: DagrlConfig) -> None:
     if cfg.trainer.ray_address:
         ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
     else:
-        ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+        # "local": trainer.ray_address=null means a Ray of this run's own, even when another is running here
+        ray.init(address="local", include_dashboard=False, log_to_driver=True, configure_logging=False)
 
 
 def launch(prepared: Prepared, tokenizer, rewarder):

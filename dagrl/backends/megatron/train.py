@@ -15,13 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
 import torch
 from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from dagrl.algos import LossAggMode
-from dagrl.backends.actor_loss import actor_loss, micro_batch_weights, weight_buckets
+from dagrl.backends.actor_loss import actor_loss, micro_batch_weights, rollout_correction, weight_buckets
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron.logprobs import response_logprobs
@@ -32,6 +31,7 @@ from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, 
 from dagrl.config.schema import LayerSpec
 from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.metrics import fold, reduce
 
 
 @dataclass
@@ -339,7 +339,7 @@ class MegatronTrainBackend:
                     history.setdefault(k, []).append(v)
         self.steps += 1
         seconds = time.perf_counter() - start
-        metrics = {k: float(np.mean(v)) for k, v in history.items()}
+        metrics = {k: reduce(k, v) for k, v in history.items()}
         metrics["actor/lr"] = lr
         metrics.update(self._throughput("update", self._step_micros, seconds, 3))
         if self.ctx.device.type == "cuda":
@@ -362,15 +362,14 @@ class MegatronTrainBackend:
         self.optimizer.zero_grad()
         chunks = mini.chunks(actor.ppo_micro_batch_size_per_gpu)
         weights = micro_batch_weights(mini, chunks, mode)
-        keys = ("response_mask", "old_logprobs", "advantages", "ref_logprobs")
+        keys = ("response_mask", "old_logprobs", "advantages", "ref_logprobs", "rollout_logprobs")
         micros = [self._micro_inputs(mb, w, keys) for mb, w in zip(chunks, weights)]
         self._step_micros += micros
         outputs = self._run_schedule(micros, partial(self._loss, mode, len(micros)), forward_only=False)
         _, grad_norm, _ = self.optimizer.step()
         sums: dict[str, float] = {}
         for mi, out in zip(micros, outputs):
-            for k, v in out.items():
-                sums[k] = sums.get(k, 0.0) + v * mi.weight
+            fold(sums, out, mi.weight)
         if grad_norm is not None:
             sums["actor/grad_norm"] = grad_norm
         # metrics stay device tensors until here: a .item() per micro-batch would stall the
@@ -382,7 +381,7 @@ class MegatronTrainBackend:
         logprobs, entropy = self._response_logprobs(mi, logits, entropy=True)
         if actor.entropy_coeff == 0:  # a metric only: no gradient, so no entropy backward pass
             entropy = entropy.detach()
-        loss, metrics = actor_loss(actor, mi.batch, logprobs, entropy, mode)
+        loss, metrics = actor_loss(actor, mi.batch, logprobs, entropy, mode, rollout_correction(self.cfg))
         # megatron divides each micro-batch's loss by their number; the weight already averages
         return loss * (mi.weight * n_micro), metrics
 

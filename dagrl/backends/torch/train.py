@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from dagrl.algos import LossAggMode, entropy_from_logits, logprobs_from_logits
-from dagrl.backends.actor_loss import actor_loss, micro_batch_weights, weight_buckets
+from dagrl.backends.actor_loss import actor_loss, micro_batch_weights, rollout_correction, weight_buckets
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.metrics import fold, reduce
 
 
 class TorchTrainBackend:
@@ -53,8 +54,11 @@ class TorchTrainBackend:
     def dp_info(self) -> tuple[int, int, bool]:
         return self.ctx.rank, self.ctx.world_size, True
 
-    def offload(self) -> None:
+    def offload(self) -> bool:
+        if not self.cfg.actor_rollout_ref.actor.offload:  # the state stays resident on the GPU
+            return False
         self._move(torch.device("cpu"))
+        return True
 
     def onload(self) -> None:
         self._move(self.ctx.device)
@@ -76,8 +80,10 @@ class TorchTrainBackend:
             mb["responses"].to(dev),
             mb["response_mask"].to(dev),
         )
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         resp_len = mb["responses"].shape[1]
+        if dev.type == "cuda":
+            return self._fused_logprobs(module, ids, attn, pos, resp_len, with_entropy)
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         # logits at t predict token t+1: the response tokens are predicted by positions P-1 .. P+R-2
         logits = logits[:, -resp_len - 1 : -1].float() / self.temperature
         logprobs = logprobs_from_logits(logits, ids[:, -resp_len:])
@@ -88,6 +94,29 @@ class TorchTrainBackend:
             ):
                 entropy = entropy_from_logits(logits)
         return logprobs, entropy
+
+    def _fused_logprobs(self, module, ids, attn, pos, resp_len: int, with_entropy: bool):
+        """GPU path: the output layer runs on the R+1 last positions only (prompt positions need no
+        logits), and one fused pass over the bf16 logits gives log-probs and entropy without a
+        fp32 [B, R, V] copy (the Triton kernel the megatron backend uses)."""
+        from dagrl.backends.megatron.logprobs import response_logprobs  # torch + triton, no megatron
+
+        logits = module(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=resp_len + 1
+        ).logits  # [B, R+1, V]: position r predicts response token r
+        rows, dev = ids.shape[0], ids.device
+        # response_logprobs indexes logits[positions[n], rows[n]] of a [S, B, V] tensor: here S = rows
+        batch_index = torch.arange(rows, device=dev).repeat_interleave(resp_len)
+        token_index = torch.arange(resp_len, device=dev).repeat(rows)
+        targets = ids[:, -resp_len:].reshape(-1)
+        out = response_logprobs(
+            logits, token_index, batch_index, targets, self.temperature, logits.shape[-1], with_entropy
+        )
+        logprobs, entropy = out if with_entropy else (out, None)
+        if entropy is not None and self.cfg.actor_rollout_ref.actor.entropy_coeff == 0:
+            entropy = entropy.detach()  # a metric only: no backward pass through it
+        grid = (rows, resp_len)
+        return logprobs.view(grid), entropy.view(grid) if entropy is not None else None
 
     @torch.no_grad()
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
@@ -111,7 +140,7 @@ class TorchTrainBackend:
                 for k, v in self._update_mini_batch(module, mini).items():
                     history.setdefault(k, []).append(v)
         self.scheduler.step()
-        metrics = {k: float(np.mean(v)) for k, v in history.items()}
+        metrics = {k: reduce(k, v) for k, v in history.items()}
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         if self.ctx.device.type == "cuda":
             metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -130,8 +159,7 @@ class TorchTrainBackend:
             with ctx:
                 loss, metrics = self._micro_loss(module, mb, mode)
                 (loss * weight).backward()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v * weight
+            fold(sums, metrics, weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), actor.grad_clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -140,7 +168,9 @@ class TorchTrainBackend:
 
     def _micro_loss(self, module, mb: Batch, mode: LossAggMode) -> tuple[torch.Tensor, dict]:
         logprobs, entropy = self._logits_logprobs(module, mb, True)
-        return actor_loss(self.cfg.actor_rollout_ref.actor, mb, logprobs, entropy, mode)
+        return actor_loss(
+            self.cfg.actor_rollout_ref.actor, mb, logprobs, entropy, mode, rollout_correction(self.cfg)
+        )
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
