@@ -40,6 +40,8 @@ def stop_signals():
 
 def install() -> None:
     """(Re)install the handlers: ray.init replaces the SIGTERM handler with its own."""
+    if threading.current_thread() is not threading.main_thread():
+        return
     for s in _SIGNALS:
         signal.signal(s, _handle)
 
