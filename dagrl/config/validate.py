@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 
-from dagrl.algos import KLEstimator, LossAggMode
 from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
 from dagrl.config.schema import DagrlConfig, Device, RolloutName, TrainStrategy
 from dagrl.config.validate_megatron import (
@@ -17,6 +16,7 @@ from dagrl.config.validate_megatron import (
     inherit_ref_megatron,
 )
 from dagrl.errors import ConfigError
+from dagrl.objectives import check_algorithm
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -42,6 +42,7 @@ def validate(cfg: DagrlConfig) -> None:
     _check_data(cfg)
     _check_actor(cfg)
     _check_rollout(cfg)
+    check_algorithm(cfg)  # the chosen objective's and advantage estimator's own rules
     _check_trainer(cfg)
     if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
         check_megatron(cfg)
@@ -121,9 +122,6 @@ def _check_actor(cfg: DagrlConfig) -> None:
             raise ConfigError(f"{A}.{key}", v, "must be in (0, 10); 0.2 is the usual value")
     if a.clip_ratio_c <= 1:
         raise ConfigError(f"{A}.clip_ratio_c", a.clip_ratio_c, "dual-clip bound must be > 1 (e.g. 3.0)")
-    _parse_enum(LossAggMode, a.loss_agg_mode, f"{A}.loss_agg_mode")
-    _parse_kl(a.kl_loss_type, f"{A}.kl_loss_type")
-    _parse_kl(cfg.algorithm.kl_penalty, "algorithm.kl_penalty")
     if a.strategy == TrainStrategy.torch:
         check_no_megatron_knobs(cfg)
 
@@ -132,10 +130,8 @@ def _check_rollout(cfg: DagrlConfig) -> None:
     r = cfg.actor_rollout_ref.rollout
     if r.name == RolloutName.vllm:
         raise ConfigError(f"{R}.name", "vllm", "the vllm rollout backend is not in this build yet; use hf")
-    if r.n < 2:
-        raise ConfigError(
-            f"{R}.n", r.n, "GRPO compares responses within a group: use rollout.n >= 2 (e.g. 8)"
-        )
+    if r.n < 1:
+        raise ConfigError(f"{R}.n", r.n, "must be >= 1 responses per prompt")
     if r.temperature < 0:
         raise ConfigError(f"{R}.temperature", r.temperature, "must be >= 0 (0 = greedy)")
     if not 0 < r.top_p <= 1:
@@ -200,17 +196,3 @@ def data_files(value) -> list[str]:
     if isinstance(value, str):
         return [value]
     return [str(v) for v in value]
-
-
-def _parse_enum(enum, value, key):
-    try:
-        return enum(value)
-    except ValueError:
-        raise ConfigError(key, value, f"use one of {[e.value for e in enum]}") from None
-
-
-def _parse_kl(value, key):
-    try:
-        return KLEstimator.parse(value)
-    except ValueError as exc:
-        raise ConfigError(key, value, str(exc)) from None
