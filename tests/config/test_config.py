@@ -112,6 +112,19 @@ def test_dagrl_error_exits_2_with_key(tmp_path):
     assert "Traceback" not in out
 
 
+def test_algorithm_presets_from_the_command_line(tmp_path):
+    proc = run_cli("--cfg", "job", "algorithm=gspo", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "name: gspo" in proc.stdout and "clip_ratio_high: 0.0004" in proc.stdout
+    # an algorithm rule fails like every config rule: exit 2, the key, no traceback
+    proc = run_cli(
+        "algorithm=dr_grpo", f"{A}.loss_agg_mode=token-mean", "trainer.dry_run=true", tmp_path=tmp_path
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert f"error: config key '{A}.loss_agg_mode'" in out and "Traceback" not in out
+
+
 def test_dry_run_plans_cluster_without_gpus(tmp_path):
     shipped_model_dir()
     proc = run_cli(
