@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from dagrl.algos.losses import KLEstimator, LossAggMode
+
 
 class TrainStrategy(str, Enum):
     # member names equal their values: OmegaConf matches command-line values against names
@@ -40,6 +42,15 @@ class LayerSpec(str, Enum):
     local = "local"  # megatron-core's local spec (unfused attention; no sequence parallel)
 
 
+class Algorithm(str, Enum):
+    """The objective of the actor update (dagrl/objectives); each has a preset
+    conf/algorithm/<name>.yaml that also sets the keys the algorithm depends on."""
+
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    gspo = "gspo"
+
+
 class RolloutISLevel(str, Enum):
     token = "token"
     sequence = "sequence"
@@ -52,6 +63,8 @@ class RolloutRSLevel(str, Enum):
 
 
 class AdvEstimator(str, Enum):
+    """How token rewards become advantages (dagrl/objectives/advantage.py)."""
+
     grpo = "grpo"
 
 
@@ -121,14 +134,29 @@ class ActorConfig:
     shuffle: bool = False
     grad_clip: float = 1.0
     clip_ratio: float = 0.2
-    clip_ratio_low: Optional[float] = None  # None = clip_ratio
-    clip_ratio_high: Optional[float] = None  # None = clip_ratio
+    """PPO clip range: token ratios are clipped to [1 - clip_ratio, 1 + clip_ratio] unless the two
+    bounds below are set (GSPO clips its sequence ratio with the same keys)."""
+    clip_ratio_low: Optional[float] = None
+    """Lower clip bound: the ratio is clipped at 1 - clip_ratio_low. None = clip_ratio."""
+    clip_ratio_high: Optional[float] = None
+    """Upper clip bound: 1 + clip_ratio_high (DAPO's clip-higher sets it above the lower one).
+    None = clip_ratio."""
     clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
+    """Dual-clip bound (> 1): a token with negative advantage loses at most -A × clip_ratio_c
+    (Ye et al. 2020). Used by GRPO and Dr. GRPO, not by GSPO."""
+    loss_agg_mode: LossAggMode = LossAggMode.token_mean
+    """How per-token losses become one number: token-mean (every token weighs the same),
+    seq-mean-token-mean (each response weighs the same: original GRPO), seq-mean-token-sum, or
+    seq-mean-token-sum-norm (Dr. GRPO: token sums over the constant data.max_response_length)."""
     use_kl_loss: bool = False
+    """Add kl_loss_coef × KL(actor || reference) to the loss; runs the reference model (ref_logprob)."""
     kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
+    """Weight of the KL loss."""
+    kl_loss_type: KLEstimator = KLEstimator.k3
+    """Estimator of the KL loss (Schulman 2020): k1, k2, k3 or abs; verl's names kl, mse and
+    low_var_kl (= k3, the default) are accepted."""
     entropy_coeff: float = 0.0
+    """Weight of the entropy bonus subtracted from the loss; 0 = entropy is only reported."""
     # torch strategy, colocated on a GPU: params and optimizer state go to CPU while other roles
     # (rollout, ref) use the device; false keeps them resident (fastest when everything fits)
     offload: bool = True
@@ -208,6 +236,7 @@ class ActorRolloutRefConfig:
 @dataclass
 class KLCtrlConfig:
     kl_coef: float = 0.001
+    """Weight of the KL penalty subtracted from the token rewards (algorithm.use_kl_in_reward)."""
 
 
 @dataclass
@@ -224,12 +253,21 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "grpo"
+    name: Algorithm = Algorithm.grpo
+    """The objective the actor update minimises (dagrl/objectives). Choose it with the preset
+    `algorithm=grpo|dr_grpo|gspo`, which sets the keys the algorithm relies on as well."""
     adv_estimator: AdvEstimator = AdvEstimator.grpo
+    """How rewards become advantages; grpo: each response against its prompt's group."""
     norm_adv_by_std_in_grpo: bool = True
+    """Divide group-relative advantages by the group's std (GRPO); false subtracts only the group
+    mean (Dr. GRPO: the std up-weights prompts that are nearly always or never solved)."""
     use_kl_in_reward: bool = False
-    kl_penalty: str = "k1"
+    """Subtract kl_ctrl.kl_coef × KL(actor || reference) from the token rewards before the
+    advantages; runs the reference model (ref_logprob)."""
+    kl_penalty: KLEstimator = KLEstimator.k1
+    """Estimator of the in-reward KL: k1, k2, k3 or abs (verl's kl, mse, low_var_kl accepted)."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    """Fixed KL coefficient of the in-reward penalty."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 

@@ -1,18 +1,21 @@
-"""actor_update: PPO/GRPO epochs on the train pool."""
+"""actor_update: the objective's epochs × mini-batches on the train pool."""
 
 from __future__ import annotations
 
 from dagrl.core.batch import Batch
 from dagrl.core.metrics import reduce_all
 from dagrl.core.node import NodeResult, register_node_kind
+from dagrl.objectives import build_objective
+
+# what the backend's forward pass reads, whatever the objective
+SEQUENCE_INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
 
 
 @register_node_kind("actor_update")
 class ActorUpdateNode:
-    required_inputs = ("prompts", "prompt_mask", "responses", "response_mask", "advantages")
-    # old_logprobs: absent when the update is on-policy and recompute_old_logprobs=false;
-    # rollout_logprobs: the rollout-vs-trainer mismatch metrics and rollout_correction
-    optional_inputs = ("old_logprobs", "ref_logprobs", "rollout_logprobs")
+    # without a config: the sequence only; inputs_for adds what the configured objective reads
+    required_inputs = SEQUENCE_INPUTS
+    optional_inputs = ()
     outputs = ()
     remote = True
 
@@ -22,6 +25,13 @@ class ActorUpdateNode:
     @staticmethod
     def enabled(cfg) -> bool:
         return True
+
+    @staticmethod
+    def inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(required, optional) inputs: the sequence plus the keys of `algorithm.name`'s objective."""
+        objective = build_objective(cfg)
+        required = tuple(dict.fromkeys((*SEQUENCE_INPUTS, *objective.required_keys)))
+        return required, tuple(k for k in objective.optional_keys if k not in required)
 
     def run(self, runtime, batch):
         _, per_rank = runtime.role(self.spec.role).run("train_step", batch)
