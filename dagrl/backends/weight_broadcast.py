@@ -59,7 +59,8 @@ class BroadcastGroup:
 
     # ---- receivers (rollout workers) ---------------------------------------------------------
     def receive(self, load: Callable[[dict[str, torch.Tensor]], int]) -> int:
-        """Receive buckets until the end marker, handing each to `load`; returns bytes received."""
+        """Receive buckets until the end marker, handing each to `load`; returns what `load`
+        reported in all (the bytes the engine took: a tied output layer sent along is skipped)."""
         assert self.rank > 0
         received = 0
         while True:
@@ -73,8 +74,7 @@ class BroadcastGroup:
             total = layout[-1][3] + layout[-1][4] if layout else 0
             buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
             self._broadcast(buffer)
-            load(unpack(buffer, layout))
-            received += total
+            received += load(unpack(buffer, layout))
 
     def bandwidth_gbps(self, reps: int = 3) -> float:
         """The group's plain broadcast speed (GB/s of payload), the ceiling for a weight sync."""

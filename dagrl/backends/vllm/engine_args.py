@@ -28,6 +28,7 @@ RESERVED_ENGINE_KWARGS: dict[str, str] = {
     "logprobs_mode": "(set by dagrl: processed_logprobs, so temperature is reflected)",
     "skip_tokenizer_init": "(set by dagrl: rollouts exchange token ids, never text)",
     "generation_config": "(set by dagrl: sampling comes from actor_rollout_ref.rollout.*)",
+    "disable_custom_all_reduce": "(set by dagrl: each worker sees one GPU, so TP all-reduces go through NCCL)",
 }
 
 _VLLM_DTYPES = {
@@ -72,6 +73,9 @@ def llm_kwargs(cfg, model_path: str) -> dict[str, Any]:
         logprobs_mode="processed_logprobs",
         skip_tokenizer_init=True,
         generation_config="vllm",  # the model's own sampling defaults must not override dagrl's
+        # Ray shows each worker only its own GPU, and vLLM's custom all-reduce maps peers through
+        # CUDA_VISIBLE_DEVICES (IndexError at start with TP > 1): NCCL does the TP all-reduces
+        disable_custom_all_reduce=True,
     )
     if r.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = r.max_num_batched_tokens

@@ -56,6 +56,8 @@ def test_verl_keys_compose_and_map_onto_the_engine():
     assert kw["logprobs_mode"] == "processed_logprobs"  # temperature reflected in the log-probs
     assert kw["distributed_executor_backend"] == "external_launcher"
     assert kw["kv_cache_dtype"] == "fp8"  # engine_kwargs.vllm passed through
+    # each Ray worker sees one GPU: vLLM's custom all-reduce cannot map its TP peers (seen failing)
+    assert kw["disable_custom_all_reduce"] is True
 
 
 def test_unset_engine_sizes_are_left_to_vllm():
