@@ -25,3 +25,19 @@ class DagError(DagrlError):
 
 class PlacementError(DagrlError):
     """Roles, GPUs and the declared cluster do not fit together."""
+
+
+class CheckpointError(DagrlError):
+    """A checkpoint could not be written, or none that resume may use is intact."""
+
+
+class WorkerDiedError(DagrlError):
+    """A Ray worker process died: the message names its role, rank, node and last error."""
+
+
+class Interrupted(DagrlError):
+    """The run was stopped by SIGINT / SIGTERM; exit_code follows the shell's 128 + signal."""
+
+    def __init__(self, message: str, exit_code: int):
+        self.exit_code = exit_code
+        super().__init__(message)

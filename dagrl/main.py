@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from dagrl.config.placement import format_plan
 from dagrl.config.schema import DagrlConfig, register_configs
-from dagrl.errors import DagrlError
+from dagrl.errors import DagrlError, Interrupted
+from dagrl.trainer import interrupt
 from dagrl.trainer.logger import log
 
 register_configs()
@@ -34,9 +35,18 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     tokenizer, loader, val = load_data(cfg, prepared.model_path)
     rewarder = rewarder_for(cfg)
     start = time.perf_counter()
-    runtime, pools, bundles = launch(prepared, tokenizer, rewarder)
-    log(f"workers ready in {time.perf_counter() - start:.1f}s")
+    with interrupt.stop_signals():  # Ctrl-C / SIGTERM: finish the step, save, exit 130 / 143
+        runtime, pools, bundles = launch(prepared, tokenizer, rewarder)
+        interrupt.install()  # ray.init put its own SIGTERM handler in place
+        log(f"workers ready in {time.perf_counter() - start:.1f}s")
+        return _train(cfg, prepared, runtime, pools, bundles, loader, val)
+
+
+def _train(cfg: DagrlConfig, prepared, runtime, pools, bundles, loader, val) -> dict[str, float]:
+    import ray
+
     from dagrl.core.scheduler import Scheduler
+    from dagrl.core.worker_death import worker_died
     from dagrl.trainer.loop import Trainer
 
     scheduler = Scheduler(prepared.dag, runtime)
@@ -45,6 +55,8 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     trainer = Trainer(cfg, runtime, scheduler, loader, val if validators else None, out_dir, validators)
     try:
         return trainer.fit()
+    except ray.exceptions.RayActorError as exc:  # a call that bypassed the pools' own ray.get
+        raise worker_died(exc, pools) from exc
     finally:
         scheduler.close()
         for validator in validators or ():
@@ -59,6 +71,12 @@ def _hydra_main(dcfg: DictConfig) -> None:
     cfg: DagrlConfig = OmegaConf.to_object(dcfg)
     try:
         run(cfg)
+    except Interrupted as exc:
+        log(str(exc))
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C while the config and data were read: nothing to save yet
+        log("stopped by SIGINT before training started")
+        sys.exit(130)
     except DagrlError as exc:
         log(f"error: {exc}")
         sys.exit(2)

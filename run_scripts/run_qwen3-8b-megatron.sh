@@ -38,7 +38,7 @@ PARAM_OFFLOAD=${PARAM_OFFLOAD:-False}
 GRAD_OFFLOAD=${GRAD_OFFLOAD:-False}
 OPTIMIZER_OFFLOAD=${OPTIMIZER_OFFLOAD:-False}
 
-ROLLOUT_NAME=${ROLLOUT_NAME:-hf}  # hf (one model per GPU: ROLLOUT_TP=1); vllm once its backend lands
+ROLLOUT_NAME=${ROLLOUT_NAME:-vllm}  # vllm (TP 2 by default), or hf (one model per GPU: ROLLOUT_TP=1)
 if [[ $ROLLOUT_NAME == hf ]]; then ROLLOUT_TP=${ROLLOUT_TP:-1}; else ROLLOUT_TP=${ROLLOUT_TP:-2}; fi
 GPU_MEM_UTIL=${GPU_MEM_UTIL:-0.5}
 

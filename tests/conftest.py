@@ -32,7 +32,10 @@ def ray_local():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        # address="local": a Ray of this test session's own, never one another process started here
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False
+        )
     return ray
 
 

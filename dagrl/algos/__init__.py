@@ -1,6 +1,7 @@
 """Algorithm math: advantages, policy losses, KL estimators. Pure tensor functions."""
 
 from dagrl.algos.advantages import compute_grpo_advantages
+from dagrl.algos.gspo import compute_gspo_policy_loss
 from dagrl.algos.losses import (
     KLEstimator,
     LossAggMode,
@@ -10,6 +11,7 @@ from dagrl.algos.losses import (
     kl_penalty,
     logprobs_from_logits,
     masked_mean,
+    seq_mean_token_sum_norm,
 )
 
 __all__ = [
@@ -17,9 +19,11 @@ __all__ = [
     "LossAggMode",
     "agg_loss",
     "compute_grpo_advantages",
+    "compute_gspo_policy_loss",
     "compute_policy_loss",
     "entropy_from_logits",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
+    "seq_mean_token_sum_norm",
 ]

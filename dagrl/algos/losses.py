@@ -6,7 +6,7 @@ Masks are 0/1 tensors of shape ``[B, T]`` (bool, int or float).
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, EnumMeta
 
 import torch
 from torch import Tensor
@@ -17,38 +17,57 @@ _LOG_RATIO_CLAMP = 20.0
 _K3_CLAMP = 10.0
 
 
-class LossAggMode(str, Enum):
-    """How a ``[B, T]`` per-token loss becomes a scalar (see ``agg_loss``)."""
+class _ByNameOrValue(EnumMeta):
+    """`Enum[key]` finds a member by name or, failing that, by value. OmegaConf turns config strings
+    into enum members with `Enum[key]`, and verl's spellings ("token-mean") are not identifiers."""
 
-    TOKEN_MEAN = "token-mean"
-    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
-    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    def __getitem__(cls, key):
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            try:
+                return cls(key)
+            except ValueError:
+                raise KeyError(key) from None
+
+
+class LossAggMode(str, Enum, metaclass=_ByNameOrValue):
+    """How a ``[B, T]`` per-token loss becomes a scalar (see ``agg_loss``). Config values may be
+    the names (``token_mean``) or verl's spellings (``token-mean``)."""
+
+    token_mean = "token-mean"
+    seq_mean_token_sum = "seq-mean-token-sum"
+    seq_mean_token_mean = "seq-mean-token-mean"
+    seq_mean_token_sum_norm = "seq-mean-token-sum-norm"
+
+    @property
+    def per_sequence(self) -> bool:
+        """True when the scalar is a mean over responses (each response weighs the same)."""
+        return self != LossAggMode.token_mean
 
 
 class KLEstimator(str, Enum):
-    """Monte-Carlo estimators of KL(pi || pi_ref) from Schulman (2020), "Approximating KL divergence"."""
+    """Monte-Carlo estimators of KL(pi || pi_ref) from Schulman (2020), "Approximating KL divergence".
 
-    K1 = "k1"
-    K2 = "k2"
-    K3 = "k3"
-    ABS = "abs"
+    verl's names are aliases of the same members, so configs written for verl keep working."""
+
+    k1 = "k1"
+    k2 = "k2"
+    k3 = "k3"
+    abs = "abs"
+    kl = "k1"  # verl: kl = k1
+    mse = "k2"  # verl: mse = k2
+    low_var_kl = "k3"  # verl: low_var_kl = k3
 
     @classmethod
-    def parse(cls, name: str) -> KLEstimator:
-        """Accept the canonical names and verl's aliases ("kl", "mse", "low_var_kl")."""
+    def parse(cls, name: str | KLEstimator) -> KLEstimator:
+        """A member from a canonical name or one of verl's aliases ("kl", "mse", "low_var_kl")."""
+        if isinstance(name, cls):
+            return name
         try:
-            return _KL_ALIASES[name]
+            return cls[name]
         except KeyError:
-            raise ValueError(f"unknown KL estimator {name!r}; use one of {sorted(_KL_ALIASES)}") from None
-
-
-# Module level: a dict assigned inside the Enum body would become a member.
-_KL_ALIASES: dict[str, KLEstimator] = {
-    **{e.value: e for e in KLEstimator},
-    "kl": KLEstimator.K1,
-    "mse": KLEstimator.K2,
-    "low_var_kl": KLEstimator.K3,
-}
+            raise ValueError(f"unknown KL estimator {name!r}; use one of {sorted(cls.__members__)}") from None
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -65,23 +84,50 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-def agg_loss(loss_mat: Tensor, mask: Tensor, mode: LossAggMode) -> Tensor:
+def agg_loss(loss_mat: Tensor, mask: Tensor, mode: LossAggMode, norm_length: int | None = None) -> Tensor:
     """Reduce a per-token loss ``[B, T]`` to a scalar.
 
     - token-mean: every valid token weighs the same (DAPO, Yu et al. 2025, §3.3).
-    - seq-mean-token-sum: mean over responses of the per-response token sum (Dr. GRPO, Liu et al. 2025).
+    - seq-mean-token-sum: mean over responses of the per-response token sum.
     - seq-mean-token-mean: mean over responses of the per-response token mean (original GRPO,
       Shao et al. 2024). Responses with an empty mask contribute 0.
+    - seq-mean-token-sum-norm: Dr. GRPO's constant-length form, see ``seq_mean_token_sum_norm``;
+      needs ``norm_length``.
     """
     mask = mask.to(loss_mat.dtype)
     match LossAggMode(mode):
-        case LossAggMode.TOKEN_MEAN:
+        case LossAggMode.token_mean:
             return masked_mean(loss_mat, mask)
-        case LossAggMode.SEQ_MEAN_TOKEN_SUM:
+        case LossAggMode.seq_mean_token_sum:
             return (loss_mat * mask).sum(-1).mean()
-        case LossAggMode.SEQ_MEAN_TOKEN_MEAN:
+        case LossAggMode.seq_mean_token_mean:
             return masked_mean(loss_mat, mask, dim=-1).mean()
+        case LossAggMode.seq_mean_token_sum_norm:
+            assert norm_length is not None, "seq-mean-token-sum-norm needs the constant norm_length"
+            return seq_mean_token_sum_norm(loss_mat, mask, norm_length)
     raise AssertionError(f"unhandled LossAggMode {mode}")
+
+
+def seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor, norm_length: int) -> Tensor:
+    """Dr. GRPO's aggregation (Liu et al. 2025, "Understanding R1-Zero-Like Training", §3.1):
+    ``mean_b(sum_t loss[b, t] * mask[b, t]) / norm_length``.
+
+    GRPO's per-response ``1 / |o_i|`` makes a token of a short response weigh more than one of a
+    long response: short correct answers are pushed harder, long wrong ones are punished less,
+    and responses grow. Dividing every response's token sum by the same constant (the maximum
+    response length) removes that length bias while keeping the loss on the scale of a token
+    mean. verl's mode of the same name divides the sum over responses (not their mean) by the
+    padded width; here the normaliser is the configured maximum, constant for the whole run.
+
+    Args:
+        loss_mat: ``[B, T]`` per-token loss.
+        mask: ``[B, T]`` 0/1.
+        norm_length: the constant normaliser (``data.max_response_length``), > 0.
+
+    Returns:
+        Scalar.
+    """
+    return (loss_mat * mask.to(loss_mat.dtype)).sum(-1).mean() / norm_length
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator) -> Tensor:
@@ -100,13 +146,13 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator) -
     """
     diff = logprobs - ref_logprobs
     match KLEstimator(estimator):
-        case KLEstimator.K1:
+        case KLEstimator.k1:
             return diff
-        case KLEstimator.K2:
+        case KLEstimator.k2:
             return 0.5 * diff.square()
-        case KLEstimator.ABS:
+        case KLEstimator.abs:
             return diff.abs()
-        case KLEstimator.K3:
+        case KLEstimator.k3:
             log_ratio = (-diff).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
             k3 = log_ratio.exp() - log_ratio - 1
             return k3.clamp(-_K3_CLAMP, _K3_CLAMP)
@@ -122,7 +168,8 @@ def compute_policy_loss(
     clip_ratio_high: float,
     loss_agg_mode: LossAggMode,
     clip_ratio_c: float | None = 3.0,
-) -> tuple[Tensor, dict[str, float]]:
+    norm_length: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, "Proximal Policy Optimization Algorithms").
 
     ``ratio = exp(logprobs - old_logprobs)`` and per token
@@ -139,6 +186,7 @@ def compute_policy_loss(
         clip_ratio_low, clip_ratio_high: the ratio is clipped to [1 - low, 1 + high].
         loss_agg_mode: how token losses become a scalar, see ``agg_loss``.
         clip_ratio_c: dual-clip bound (> 1), or None to disable dual-clip.
+        norm_length: the constant normaliser of seq-mean-token-sum-norm (Dr. GRPO), else unused.
 
     Returns:
         The scalar loss, and metrics as detached 0-dim tensors, so the caller decides when to
@@ -160,7 +208,7 @@ def compute_policy_loss(
         dual_active = (advantages < 0) & (pg_losses > dual_bound)
         pg_losses = torch.where(dual_active, dual_bound, pg_losses)
 
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, norm_length)
     with torch.no_grad():
         metrics = {
             "actor/pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),

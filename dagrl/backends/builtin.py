@@ -51,3 +51,11 @@ def _hf(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
     return HFRolloutBackend(cfg, ctx)
+
+
+@register_backend(RoleKind.rollout, "vllm")
+def _vllm(cfg, spec: RoleSpec, ctx):
+    # imports vllm (GPU machines only); config/validate_rollout.py refuses it off the GPU, dry runs aside
+    from dagrl.backends.vllm.rollout import VLLMRolloutBackend
+
+    return VLLMRolloutBackend(cfg, ctx)

@@ -56,3 +56,23 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def eos_token_ids(tokenizer, generation_config) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and the generation config's (a list or one)."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(generation_config, "eos_token_id", None)
+    ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def load_generation_config(path: str, trust_remote_code: bool = False):
+    """The model directory's generation_config.json, or the defaults its config.json implies."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json: transformers derives one from config.json
+        return GenerationConfig.from_model_config(
+            AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        )

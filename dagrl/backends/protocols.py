@@ -28,8 +28,9 @@ class DeviceTenant(Protocol):
         """(dp_rank, dp_size, returns_output)."""
         ...
 
-    def offload(self) -> None:
-        """Move state off the accelerator so a colocated role can use it."""
+    def offload(self) -> bool | None:
+        """Move state off the accelerator so a colocated role can use it; False = kept resident
+        by configuration (nothing freed)."""
         ...
 
     def onload(self) -> None: ...
@@ -70,6 +71,14 @@ class RolloutBackend(DeviceTenant, Protocol):
         """One response per row: responses, response_mask, rollout_logprobs."""
         ...
 
+    def begin_weight_update(self) -> None:
+        """Make room for new weights only (a sleeping engine wakes its weights, not its KV cache)."""
+        ...
+
     def load_weights(self, buckets: Iterable[WeightBucket]) -> int:
         """Copy HF-named weights in; returns bytes received."""
+        ...
+
+    def finish_weight_update(self) -> None:
+        """After the trainer has left the device: take the rest (KV cache); drop stale caches."""
         ...

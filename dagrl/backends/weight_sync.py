@@ -2,10 +2,13 @@
 
 Called by the `weight_sync` DAG node (and by nothing hidden). Two paths, chosen by placement:
 - colocated (one pool): on each worker, the source backend exports HF-named buckets and the
-  destination backend loads them, in process (tensors stay on the device);
+  destination loads them in process (tensors stay on the device), in stages so the GPU never
+  holds the destination's old weights, the new ones and its KV cache at once: it wakes its weights
+  only, loads, the source leaves the device, then the destination takes the rest;
 - separate pools: every source worker exports (a sharded backend gathers its shards
-  collectively), source rank 0 puts its buckets into the Ray object store, and every destination
-  worker pulls them one bucket at a time (host memory holds one bucket per worker).
+  collectively) and source rank 0 broadcasts each bucket to every destination worker over a
+  process group of their own (weight_broadcast.py: NCCL on GPUs, gloo on CPU), set up at the
+  first sync, when its plain broadcast speed is measured (`weight_sync/broadcast_floor_GBps`).
 Bytes and seconds are returned as metrics every time.
 """
 
@@ -15,7 +18,6 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-import ray
 import torch
 
 if TYPE_CHECKING:
@@ -39,41 +41,74 @@ def weight_buckets(
 
 
 def sync_weights(src: RoleHandle, dst: RoleHandle) -> dict[str, float]:
-    """Copy src's current weights into dst; returns weight_sync/{bytes,s,GBps}."""
+    """Copy src's current weights into dst; returns weight_sync/{bytes,s,GBps} (+ the broadcast floor)."""
     start = time.perf_counter()
+    metrics: dict[str, float] = {}
     if src.pool is dst.pool:
         with dst.pool.lock:
-            nbytes = ray.get([a.run.remote(_copy_local, src.role, dst.role) for a in dst.pool.actors])
+            nbytes = dst.pool.get([a.run.remote(_copy_local, src.role, dst.role) for a in dst.pool.actors])
     else:
         with src.pool.lock, dst.pool.lock:
-            exports = [a.run.remote(_export_refs, src.role, i == 0) for i, a in enumerate(src.pool.actors)]
-            refs = ray.get(exports)[0]
-            nbytes = ray.get([a.run.remote(_load_refs, dst.role, refs) for a in dst.pool.actors])
+            if dst.pool.broadcast_floor_gbps is None:
+                dst.pool.broadcast_floor_gbps = _join_broadcast_group(src, dst)
+                start = time.perf_counter()  # the set-up is not part of a step's sync
+            sends = [a.run.remote(_send, src.role) for a in src.pool.actors]
+            nbytes = dst.pool.get([a.run.remote(_receive, dst.role) for a in dst.pool.actors] + sends)
+        metrics["weight_sync/broadcast_floor_GBps"] = dst.pool.broadcast_floor_gbps
     seconds = time.perf_counter() - start
-    return {
-        "weight_sync/bytes": float(nbytes[0]),
-        "weight_sync/s": seconds,
-        "weight_sync/GBps": nbytes[0] / max(seconds, 1e-9) / 1e9,
-    }
+    metrics.update(
+        {
+            "weight_sync/bytes": float(nbytes[0]),
+            "weight_sync/s": seconds,
+            "weight_sync/GBps": nbytes[0] / max(seconds, 1e-9) / 1e9,
+        }
+    )
+    return metrics
+
+
+def _join_broadcast_group(src: RoleHandle, dst: RoleHandle) -> float:
+    """Source rank 0 (group rank 0) and every destination worker form the broadcast group."""
+    head = src.pool.actors[0]
+    host = src.pool.get(head.node_info.remote())["ip"]
+    port = src.pool.get(head.free_port.remote())
+    world = 1 + len(dst.pool.actors)
+    joins = [head.run.remote(_join, host, port, 0, world)]
+    joins += [a.run.remote(_join, host, port, 1 + i, world) for i, a in enumerate(dst.pool.actors)]
+    return float(dst.pool.get(joins)[0])
 
 
 # ---- run inside a worker (Worker.run) ------------------------------------------------------------
 def _copy_local(worker, src: str, dst: str) -> int:
-    buckets = list(worker.activate(src).export_weights())
-    return worker.activate(dst).load_weights(buckets)
+    source = worker.activate(src)
+    target = worker.backends[dst]
+    target.begin_weight_update()  # a sleeping engine wakes its weights, not its KV cache
+    nbytes = target.load_weights(source.export_weights())
+    worker.release_others(dst)  # the source leaves the device ...
+    target.finish_weight_update()  # ... before the destination takes the rest
+    worker.active = dst
+    return nbytes
 
 
-def _export_refs(worker, src: str, keep: bool) -> list:
-    """Every worker of the source pool takes part; only the one with keep=True stores buckets."""
-    refs = []
-    for bucket in worker.activate(src).export_weights(to_cpu=keep):
-        if keep:
-            refs.append(ray.put(bucket))
-    return refs
+def _join(worker, host: str, port: int, rank: int, world_size: int) -> float:
+    from dagrl.backends.weight_broadcast import BroadcastGroup
+
+    worker.weight_group = BroadcastGroup(host, port, rank, world_size, worker.device)
+    return worker.weight_group.bandwidth_gbps()
 
 
-def _load_refs(worker, dst: str, refs: list) -> int:
-    backend, nbytes = worker.activate(dst), 0
-    for ref in refs:  # one bucket in memory at a time
-        nbytes += backend.load_weights([ray.get(ref)])
+def _send(worker, src: str) -> int:
+    """Every source worker exports (collectively); the one in the broadcast group sends."""
+    buckets = worker.activate(src).export_weights()
+    if worker.weight_group is None:
+        for _ in buckets:  # take part in the collective export, keep nothing
+            pass
+        return 0
+    return worker.weight_group.send(buckets)
+
+
+def _receive(worker, dst: str) -> int:
+    backend = worker.activate(dst)
+    backend.begin_weight_update()
+    nbytes = worker.weight_group.receive(lambda bucket: backend.load_weights([bucket]))
+    backend.finish_weight_update()
     return nbytes

@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from dagrl.algos.losses import KLEstimator, LossAggMode
+
 
 class TrainStrategy(str, Enum):
     # member names equal their values: OmegaConf matches command-line values against names
@@ -90,7 +92,29 @@ class TeacherPlacement(str, Enum):
     standalone = "standalone"  # vLLM replicas on devices of their own (teacher.gpus)
 
 
+class Algorithm(str, Enum):
+    """The objective of the actor update (dagrl/objectives); each has a preset
+    conf/algorithm/<name>.yaml that also sets the keys the algorithm depends on."""
+
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    gspo = "gspo"
+
+
+class RolloutISLevel(str, Enum):
+    token = "token"
+    sequence = "sequence"
+
+
+class RolloutRSLevel(str, Enum):
+    token = "token"
+    sequence = "sequence"
+    geometric = "geometric"
+
+
 class AdvEstimator(str, Enum):
+    """How token rewards become advantages (dagrl/objectives/advantage.py)."""
+
     grpo = "grpo"
 
 
@@ -194,14 +218,36 @@ class ActorConfig:
     shuffle: bool = False
     grad_clip: float = 1.0
     clip_ratio: float = 0.2
-    clip_ratio_low: Optional[float] = None  # None = clip_ratio
-    clip_ratio_high: Optional[float] = None  # None = clip_ratio
+    """PPO clip range: token ratios are clipped to [1 - clip_ratio, 1 + clip_ratio] unless the two
+    bounds below are set (GSPO clips its sequence ratio with the same keys)."""
+    clip_ratio_low: Optional[float] = None
+    """Lower clip bound: the ratio is clipped at 1 - clip_ratio_low. None = clip_ratio."""
+    clip_ratio_high: Optional[float] = None
+    """Upper clip bound: 1 + clip_ratio_high (DAPO's clip-higher sets it above the lower one).
+    None = clip_ratio."""
     clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
+    """Dual-clip bound (> 1): a token with negative advantage loses at most -A × clip_ratio_c
+    (Ye et al. 2020). Used by GRPO and Dr. GRPO, not by GSPO."""
+    loss_agg_mode: LossAggMode = LossAggMode.token_mean
+    """How per-token losses become one number: token-mean (every token weighs the same),
+    seq-mean-token-mean (each response weighs the same: original GRPO), seq-mean-token-sum, or
+    seq-mean-token-sum-norm (Dr. GRPO: token sums over the constant data.max_response_length)."""
     use_kl_loss: bool = False
+    """Add kl_loss_coef × KL(actor || reference) to the loss; runs the reference model (ref_logprob)."""
     kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
+    """Weight of the KL loss."""
+    kl_loss_type: KLEstimator = KLEstimator.k3
+    """Estimator of the KL loss (Schulman 2020): k1, k2, k3 or abs; verl's names kl, mse and
+    low_var_kl (= k3, the default) are accepted."""
     entropy_coeff: float = 0.0
+    """Weight of the entropy bonus subtracted from the loss; 0 = entropy is only reported."""
+    # torch strategy, colocated on a GPU: params and optimizer state go to CPU while other roles
+    # (rollout, ref) use the device; false keeps them resident (fastest when everything fits)
+    offload: bool = True
+    # false: when the update is on-policy (ppo_mini_batch_size == data.train_batch_size and
+    # ppo_epochs == 1) the old log-probs are the update's own forward, detached (TRL does this), and
+    # the separate old_logprob pass over the batch is skipped
+    recompute_old_logprobs: bool = True
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
@@ -220,6 +266,13 @@ class SamplingConfig:
 
 
 @dataclass
+class VLLMEngineKwargs:
+    # passed to vllm.LLM(...) as they are (e.g. max_num_seqs, kv_cache_dtype); keys dagrl sets from
+    # its own settings are refused by validate, naming the dagrl key to use instead
+    vllm: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RolloutConfig:
     name: RolloutName = RolloutName.hf
     n: int = 8
@@ -227,8 +280,28 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     tensor_model_parallel_size: int = 1
+    # vllm: share of the GPU's memory the engine may take (weights + activations + KV cache)
     gpu_memory_utilization: float = 0.5
+    # vllm: 1 = weights to CPU while asleep, 2 = weights dropped (the next sync refills them)
     sleep_level: int = 1
+    # vllm: sleep (free weights and KV cache) while colocated roles use the GPU; false keeps the
+    # engine resident, which is fastest when the trainer's state and the engine both fit
+    free_cache_engine: bool = True
+    max_num_batched_tokens: Optional[int] = None  # vllm: None = vLLM's default
+    max_num_seqs: Optional[int] = None  # vllm: None = vLLM's default
+    max_model_len: Optional[int] = None  # vllm: None = data.max_prompt_length + data.max_response_length
+    enforce_eager: bool = False  # vllm: no CUDA graphs (slower decoding, faster start)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True  # the n samples of a prompt share its prefill
+    load_format: str = "auto"  # vllm: "dummy" skips reading weights at start (the first sync fills them)
+    # per-token log-probs of the sampled tokens from the rollout engine (temperature applied):
+    # the rollout-vs-trainer mismatch metrics and rollout_correction need them
+    calculate_log_probs: bool = True
+    ignore_eos: bool = False  # keep sampling past EOS to max_response_length (benchmarks)
+    # separate placement only: 0 = synchronous; 1 = the rollout of step t+1 runs while step t
+    # trains, on weights one step old (reported as rollout/staleness)
+    overlap_steps: int = 0
+    engine_kwargs: VLLMEngineKwargs = field(default_factory=VLLMEngineKwargs)
     log_prob_micro_batch_size_per_gpu: int = 64
     micro_batch_size_per_gpu: int = 256  # prompts×n sequences generated at once by the hf backend
     weight_sync_bucket_mb: int = 256
@@ -254,16 +327,39 @@ class ActorRolloutRefConfig:
 @dataclass
 class KLCtrlConfig:
     kl_coef: float = 0.001
+    """Weight of the KL penalty subtracted from the token rewards (algorithm.use_kl_in_reward)."""
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    # verl's algorithm.rollout_correction: importance weights π_old/π_rollout on the policy
+    # gradient (truncated at rollout_is_threshold) and rejection of tokens / sequences whose ratio
+    # leaves [rollout_rs_threshold_lower, rollout_rs_threshold]; null = off
+    rollout_is: Optional[RolloutISLevel] = None
+    rollout_is_threshold: float = 2.0
+    rollout_rs: Optional[RolloutRSLevel] = None
+    rollout_rs_threshold: float = 2.0
+    rollout_rs_threshold_lower: Optional[float] = None  # None = 1 / rollout_rs_threshold
 
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "grpo"
+    name: Algorithm = Algorithm.grpo
+    """The objective the actor update minimises (dagrl/objectives). Choose it with the preset
+    `algorithm=grpo|dr_grpo|gspo`, which sets the keys the algorithm relies on as well."""
     adv_estimator: AdvEstimator = AdvEstimator.grpo
+    """How rewards become advantages; grpo: each response against its prompt's group."""
     norm_adv_by_std_in_grpo: bool = True
+    """Divide group-relative advantages by the group's std (GRPO); false subtracts only the group
+    mean (Dr. GRPO: the std up-weights prompts that are nearly always or never solved)."""
     use_kl_in_reward: bool = False
-    kl_penalty: str = "k1"
+    """Subtract kl_ctrl.kl_coef × KL(actor || reference) from the token rewards before the
+    advantages; runs the reference model (ref_logprob)."""
+    kl_penalty: KLEstimator = KLEstimator.k1
+    """Estimator of the in-reward KL: k1, k2, k3 or abs (verl's kl, mse, low_var_kl accepted)."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    """Fixed KL coefficient of the in-reward penalty."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 
-from dagrl.algos import KLEstimator, LossAggMode
 from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
 from dagrl.config.roles import ROLE_TEACHER, RoleKind
 from dagrl.config.schema import (
@@ -15,7 +14,6 @@ from dagrl.config.schema import (
     Device,
     ModelDtype,
     ResumeMode,
-    RolloutName,
     TeacherPlacement,
     TrainStrategy,
     parse_resume_mode,
@@ -26,7 +24,9 @@ from dagrl.config.validate_megatron import (
     check_no_megatron_knobs,
     inherit_ref_megatron,
 )
+from dagrl.config.validate_rollout import check_overlap_placement, check_rollout_engine
 from dagrl.errors import ConfigError
+from dagrl.objectives import check_algorithm
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -52,6 +52,7 @@ def validate(cfg: DagrlConfig) -> None:
     _check_data(cfg)
     _check_actor(cfg)
     _check_rollout(cfg)
+    check_algorithm(cfg)  # the chosen objective's and advantage estimator's own rules
     _check_trainer(cfg)
     _check_teacher(cfg)
     if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
@@ -107,6 +108,8 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
         )
     if a.strategy == TrainStrategy.megatron:
         check_megatron_plan(cfg, plan)
+    if ROLE_ROLLOUT in plan.roles:
+        check_overlap_placement(cfg, plan.roles[ROLE_ROLLOUT].group == plan.roles[ROLE_TRAIN].group)
 
 
 def _check_data(cfg: DagrlConfig) -> None:
@@ -152,21 +155,14 @@ def _check_actor(cfg: DagrlConfig) -> None:
             raise ConfigError(f"{A}.{key}", v, "must be in (0, 10); 0.2 is the usual value")
     if a.clip_ratio_c <= 1:
         raise ConfigError(f"{A}.clip_ratio_c", a.clip_ratio_c, "dual-clip bound must be > 1 (e.g. 3.0)")
-    _parse_enum(LossAggMode, a.loss_agg_mode, f"{A}.loss_agg_mode")
-    _parse_kl(a.kl_loss_type, f"{A}.kl_loss_type")
-    _parse_kl(cfg.algorithm.kl_penalty, "algorithm.kl_penalty")
     if a.strategy == TrainStrategy.torch:
         check_no_megatron_knobs(cfg)
 
 
 def _check_rollout(cfg: DagrlConfig) -> None:
     r = cfg.actor_rollout_ref.rollout
-    if r.name == RolloutName.vllm:
-        raise ConfigError(f"{R}.name", "vllm", "the vllm rollout backend is not in this build yet; use hf")
-    if r.n < 2:
-        raise ConfigError(
-            f"{R}.n", r.n, "GRPO compares responses within a group: use rollout.n >= 2 (e.g. 8)"
-        )
+    if r.n < 1:
+        raise ConfigError(f"{R}.n", r.n, "must be >= 1 responses per prompt")
     if r.temperature < 0:
         raise ConfigError(f"{R}.temperature", r.temperature, "must be >= 0 (0 = greedy)")
     if not 0 < r.top_p <= 1:
@@ -181,6 +177,7 @@ def _check_rollout(cfg: DagrlConfig) -> None:
         )
     if not 0 < r.gpu_memory_utilization <= 1:
         raise ConfigError(f"{R}.gpu_memory_utilization", r.gpu_memory_utilization, "must be in (0, 1]")
+    check_rollout_engine(cfg)
 
 
 def _check_trainer(cfg: DagrlConfig) -> None:
@@ -232,8 +229,8 @@ def _check_teacher(cfg: DagrlConfig) -> None:
                 dict(t.engine_kwargs) or t.tensor_model_parallel_size,
                 "engine kwargs and tensor_model_parallel_size are for teacher.placement=standalone (vLLM)",
             )
-    if t.dtype is not None:
-        _parse_enum(ModelDtype, t.dtype, "teacher.dtype")
+    if t.dtype is not None and t.dtype not in ModelDtype._value2member_map_:
+        raise ConfigError("teacher.dtype", t.dtype, f"use one of {[e.value for e in ModelDtype]}")
     if t.log_prob_micro_batch_size_per_gpu < 1:
         raise ConfigError(
             "teacher.log_prob_micro_batch_size_per_gpu", t.log_prob_micro_batch_size_per_gpu, "must be >= 1"
@@ -261,17 +258,3 @@ def data_files(value) -> list[str]:
     if isinstance(value, str):
         return [value]
     return [str(v) for v in value]
-
-
-def _parse_enum(enum, value, key):
-    try:
-        return enum(value)
-    except ValueError:
-        raise ConfigError(key, value, f"use one of {[e.value for e in enum]}") from None
-
-
-def _parse_kl(value, key):
-    try:
-        return KLEstimator.parse(value)
-    except ValueError as exc:
-        raise ConfigError(key, value, str(exc)) from None

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import yaml
 
 from dagrl.core.batch import KEYS
-from dagrl.core.node import NodeSpec, node_kinds
+from dagrl.core.node import NodeSpec, kind_inputs, node_kinds
 from dagrl.errors import DagError
 
 DAG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "conf", "dags")
@@ -108,15 +108,19 @@ def _check_node(dag: str, spec: NodeSpec, kinds: dict[str, type], roles_with_poo
     for key in (*spec.inputs, *spec.outputs):
         if key not in KEYS:
             raise DagError(f"{where}: undeclared batch key {key!r}; declared keys: {sorted(KEYS)}")
-    need = [k for k in kind.required_inputs if k not in spec.inputs]
+    required = spec.required_inputs if spec.required_inputs is not None else tuple(kind.required_inputs)
+    optional = spec.optional_inputs if spec.optional_inputs is not None else tuple(kind.optional_inputs)
+    need = [k for k in required if k not in spec.inputs]
     if need:
-        raise DagError(f"{where}: kind {spec.kind} needs inputs {need}; add them to its 'inputs'")
-    extra_in = [k for k in spec.inputs if k not in (*kind.required_inputs, *kind.optional_inputs)]
+        raise DagError(
+            f"{where}: kind {spec.kind} needs inputs {need} (under this config); add them to its 'inputs'"
+        )
+    extra_in = [k for k in spec.inputs if k not in (*required, *optional)]
     extra_out = [k for k in spec.outputs if k not in kind.outputs]
     if extra_in or extra_out:
         raise DagError(
             f"{where}: kind {spec.kind} does not read {extra_in} / produce {extra_out}"
-            f" (reads {list(kind.required_inputs + kind.optional_inputs)}, produces {list(kind.outputs)})"
+            f" (reads {list(required + optional)}, produces {list(kind.outputs)})"
         )
     if kind.remote and not spec.role:
         raise DagError(f"{where}: kind {spec.kind} runs on a worker pool; give it a 'role'")
@@ -145,7 +149,9 @@ def _topological_order(dag: str, specs: list[NodeSpec], deps: dict[str, frozense
 
 
 def prune_disabled(specs: list[NodeSpec], cfg) -> list[NodeSpec]:
-    """Drop nodes whose kind is disabled by the config, and the optional inputs they would have made."""
+    """The specs as this config runs them: nodes whose kind is disabled dropped, with the optional
+    inputs they would have made, and each kind's inputs resolved for the config (`kind_inputs`),
+    so that build_dag checks what e.g. the configured objective reads."""
     kinds = node_kinds()
     known = {s.name for s in specs}
     kept = [s for s in specs if s.kind not in kinds or kinds[s.kind].enabled(cfg)]
@@ -153,8 +159,9 @@ def prune_disabled(specs: list[NodeSpec], cfg) -> list[NodeSpec]:
     kept_names = {s.name for s in kept}
     result = []
     for s in kept:
-        optional = set(kinds[s.kind].optional_inputs) if s.kind in kinds else set()
-        inputs = [k for k in s.inputs if not (k in dropped_outputs and k in optional)]
+        # an unknown kind is left for build_dag to report
+        required, optional = kind_inputs(kinds[s.kind], cfg) if s.kind in kinds else (None, None)
+        inputs = [k for k in s.inputs if not (k in dropped_outputs and k in (optional or ()))]
         after = [a for a in s.after if a in kept_names or a not in known]
-        result.append(NodeSpec(s.name, s.kind, s.role, inputs, list(s.outputs), after))
+        result.append(NodeSpec(s.name, s.kind, s.role, inputs, list(s.outputs), after, required, optional))
     return result

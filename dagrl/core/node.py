@@ -1,8 +1,10 @@
 """Node kinds: a registry of the steps a DAG is built from.
 
 A kind declares the batch keys it needs, may use, and produces, and whether it runs on a
-role's worker pool (remote) or on the driver. Users add kinds from modules named in
-`external_plugins` with `@register_node_kind("name")`.
+role's worker pool (remote) or on the driver. A kind whose inputs depend on the config (the
+actor update reads what the configured objective declares) also defines
+`inputs_for(cfg) -> (required, optional)`; `prune_disabled` resolves it into each NodeSpec.
+Users add kinds from modules named in `external_plugins` with `@register_node_kind("name")`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class NodeSpec:
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     after: list[str] = field(default_factory=list)
+    # the kind's inputs under this config (prune_disabled fills them); None = its class attributes
+    required_inputs: tuple[str, ...] | None = None
+    optional_inputs: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -49,6 +54,14 @@ class NodeKind(Protocol):
         ...
 
     def run(self, runtime: Runtime, batch: Batch) -> NodeResult: ...
+
+
+def kind_inputs(kind: type, cfg: DagrlConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(required, optional) inputs of a kind under `cfg`: its `inputs_for(cfg)` when it has one."""
+    inputs_for = getattr(kind, "inputs_for", None)  # optional part of the NodeKind protocol
+    if inputs_for is not None:
+        return inputs_for(cfg)
+    return tuple(kind.required_inputs), tuple(kind.optional_inputs)
 
 
 _KINDS: dict[str, type] = {}

@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from dagrl.config.placement import GroupPlan, Plan
 from dagrl.core.batch import Batch
 from dagrl.core.calls import Execute, call_spec, collect_results, dispatch_shards
+from dagrl.core.worker_death import worker_died
 from dagrl.errors import PlacementError
 
 
@@ -105,6 +106,9 @@ class WorkerPool:
         cls = actor_cls or Worker
         self.roles = list(group.roles)
         self.lock = threading.Lock()
+        self.infos: list[dict] = []  # node_info of each rank, to name a dead worker's node
+        # set by the weight-sync service once this pool has joined a trainer -> rollout broadcast group
+        self.broadcast_floor_gbps: float | None = None
         remote = ray.remote(cls)
         self.actors = []
         device = plan.device_of(group)
@@ -124,19 +128,27 @@ class WorkerPool:
                 raise
 
     def setup(self) -> None:
-        info = ray.get(self.actors[0].node_info.remote())
-        port = ray.get(self.actors[0].free_port.remote())
-        ray.get([a.setup.remote(info["ip"], port) for a in self.actors])
+        self.infos = self.get([a.node_info.remote() for a in self.actors])
+        port = self.get(self.actors[0].free_port.remote())
+        self.get([a.setup.remote(self.infos[0]["ip"], port) for a in self.actors])
 
     def node_info(self) -> list[dict]:
-        return ray.get([a.node_info.remote() for a in self.actors])
+        return self.get([a.node_info.remote() for a in self.actors])
 
-    def shutdown(self) -> None:
+    def get(self, refs):
+        """ray.get for calls into this pool: a dead worker becomes one WorkerDiedError line
+        naming role, rank, node and its last error (instead of Ray's actor-id paragraph)."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            raise worker_died(exc, [self]) from exc
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Ask every worker to leave its process group, wait up to timeout_s for all of them
+        together (a busy or dead one does not hold up the rest), then kill them all."""
+        refs = [a.shutdown.remote() for a in self.actors]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         for a in self.actors:
-            try:
-                ray.get(a.shutdown.remote(), timeout=10)
-            except Exception:  # a dead actor has nothing to shut down
-                pass
             ray.kill(a)
 
 
@@ -148,7 +160,7 @@ class RoleHandle:
 
     def __init__(self, role: str, pool: WorkerPool):
         self.role, self.pool = role, pool
-        self.ranks: list[tuple[int, int, bool]] = ray.get([a.dp_info.remote(role) for a in pool.actors])
+        self.ranks: list[tuple[int, int, bool]] = pool.get([a.dp_info.remote(role) for a in pool.actors])
         self.dp_size = self.ranks[0][1]
 
     @property
@@ -166,7 +178,7 @@ class RoleHandle:
         else:
             calls = [() for _ in running]
         with self.pool.lock:
-            results = ray.get(
+            results = self.pool.get(
                 [
                     self.pool.actors[w].call.remote(self.role, method.__name__, *a, **kwargs)
                     for w, a in zip(running, calls)

@@ -43,6 +43,7 @@ class Worker:
         self.device_kind = device_kind
         self.backends: dict = {}
         self.active: str | None = None
+        self.weight_group = None  # BroadcastGroup: train rank 0 and the workers of a separate rollout pool
         torch.set_num_threads(max(1, threads))
         from transformers.utils import logging as hf_logging
 
@@ -81,6 +82,7 @@ class Worker:
                 world_size=self.world_size,
             )
         ctx = ParallelContext(self.rank, self.world_size, device)
+        self.device = device
         from dagrl.core.plugins import load_plugins
 
         # plugins run in every worker too: what they register or patch must exist where backends run
@@ -114,14 +116,25 @@ class Worker:
         if self.active == role or self.device_kind != "cuda" or len(self.backends) == 1:
             self.active = role
             return self.backends[role]
-        for other, backend in self.backends.items():
-            if other != role:
-                backend.offload()
-        torch.cuda.empty_cache()
+        self.release_others(role)
         self.backends[role].onload()
         self.active = role
         return self.backends[role]
 
+    def release_others(self, role: str) -> None:
+        """Every role but `role` moves its state off the GPU (no-op on CPU or alone)."""
+        if self.device_kind != "cuda" or len(self.backends) == 1:
+            return
+        # offload() returns False when the backend keeps its state resident (nothing was freed);
+        # then the cache stays too, and the next phase does not pay for fresh cudaMallocs
+        freed = [backend.offload() for other, backend in self.backends.items() if other != role]
+        if any(f is not False for f in freed):
+            torch.cuda.empty_cache()
+
     def shutdown(self) -> None:
+        for backend in self.backends.values():
+            close = getattr(backend, "shutdown", None)  # engines that hold GPU memory and threads
+            if close is not None:
+                close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

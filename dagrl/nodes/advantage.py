@@ -1,12 +1,16 @@
-"""advantage: token rewards (score on the last token, optional KL-in-reward) and GRPO advantages."""
+"""advantage: token rewards (score on the last token, optional KL-in-reward) and advantages from
+the estimator of `algorithm.adv_estimator`."""
 
 from __future__ import annotations
 
 import torch
 
-from dagrl.algos import KLEstimator, compute_grpo_advantages, kl_penalty, masked_mean
+from dagrl.algos import KLEstimator, kl_penalty, masked_mean
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
+from dagrl.objectives import estimator
+
+_KL_INPUTS = ("old_logprobs", "ref_logprobs")
 
 
 def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -19,17 +23,27 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> to
 
 @register_node_kind("advantage")
 class AdvantageNode:
+    # without a config: GRPO's; inputs_for asks the configured estimator
     required_inputs = ("scores", "group_ids", "response_mask")
-    optional_inputs = ("old_logprobs", "ref_logprobs")
+    optional_inputs = _KL_INPUTS
     outputs = ("token_rewards", "advantages")
     remote = False
 
     def __init__(self, spec, cfg):
         self.spec, self.algo = spec, cfg.algorithm
+        self.estimator = estimator(cfg.algorithm.adv_estimator)
 
     @staticmethod
     def enabled(cfg) -> bool:
         return True
+
+    @staticmethod
+    def inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(required, optional): the estimator's keys; the log-probs are required with KL in the reward."""
+        required = ("scores", "response_mask", *estimator(cfg.algorithm.adv_estimator).required_keys)
+        if cfg.algorithm.use_kl_in_reward:
+            return (*required, *_KL_INPUTS), ()
+        return required, _KL_INPUTS
 
     def run(self, runtime, batch):
         mask = batch["response_mask"].float()
@@ -41,9 +55,7 @@ class AdvantageNode:
             )
             rewards = rewards - self.algo.kl_ctrl.kl_coef * kl * mask
             metrics["critic/kl_in_reward"] = float(masked_mean(kl, mask))
-        advantages = compute_grpo_advantages(
-            rewards.sum(1), batch["group_ids"], mask, norm_by_std=self.algo.norm_adv_by_std_in_grpo
-        )
+        advantages = self.estimator.estimate(rewards, batch, self.algo)
         metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask))
         metrics["critic/advantages/max"] = float(advantages.max())
         return NodeResult(Batch({"token_rewards": rewards, "advantages": advantages}), metrics)

@@ -34,7 +34,8 @@ class OldLogprobNode:
 
     @staticmethod
     def enabled(cfg) -> bool:
-        return True
+        # validate allows skipping only when the update is on-policy (one epoch over one mini-batch)
+        return cfg.actor_rollout_ref.actor.recompute_old_logprobs
 
     def run(self, runtime, batch):
         return logprob_result(runtime, self.spec, batch, self.outputs[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dagrl.backends.handles import rollout_role
 from dagrl.core.batch import Batch
+from dagrl.core.metrics import reduce_all
 from dagrl.core.node import NodeResult, register_node_kind
 
 
@@ -29,8 +30,9 @@ class RolloutNode:
     def run(self, runtime, batch):
         handle = rollout_role(runtime, self.spec.role)
         out, per_rank = handle.generate(batch, seed=step_seed(runtime.cfg.trainer.seed, runtime.step))
-        tps = sum(m["rollout/tokens_per_s"] for m in per_rank)
-        return NodeResult(out, {"rollout/tokens_per_s": tps})
+        metrics = reduce_all(per_rank)  # replicas' means (memory per phase, generate seconds)
+        metrics["rollout/tokens_per_s"] = sum(m["rollout/tokens_per_s"] for m in per_rank)  # all replicas
+        return NodeResult(out, metrics)
 
 
 @register_node_kind("val_rollout")

@@ -1,18 +1,22 @@
-"""actor_update: PPO/GRPO epochs on the train pool."""
+"""actor_update: the objective's epochs × mini-batches on the train pool."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from dagrl.backends.handles import train_role
 from dagrl.core.batch import Batch
+from dagrl.core.metrics import reduce_all
 from dagrl.core.node import NodeResult, register_node_kind
+from dagrl.objectives import build_objective
+
+# what the backend's forward pass reads, whatever the objective
+SEQUENCE_INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
 
 
 @register_node_kind("actor_update")
 class ActorUpdateNode:
-    required_inputs = ("prompts", "prompt_mask", "responses", "response_mask", "old_logprobs", "advantages")
-    optional_inputs = ("ref_logprobs",)
+    # without a config: the sequence only; inputs_for adds what the configured objective reads
+    required_inputs = SEQUENCE_INPUTS
+    optional_inputs = ()
     outputs = ()
     remote = True
 
@@ -23,7 +27,14 @@ class ActorUpdateNode:
     def enabled(cfg) -> bool:
         return True
 
+    @staticmethod
+    def inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(required, optional) inputs: the sequence plus the keys of `algorithm.name`'s objective."""
+        objective = build_objective(cfg)
+        required = tuple(dict.fromkeys((*SEQUENCE_INPUTS, *objective.required_keys)))
+        return required, tuple(k for k in objective.optional_keys if k not in required)
+
     def run(self, runtime, batch):
         _, per_rank = train_role(runtime, self.spec.role).train_step(batch)
-        metrics = {k: float(np.mean([m[k] for m in per_rank])) for k in per_rank[0]}
+        metrics = reduce_all(per_rank)
         return NodeResult(Batch(), metrics)

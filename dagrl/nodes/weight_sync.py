@@ -1,7 +1,7 @@
 """weight_sync: the actor's weights into the rollout engine, as a node of the step.
 
-The copy itself is the weight-sync service (dagrl/backends/weight_sync.py): in process when the
-roles are colocated, through the Ray object store in buckets when they are separate.
+The copy itself is the weight-sync service (dagrl/backends/weight_sync.py): in process and staged
+when the roles are colocated, a broadcast from train rank 0 in buckets when they are separate.
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@ import torch
 from tqdm import tqdm
 
 from dagrl.backends.handles import train_role
-from dagrl.config.roles import ROLE_TRAIN
-from dagrl.config.schema import ResumeMode, parse_resume_mode
+from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
 from dagrl.core.batch import Batch, left_pad
 from dagrl.errors import DataError
-from dagrl.trainer import checkpoint
+from dagrl.trainer import checkpoint, interrupt
 from dagrl.trainer.logger import MetricsLogger, log
+from dagrl.trainer.overlap import RolloutAhead
 
 GRPO_SOURCE = ("prompts", "prompt_mask", "group_ids", "data_source", "ground_truth", "extra_info")
 
@@ -55,9 +55,12 @@ class Trainer:
         self.ckpt_root = os.path.expanduser(cfg.trainer.default_local_dir)
         self.metrics = MetricsLogger(out_dir, list(cfg.trainer.logger), cfg.trainer.experiment_name)
         self.step = 0
+        self.saved_step = 0  # the step of the last checkpoint written or resumed from
         t = cfg.trainer
         by_epochs = t.total_epochs * train_loader.steps_per_epoch
         self.total_steps = min(by_epochs, t.total_training_steps) if t.total_training_steps else by_epochs
+        overlap = cfg.actor_rollout_ref.rollout.overlap_steps
+        self.ahead = RolloutAhead(scheduler, ROLE_ROLLOUT) if overlap else None
 
     def fit(self) -> dict[str, float]:
         self.maybe_resume()
@@ -70,16 +73,12 @@ class Trainer:
             total=self.total_steps, initial=self.step, disable=not t.progress_bar, desc="train", leave=False
         )
         while self.step < self.total_steps:
+            interrupt.stop_if_requested(self)  # Ctrl-C / SIGTERM: stop here, between steps, saved
             self.step += 1
-            examples = self.loader.next_batch()
-            batch = collate(
-                examples,
-                self.runtime.tokenizer.pad_token_id,
-                self.cfg.actor_rollout_ref.rollout.n,
-                (self.step - 1) * len(examples),
-                self.scheduler.dag.source,
-            )
-            _, metrics = self.scheduler.run(batch, step=self.step)
+            if self.ahead is None:
+                _, metrics = self.scheduler.run(self.next_batch(self.step), step=self.step)
+            else:
+                metrics = self.overlapped_step()
             metrics["train/epoch"] = float(self.loader.epoch)
             is_last = self.step == self.total_steps
             if self.val_dataset is not None and t.test_freq > 0 and (self.step % t.test_freq == 0 or is_last):
@@ -92,7 +91,23 @@ class Trainer:
             last = metrics
         bar.close()
         self.metrics.close()
+        if self.ahead is not None:
+            self.ahead.close()
         return last
+
+    def next_batch(self, step: int) -> Batch:
+        examples = self.loader.next_batch()
+        n, source = self.cfg.actor_rollout_ref.rollout.n, self.scheduler.dag.source
+        return collate(examples, self.runtime.tokenizer.pad_token_id, n, (step - 1) * len(examples), source)
+
+    def overlapped_step(self) -> dict[str, float]:
+        """Train on this step's batch while the next one is sampled (trainer/overlap.py)."""
+        current = None if self.ahead.pending is not None else self.next_batch(self.step)
+        upcoming, state = None, None
+        if self.step < self.total_steps:
+            state = self.loader.state_dict()
+            upcoming = self.next_batch(self.step + 1)
+        return self.ahead.step(self.step, current, upcoming, state)
 
     def validate(self) -> dict[str, float]:
         """Run the validation DAG on the validation prompts (rollout.val_kwargs) and score them."""
@@ -105,31 +120,31 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> str:
-        """All ranks write into a staging dir; the driver seals it atomically."""
-        os.makedirs(self.ckpt_root, exist_ok=True)
-        staging = checkpoint.staging_dir(self.ckpt_root, self.step)
-        train_role(self.runtime, ROLE_TRAIN).save(os.path.join(staging, "actor"))
-        if self.cfg.trainer.save_hf:  # inside the staging dir: sealed with the checkpoint
-            self.export_hf(os.path.join(staging, "actor_hf"))
+        """All ranks write into a staging dir; the driver seals it atomically (checkpoint.save)."""
+
+        def write(staging: str) -> None:
+            train_role(self.runtime, ROLE_TRAIN).save(os.path.join(staging, "actor"))
+            if self.cfg.trainer.save_hf:  # inside the staging dir: sealed with the checkpoint
+                self.export_hf(os.path.join(staging, "actor_hf"))
+
         # the driver draws no random numbers (sampling seeds derive from the step); workers save theirs
-        state = {"global_step": self.step, "data": self.loader.state_dict()}
-        path = checkpoint.commit(
-            self.ckpt_root, staging, self.step, state, self.cfg.trainer.max_actor_ckpt_to_keep
-        )
+        in_flight = self.ahead is not None and self.ahead.data_state is not None
+        data = self.ahead.data_state if in_flight else self.loader.state_dict()  # not the batch in flight
+        state = {"global_step": self.step, "data": data}
+        t = self.cfg.trainer
+        path = checkpoint.save(self.ckpt_root, self.step, write, state, t.max_actor_ckpt_to_keep)
+        self.saved_step = self.step
         log(f"saved checkpoint {path}")
         return path
 
     def maybe_resume(self) -> None:
-        mode = parse_resume_mode(self.cfg.trainer.resume_mode)
-        if mode == ResumeMode.disable:
-            return
-        path = checkpoint.latest(self.ckpt_root) if mode == ResumeMode.auto else mode
+        path = checkpoint.pick(self.ckpt_root, self.cfg.trainer.resume_mode)  # verified against its manifest
         if path is None:
             return
         state = checkpoint.read_state(path)
         train_role(self.runtime, ROLE_TRAIN).load(os.path.join(path, "actor"))
         self.loader.load_state_dict(state["data"])
-        self.step = int(state["global_step"])
+        self.step = self.saved_step = int(state["global_step"])
         log(f"resumed from {path} at step {self.step}")
 
     def export_hf(self, path: str) -> None:

@@ -23,10 +23,12 @@ from dagrl.config.validate import (
     validate_roles,
     validate_with_plan,
 )
+from dagrl.config.validate_rollout import check_rollout_device
 from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
 from dagrl.rewards import RewardComposer, RewardTerm
+from dagrl.trainer.preflight import check_run_outside
 
 
 @dataclass
@@ -44,6 +46,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     resolve_defaults(cfg)
     validate(cfg)
     device = resolve_device(cfg)
+    check_rollout_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
     validate_roles(cfg, {s.role for s in specs if s.role})
@@ -54,6 +57,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
+    check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)))
 
 
@@ -186,7 +190,8 @@ def init_ray(cfg: DagrlConfig) -> None:
     if cfg.trainer.ray_address:
         ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
     else:
-        ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+        # "local": trainer.ray_address=null means a Ray of this run's own, even when another is running here
+        ray.init(address="local", include_dashboard=False, log_to_driver=True, configure_logging=False)
 
 
 def launch(prepared: Prepared, tokenizer, rewarder):

@@ -14,6 +14,7 @@ from dagrl.algos import (
     kl_penalty,
     logprobs_from_logits,
     masked_mean,
+    seq_mean_token_sum_norm,
 )
 
 # --- masked_mean / agg_loss --------------------------------------------------------------------
@@ -31,16 +32,16 @@ def test_masked_mean():
 
 
 def test_loss_agg_mode_from_string():
-    assert LossAggMode("token-mean") is LossAggMode.TOKEN_MEAN
-    assert LossAggMode("seq-mean-token-sum") is LossAggMode.SEQ_MEAN_TOKEN_SUM
+    assert LossAggMode("token-mean") is LossAggMode.token_mean
+    assert LossAggMode("seq-mean-token-sum") is LossAggMode.seq_mean_token_sum
 
 
 @pytest.mark.parametrize(
     "mode, expected",
     [
-        (LossAggMode.TOKEN_MEAN, 7 / 3),  # valid tokens 1, 2, 4 -> 7 / 3
-        (LossAggMode.SEQ_MEAN_TOKEN_SUM, 3.5),  # row sums 3 and 4 -> mean 3.5
-        (LossAggMode.SEQ_MEAN_TOKEN_MEAN, 2.75),  # row means 1.5 and 4 -> mean 2.75
+        (LossAggMode.token_mean, 7 / 3),  # valid tokens 1, 2, 4 -> 7 / 3
+        (LossAggMode.seq_mean_token_sum, 3.5),  # row sums 3 and 4 -> mean 3.5
+        (LossAggMode.seq_mean_token_mean, 2.75),  # row means 1.5 and 4 -> mean 2.75
     ],
 )
 def test_agg_loss_modes(mode, expected):
@@ -50,9 +51,9 @@ def test_agg_loss_modes(mode, expected):
 @pytest.mark.parametrize(
     "mode, expected",
     [
-        (LossAggMode.TOKEN_MEAN, 1.5),  # tokens 1, 2 -> 3 / 2
-        (LossAggMode.SEQ_MEAN_TOKEN_SUM, 1.5),  # row sums 3 and 0 -> 1.5
-        (LossAggMode.SEQ_MEAN_TOKEN_MEAN, 0.75),  # row means 1.5 and 0 (empty) -> 0.75
+        (LossAggMode.token_mean, 1.5),  # tokens 1, 2 -> 3 / 2
+        (LossAggMode.seq_mean_token_sum, 1.5),  # row sums 3 and 0 -> 1.5
+        (LossAggMode.seq_mean_token_mean, 0.75),  # row means 1.5 and 0 (empty) -> 0.75
     ],
 )
 def test_agg_loss_empty_row(mode, expected):
@@ -62,7 +63,24 @@ def test_agg_loss_empty_row(mode, expected):
 
 @pytest.mark.parametrize("mode", list(LossAggMode))
 def test_agg_loss_empty_mask_is_zero(mode):
-    assert agg_loss(LOSS, torch.zeros(2, 3), mode).item() == 0.0
+    assert agg_loss(LOSS, torch.zeros(2, 3), mode, norm_length=5).item() == 0.0
+
+
+def test_seq_mean_token_sum_norm_by_hand():
+    # row sums 1 + 2 = 3 and 4 -> mean 3.5 -> over the constant 5: 0.7 (the padded width 3 is not used)
+    assert seq_mean_token_sum_norm(LOSS, MASK, 5).item() == pytest.approx(0.7)
+    assert agg_loss(LOSS, MASK, LossAggMode.seq_mean_token_sum_norm, 5).item() == pytest.approx(0.7)
+    # every valid token weighs 1 / (B * norm_length) = 1 / 10, in the short response as in the long one
+    loss_mat = LOSS.clone().requires_grad_()
+    seq_mean_token_sum_norm(loss_mat, MASK, 5).backward()
+    torch.testing.assert_close(loss_mat.grad, torch.tensor([[0.1, 0.1, 0.0], [0.1, 0.0, 0.0]]))
+
+
+def test_loss_agg_mode_accepts_names_and_verl_spellings():
+    assert LossAggMode["seq-mean-token-sum-norm"] is LossAggMode.seq_mean_token_sum_norm
+    assert LossAggMode["seq_mean_token_sum_norm"] is LossAggMode.seq_mean_token_sum_norm
+    with pytest.raises(KeyError):
+        LossAggMode["token-sum"]
 
 
 # --- KL estimators -----------------------------------------------------------------------------
@@ -75,11 +93,11 @@ REF = torch.tensor([[-2.0, -1.0]])
 @pytest.mark.parametrize(
     "estimator, expected",
     [
-        (KLEstimator.K1, [1.0, -1.0]),  # d
-        (KLEstimator.K2, [0.5, 0.5]),  # d^2 / 2
+        (KLEstimator.k1, [1.0, -1.0]),  # d
+        (KLEstimator.k2, [0.5, 0.5]),  # d^2 / 2
         # exp(-d) + d - 1: exp(-1) + 1 - 1 = 0.367879, exp(1) - 1 - 1 = 0.718282
-        (KLEstimator.K3, [0.367879, 0.718282]),
-        (KLEstimator.ABS, [1.0, 1.0]),  # |d|
+        (KLEstimator.k3, [0.367879, 0.718282]),
+        (KLEstimator.abs, [1.0, 1.0]),  # |d|
     ],
 )
 def test_kl_estimators(estimator, expected):
@@ -91,15 +109,15 @@ def test_k3_is_clamped():
     # ref - logp = -30 -> clamped to -20 -> exp(-20) + 19 ~ 19 -> clamped to 10
     logp = torch.tensor([[0.0, 30.0]])
     ref = torch.tensor([[30.0, 0.0]])
-    assert kl_penalty(logp, ref, KLEstimator.K3)[0].tolist() == [10.0, 10.0]
+    assert kl_penalty(logp, ref, KLEstimator.k3)[0].tolist() == [10.0, 10.0]
 
 
 def test_kl_estimator_parse():
-    assert KLEstimator.parse("low_var_kl") is KLEstimator.K3
-    assert KLEstimator.parse("kl") is KLEstimator.K1
-    assert KLEstimator.parse("mse") is KLEstimator.K2
-    assert KLEstimator.parse("abs") is KLEstimator.ABS
-    assert KLEstimator.parse("k2") is KLEstimator.K2
+    assert KLEstimator.parse("low_var_kl") is KLEstimator.k3
+    assert KLEstimator.parse("kl") is KLEstimator.k1
+    assert KLEstimator.parse("mse") is KLEstimator.k2
+    assert KLEstimator.parse("abs") is KLEstimator.abs
+    assert KLEstimator.parse("k2") is KLEstimator.k2
     with pytest.raises(ValueError, match="low_var_kl"):
         KLEstimator.parse("full")
 
@@ -119,7 +137,7 @@ ADVANTAGES = torch.tensor([[1.0, 1.0, -1.0], [-1.0, -2.0, 10.0]])
 PG_MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 
 
-def _policy_loss(mode=LossAggMode.TOKEN_MEAN, clip_ratio_c=3.0):
+def _policy_loss(mode=LossAggMode.token_mean, clip_ratio_c=3.0):
     logprobs = torch.tensor(RATIOS).log().requires_grad_()
     loss, metrics = compute_policy_loss(
         torch.zeros(2, 3), logprobs, ADVANTAGES, PG_MASK, 0.2, 0.28, mode, clip_ratio_c=clip_ratio_c
@@ -155,8 +173,20 @@ def test_policy_loss_without_dual_clip():
 
 def test_policy_loss_seq_mean_token_sum():
     # row sums: -1.28 - 0.5 + 0.8 = -0.98 and 3.0 + 2.2 = 5.2 -> mean 2.11
-    loss, _, _ = _policy_loss(mode=LossAggMode.SEQ_MEAN_TOKEN_SUM)
+    loss, _, _ = _policy_loss(mode=LossAggMode.seq_mean_token_sum)
     assert loss.item() == pytest.approx(2.11, abs=1e-5)
+
+
+def test_policy_loss_dr_grpo_constant_length():
+    # the same row sums over the constant 4 (Dr. GRPO): 2.11 / 4 = 0.5275; an unclipped token's
+    # grad is -A * ratio / (B * 4): (0,1): -0.5 / 8 = -0.0625, (1,1): 2.2 / 8 = 0.275
+    logprobs = torch.tensor(RATIOS).log().requires_grad_()
+    mode = LossAggMode.seq_mean_token_sum_norm
+    loss, _ = compute_policy_loss(torch.zeros(2, 3), logprobs, ADVANTAGES, PG_MASK, 0.2, 0.28, mode, 3.0, 4)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.5275, abs=1e-5)
+    expected = torch.tensor([[0.0, -0.0625, 0.0], [0.0, 0.275, 0.0]])
+    torch.testing.assert_close(logprobs.grad, expected, atol=1e-6, rtol=0)
 
 
 def test_policy_loss_on_policy_is_minus_mean_advantage():
@@ -164,7 +194,7 @@ def test_policy_loss_on_policy_is_minus_mean_advantage():
     logprobs = torch.tensor([[-0.3, -1.2, -2.0]])
     adv = torch.tensor([[1.0, -1.0, 2.0]])
     loss, metrics = compute_policy_loss(
-        logprobs, logprobs, adv, torch.ones(1, 3), 0.2, 0.2, LossAggMode.TOKEN_MEAN
+        logprobs, logprobs, adv, torch.ones(1, 3), 0.2, 0.2, LossAggMode.token_mean
     )
     assert loss.item() == pytest.approx(-2 / 3)
     assert float(metrics["actor/pg_clipfrac"]) == 0.0

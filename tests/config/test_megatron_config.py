@@ -550,7 +550,7 @@ def test_script_dry_run_plans_tp2_pp4(tmp_path):
     assert "cluster: 1 node(s) × 8 GPU(s), 8 used" in out
     assert "train: 8 workers, DP=1 TP=2 PP=4 CP=1" in out
     assert "ref: 8 workers, DP=1 TP=2 PP=4 CP=1" in out
-    assert "rollout: 8 workers, DP=8 TP=1" in out  # hf rollout: one model per GPU
+    assert "rollout: 8 workers, DP=4 TP=2" in out  # vLLM rollout at TP 2 by default
     assert "dry run: plan printed, no workers started" in out
 
 

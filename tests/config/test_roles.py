@@ -139,7 +139,7 @@ def test_user_role_needs_a_declaration_and_a_registered_backend():
 def test_registry_lists_builtins_per_kind():
     assert backend_names("train") == ["megatron", "torch"]
     assert backend_names("ref") == ["megatron", "torch"]
-    assert backend_names("rollout") == ["hf"]
+    assert backend_names("rollout") == ["hf", "vllm"]
 
 
 def test_unknown_rollout_backend_names_the_rollout_key():
@@ -149,7 +149,7 @@ def test_unknown_rollout_backend_names_the_rollout_key():
 
     with pytest.raises(ConfigError) as exc:
         check_backends([replace(spec, backend="sglang")])
-    assert exc.value.key == "actor_rollout_ref.rollout.name" and "['hf']" in str(exc.value)
+    assert exc.value.key == "actor_rollout_ref.rollout.name" and "['hf', 'vllm']" in str(exc.value)
 
 
 def test_parallel_layout_must_fit_the_devices():

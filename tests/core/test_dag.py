@@ -249,3 +249,59 @@ def test_unknown_field_in_node(tmp_path):
                 inputs: [prompts, prompt_mask]
         """,
         )
+
+
+def edited_grpo(tmp_path, drop_node: str, drop_inputs: dict[str, str] | None = None) -> str:
+    """The shipped GRPO DAG without one node, and without the inputs {node: key} named."""
+    import yaml
+
+    from dagrl.core.dag import dag_path
+
+    with open(dag_path("grpo")) as f:
+        raw = yaml.safe_load(f)
+    del raw["nodes"][drop_node]
+    for node, key in (drop_inputs or {}).items():
+        raw["nodes"][node]["inputs"].remove(key)
+    path = tmp_path / "dag.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+def build_for(path: str, *overrides: str) -> Dag:
+    cfg = compose_config(*overrides)
+    source, specs = load_dag_specs(path)
+    return build_dag(path, source, prune_disabled(specs, cfg), POOLS)
+
+
+def test_objective_inputs_need_a_producer(tmp_path):
+    # the update reads ref_logprobs only with the KL loss: then a DAG without the ref node fails
+    no_ref = {"advantage": "ref_logprobs", "actor_update": "ref_logprobs"}
+    path = edited_grpo(tmp_path, "ref_logprob", no_ref)
+    build_for(path)
+    with pytest.raises(DagError, match=r"kind actor_update needs inputs \['ref_logprobs'\]"):
+        build_for(path, "actor_rollout_ref.actor.use_kl_loss=true")
+    path = edited_grpo(tmp_path, "ref_logprob", {"advantage": "ref_logprobs"})
+    with pytest.raises(
+        DagError, match=r"node 'actor_update' reads \['ref_logprobs'\], which no node produces"
+    ):
+        build_for(path, "actor_rollout_ref.actor.use_kl_loss=true")
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "gspo"])
+def test_advantages_need_a_producer(tmp_path, algorithm):
+    from dagrl.core.dag import dag_path
+
+    build_for(dag_path("grpo"), f"algorithm={algorithm}")
+    path = edited_grpo(tmp_path, "advantage")
+    with pytest.raises(DagError, match=r"node 'actor_update' reads \['advantages'\]"):
+        build_for(path, f"algorithm={algorithm}")
+
+
+def test_kl_in_reward_requires_the_log_probs_at_the_advantage_node(tmp_path):
+    path = edited_grpo(tmp_path, "ref_logprob", {"actor_update": "ref_logprobs"})
+    with pytest.raises(DagError, match=r"node 'advantage' reads \['ref_logprobs'\]"):
+        build_for(path, "algorithm.use_kl_in_reward=true")
+    path = edited_grpo(tmp_path, "ref_logprob", {"actor_update": "ref_logprobs", "advantage": "ref_logprobs"})
+    build_for(path)  # without KL in the reward the advantage node does not need them
+    with pytest.raises(DagError, match=r"kind advantage needs inputs \['ref_logprobs'\]"):
+        build_for(path, "algorithm.use_kl_in_reward=true")

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
-from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
+from dagrl.backends.hf_model import eos_token_ids, load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.core.batch import Batch
 
 
@@ -24,7 +24,7 @@ class HFRolloutBackend:
         self.model = load_causal_lm(path, arr.model.dtype, ctx.device, arr.model.trust_remote_code).eval()
         self.model.requires_grad_(False)
         tok = load_tokenizer(path, arr.model.trust_remote_code)
-        self.eos_ids = _eos_ids(tok, self.model)
+        self.eos_ids = eos_token_ids(tok, self.model.generation_config)
         self.pad_id = tok.pad_token_id
         self.params = dict(self.model.named_parameters())
         self.params.update(dict(self.model.named_buffers()))
@@ -37,6 +37,12 @@ class HFRolloutBackend:
 
     def onload(self) -> None:
         self.model.to(self.ctx.device)
+
+    def begin_weight_update(self) -> None:
+        self.onload()
+
+    def finish_weight_update(self) -> None:
+        pass
 
     def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         nbytes = 0
@@ -121,13 +127,6 @@ def _sample(logits: torch.Tensor, gen, temperature: float, top_p: float, top_k: 
         filtered = filtered.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
     token = torch.multinomial(torch.softmax(filtered, -1), 1, generator=gen)[:, 0]
     return token, logprobs.gather(-1, token[:, None])[:, 0]
-
-
-def _eos_ids(tok, model) -> list[int]:
-    ids = {tok.eos_token_id}
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    return sorted(i for i in ids if i is not None)
 
 
 def _pad_right(parts: list[torch.Tensor], value, width: int) -> torch.Tensor:

@@ -3,7 +3,8 @@ and CPU offload, driven by `actor_rollout_ref.{actor,ref}.megatron.*`.
 
 Every rank of a DP group receives the same DP shard (the pool shards by `dp_info`); micro-batches
 go through megatron's forward-backward schedule (pipelined when PP > 1), the last stage turns
-vocab-parallel logits into log-probs, and the loss comes from `dagrl.algos` like every backend's.
+vocab-parallel logits into what the objective requests (log-probs, entropy), and the loss is the
+objective's, in the update loop every train backend shares (backends/update_loop.py).
 Used for the actor and, with forward_only=True, for the reference model (no DDP, no optimizer).
 """
 
@@ -15,13 +16,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
 import torch
 from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from dagrl.algos import LossAggMode
-from dagrl.backends.actor_loss import actor_loss, micro_batch_weights
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron.logprobs import response_logprobs
@@ -29,17 +27,19 @@ from dagrl.backends.megatron.model import build_model, transformer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import get_sdpa_block_spec
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
+from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.schema import LayerSpec
 from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.objectives import TokenOutputs, build_objective
 
 
 @dataclass
 class MicroInputs:
     """One micro-batch as megatron's model takes it, plus what the loss needs."""
 
-    batch: Batch  # on device: what the loss reads (advantages, old / ref log-probs, masks)
+    batch: Batch  # on device: the objective's required keys
     input_ids: torch.Tensor  # [B, S] on device: each row's prompt + response from column 0
     position_ids: torch.Tensor  # [B, S]: 0 .. S-1
     # the response tokens whose predicting position lies inside the S columns, flattened:
@@ -82,7 +82,8 @@ class MegatronTrainBackend:
         load_hf_weights(self.chunks, self.path)
         self.load_s = time.perf_counter() - start
         self.model, self.optimizer = self._wrap(arr.actor)
-        self.steps = 0
+        self.objective = None if forward_only else build_objective(cfg)
+        self.steps = 0  # updates done: the LR schedule's and the shuffle's position
         self.offload_freed_gib = 0.0
         self._cpu_params: dict = {}
 
@@ -224,7 +225,7 @@ class MegatronTrainBackend:
         inside = (at < seq).flatten()
         dev = self.ctx.device
         return MicroInputs(
-            batch=Batch({k: mb[k].to(dev) for k in loss_keys if k in mb}),
+            batch=Batch({k: mb[k].to(dev) for k in loss_keys}),
             input_ids=ids.to(dev),
             position_ids=pos.to(dev),
             token_index=inside.nonzero().squeeze(1).to(dev),
@@ -319,71 +320,48 @@ class MegatronTrainBackend:
             f"perf/{phase}_tflops_per_gpu": flops / gpus / seconds / 1e12,
         }
 
-    # ---- update --------------------------------------------------------------------------------
+    # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         assert not self.forward_only, "the reference model is not trained"
-        actor = self.cfg.actor_rollout_ref.actor
-        n = self.cfg.actor_rollout_ref.rollout.n
         _, dp_size, _ = dp_info()
-        mini_rows = actor.ppo_mini_batch_size * n // dp_size
-        lr = self._set_lr()
         for chunk in self.model:
             chunk.train()
-        history: dict[str, list[float]] = {}
         self._step_micros: list[MicroInputs] = []  # for the throughput metrics
-        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + self.steps)
         start = time.perf_counter()
-        for _ in range(actor.ppo_epochs):
-            order = torch.randperm(len(batch), generator=gen) if actor.shuffle else torch.arange(len(batch))
-            for mini in batch.index(order).chunks(mini_rows):
-                for k, v in self._update_mini_batch(mini).items():
-                    history.setdefault(k, []).append(v)
+        metrics = run_update(self, self.objective, batch, self.cfg, dp_size, self.steps)
         self.steps += 1
-        seconds = time.perf_counter() - start
-        metrics = {k: float(np.mean(v)) for k, v in history.items()}
-        metrics["actor/lr"] = lr
-        metrics.update(self._throughput("update", self._step_micros, seconds, 3))
+        metrics.update(self._throughput("update", self._step_micros, time.perf_counter() - start, 3))
         if self.ctx.device.type == "cuda":
             metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
         return Batch(), metrics
 
-    def _set_lr(self) -> float:
-        o = self.cfg.actor_rollout_ref.actor.optim
-        lr = o.lr * min(1.0, (self.steps + 1) / max(1, o.lr_warmup_steps))
+    def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        return lr
 
-    def _update_mini_batch(self, mini: Batch) -> dict[str, float]:
-        actor = self.cfg.actor_rollout_ref.actor
-        mode = LossAggMode(actor.loss_agg_mode)
+    def forward_backward(self, micro_batches: list[Batch], weights: list[float]) -> list[dict]:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        chunks = mini.chunks(actor.ppo_micro_batch_size_per_gpu)
-        weights = micro_batch_weights(mini, chunks, mode)
-        keys = ("response_mask", "old_logprobs", "advantages", "ref_logprobs")
-        micros = [self._micro_inputs(mb, w, keys) for mb, w in zip(chunks, weights)]
+        keys = self.objective.required_keys
+        micros = [self._micro_inputs(mb, w, keys) for mb, w in zip(micro_batches, weights)]
         self._step_micros += micros
-        outputs = self._run_schedule(micros, partial(self._loss, mode, len(micros)), forward_only=False)
-        _, grad_norm, _ = self.optimizer.step()
-        sums: dict[str, float] = {}
-        for mi, out in zip(micros, outputs):
-            for k, v in out.items():
-                sums[k] = sums.get(k, 0.0) + v * mi.weight
-        if grad_norm is not None:
-            sums["actor/grad_norm"] = grad_norm
-        # metrics stay device tensors until here: a .item() per micro-batch would stall the
-        # schedule (the CPU could no longer run ahead of the GPU)
-        return {k: float(v) for k, v in sums.items()}
+        # metrics stay device tensors: a .item() per micro-batch would stall the schedule (the CPU
+        # could no longer run ahead of the GPU); the shared loop syncs once per mini-batch
+        return self._run_schedule(micros, partial(self._loss, len(micros)), forward_only=False)
 
-    def _loss(self, mode: LossAggMode, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
-        actor = self.cfg.actor_rollout_ref.actor
-        logprobs, entropy = self._response_logprobs(mi, logits, entropy=True)
-        if actor.entropy_coeff == 0:  # a metric only: no gradient, so no entropy backward pass
+    def optimizer_step(self) -> float | None:
+        _, grad_norm, _ = self.optimizer.step()  # clips to actor.grad_clip (OptimizerConfig)
+        return grad_norm
+
+    def _loss(self, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
+        request = self.objective.request
+        logprobs, entropy = self._response_logprobs(mi, logits, entropy=request.entropy)
+        if entropy is not None and not request.entropy_grad:  # a metric only: no entropy backward pass
             entropy = entropy.detach()
-        loss, metrics = actor_loss(actor, mi.batch, logprobs, entropy, mode)
+        out = TokenOutputs(logprobs=logprobs if request.logprobs else None, entropy=entropy)
+        loss, metrics = self.objective.loss(mi.batch, out)
         # megatron divides each micro-batch's loss by their number; the weight already averages
         return loss * (mi.weight * n_micro), metrics
 

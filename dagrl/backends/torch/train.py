@@ -14,11 +14,12 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from dagrl.algos import LossAggMode, entropy_from_logits, logprobs_from_logits
-from dagrl.backends.actor_loss import actor_loss, micro_batch_weights
+from dagrl.algos import entropy_from_logits, logprobs_from_logits
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
+from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.objectives import TokenOutputs, TokenRequest, build_objective
 
 
 class TorchTrainBackend:
@@ -31,6 +32,7 @@ class TorchTrainBackend:
         self.temperature = arr.rollout.temperature
         self.optimizer = None
         self.ddp = None
+        self.steps = 0  # updates done: the LR schedule's and the shuffle's position
         if forward_only:
             self.model.eval().requires_grad_(False)
             self.micro = arr.ref.log_prob_micro_batch_size_per_gpu
@@ -38,13 +40,10 @@ class TorchTrainBackend:
         self.micro = arr.rollout.log_prob_micro_batch_size_per_gpu
         if arr.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        self.objective = build_objective(cfg)
         o = arr.actor.optim
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
-        )
-        warmup = max(1, o.lr_warmup_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup)
         )
         if ctx.distributed:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -54,8 +53,11 @@ class TorchTrainBackend:
     def dp_info(self) -> tuple[int, int, bool]:
         return self.ctx.rank, self.ctx.world_size, True
 
-    def offload(self) -> None:
+    def offload(self) -> bool:
+        if not self.cfg.actor_rollout_ref.actor.offload:  # the state stays resident on the GPU
+            return False
         self._move(torch.device("cpu"))
+        return True
 
     def onload(self) -> None:
         self._move(self.ctx.device)
@@ -69,7 +71,7 @@ class TorchTrainBackend:
                         state[k] = v.to(device)
 
     # ---- forward -------------------------------------------------------------------------------
-    def _logits_logprobs(self, module, mb: Batch, with_entropy: bool):
+    def _token_outputs(self, module, mb: Batch, request: TokenRequest) -> TokenOutputs:
         dev = self.ctx.device
         ids, attn, pos = sequence_inputs(
             mb["prompts"].to(dev),
@@ -77,71 +79,88 @@ class TorchTrainBackend:
             mb["responses"].to(dev),
             mb["response_mask"].to(dev),
         )
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         resp_len = mb["responses"].shape[1]
+        if dev.type == "cuda":
+            return self._fused_outputs(module, ids, attn, pos, resp_len, request)
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         # logits at t predict token t+1: the response tokens are predicted by positions P-1 .. P+R-2
         logits = logits[:, -resp_len - 1 : -1].float() / self.temperature
-        logprobs = logprobs_from_logits(logits, ids[:, -resp_len:])
-        entropy = None
-        if with_entropy:  # a metric unless entropy_coeff != 0: then no graph is kept for it
-            with torch.set_grad_enabled(
-                torch.is_grad_enabled() and self.cfg.actor_rollout_ref.actor.entropy_coeff != 0
-            ):
-                entropy = entropy_from_logits(logits)
-        return logprobs, entropy
+        out = TokenOutputs()
+        if request.logprobs:
+            out.logprobs = logprobs_from_logits(logits, ids[:, -resp_len:])
+        if request.entropy:  # without entropy_grad a metric only: then no graph is kept for it
+            with torch.set_grad_enabled(torch.is_grad_enabled() and request.entropy_grad):
+                out.entropy = entropy_from_logits(logits)
+        return out
+
+    def _fused_outputs(self, module, ids, attn, pos, resp_len: int, request: TokenRequest) -> TokenOutputs:
+        """GPU path: the output layer runs on the R+1 last positions only (prompt positions need no
+        logits), and one fused pass over the bf16 logits gives log-probs and entropy without a
+        fp32 [B, R, V] copy (the Triton kernel the megatron backend uses)."""
+        from dagrl.backends.megatron.logprobs import response_logprobs  # torch + triton, no megatron
+
+        logits = module(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=resp_len + 1
+        ).logits  # [B, R+1, V]: position r predicts response token r
+        rows, dev = ids.shape[0], ids.device
+        # response_logprobs indexes logits[positions[n], rows[n]] of a [S, B, V] tensor: here S = rows
+        batch_index = torch.arange(rows, device=dev).repeat_interleave(resp_len)
+        token_index = torch.arange(resp_len, device=dev).repeat(rows)
+        targets = ids[:, -resp_len:].reshape(-1)
+        res = response_logprobs(
+            logits, token_index, batch_index, targets, self.temperature, logits.shape[-1], request.entropy
+        )
+        logprobs, entropy = res if request.entropy else (res, None)
+        grid = (rows, resp_len)
+        out = TokenOutputs(logprobs=logprobs.view(grid))
+        if entropy is not None:  # without entropy_grad a metric only: no backward pass through it
+            out.entropy = (entropy if request.entropy_grad else entropy.detach()).view(grid)
+        return out
 
     @torch.no_grad()
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
         self.model.eval()
-        out = [self._logits_logprobs(self.model, mb, False)[0].cpu() for mb in batch.chunks(self.micro)]
+        request = TokenRequest(logprobs=True)
+        out = [self._token_outputs(self.model, mb, request).logprobs.cpu() for mb in batch.chunks(self.micro)]
         return Batch({output_key: torch.cat(out)}), {}
 
-    # ---- update --------------------------------------------------------------------------------
+    # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         assert not self.forward_only, "the reference model is not trained"
-        actor = self.cfg.actor_rollout_ref.actor
-        n = self.cfg.actor_rollout_ref.rollout.n
-        mini_rows = actor.ppo_mini_batch_size * n // self.ctx.world_size
-        module = self.ddp or self.model
-        module.train()
-        history: dict[str, list[float]] = {}
-        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + self.scheduler.last_epoch)
-        for _ in range(actor.ppo_epochs):
-            order = torch.randperm(len(batch), generator=gen) if actor.shuffle else torch.arange(len(batch))
-            for mini in batch.index(order).chunks(mini_rows):
-                for k, v in self._update_mini_batch(module, mini).items():
-                    history.setdefault(k, []).append(v)
-        self.scheduler.step()
-        metrics = {k: float(np.mean(v)) for k, v in history.items()}
-        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
+        (self.ddp or self.model).train()
+        metrics = run_update(self, self.objective, batch, self.cfg, self.ctx.world_size, self.steps)
+        self.steps += 1
         if self.ctx.device.type == "cuda":
             metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return Batch(), metrics
 
-    def _update_mini_batch(self, module, mini: Batch) -> dict[str, float]:
-        actor = self.cfg.actor_rollout_ref.actor
-        mode = LossAggMode(actor.loss_agg_mode)
-        self.optimizer.zero_grad(set_to_none=True)
-        micro_batches = mini.chunks(actor.ppo_micro_batch_size_per_gpu)
-        weights = micro_batch_weights(mini, micro_batches, mode)
-        sums: dict[str, float] = {}
-        for i, (mb, weight) in enumerate(zip(micro_batches, weights)):
-            sync = i == len(micro_batches) - 1 or self.ddp is None
-            ctx = module.no_sync() if not sync else contextlib.nullcontext()
-            with ctx:
-                loss, metrics = self._micro_loss(module, mb, mode)
-                (loss * weight).backward()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v * weight
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), actor.grad_clip)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        sums["actor/grad_norm"] = grad_norm
-        return {k: float(v) for k, v in sums.items()}  # the mini-batch's one sync with the device
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
-    def _micro_loss(self, module, mb: Batch, mode: LossAggMode) -> tuple[torch.Tensor, dict]:
-        logprobs, entropy = self._logits_logprobs(module, mb, True)
-        return actor_loss(self.cfg.actor_rollout_ref.actor, mb, logprobs, entropy, mode)
+    def forward_backward(self, micro_batches: list[Batch], weights: list[float]) -> list[dict]:
+        self.optimizer.zero_grad(set_to_none=True)
+        module = self.ddp or self.model
+        keys = self.objective.required_keys
+        outputs = []
+        for i, (mb, weight) in enumerate(zip(micro_batches, weights)):
+            # DDP all-reduces the gradients once, on the mini-batch's last backward
+            sync = i == len(micro_batches) - 1 or self.ddp is None
+            with contextlib.nullcontext() if sync else module.no_sync():
+                out = self._token_outputs(module, mb, self.objective.request)
+                on_device = Batch({k: mb[k].to(self.ctx.device) for k in keys})
+                loss, metrics = self.objective.loss(on_device, out)
+                (loss * weight).backward()
+            outputs.append(metrics)
+        return outputs
+
+    def optimizer_step(self) -> torch.Tensor:
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.actor_rollout_ref.actor.grad_clip
+        )
+        if torch.isfinite(grad_norm):  # a step on inf/nan gradients would ruin the weights
+            self.optimizer.step()
+        return grad_norm
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
@@ -153,9 +172,9 @@ class TorchTrainBackend:
         os.makedirs(path, exist_ok=True)
         if self.ctx.rank == 0:
             self.export_hf(path)
-        state = {"rng": _rng_state()}
+        state = {"rng": _rng_state(), "steps": self.steps}
         if self.optimizer is not None:
-            state.update(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict())
+            state["optimizer"] = self.optimizer.state_dict()
         torch.save(state, os.path.join(path, f"train_state_rank{self.ctx.rank}.pt"))
 
     def load(self, path: str) -> None:
@@ -169,9 +188,9 @@ class TorchTrainBackend:
         tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
         assert not unexpected and set(missing) <= tied, f"checkpoint {path} mismatch: {missing} {unexpected}"
         extra = torch.load(os.path.join(path, f"train_state_rank{self.ctx.rank}.pt"), weights_only=False)
+        self.steps = extra["steps"]
         if self.optimizer is not None:
             self.optimizer.load_state_dict(extra["optimizer"])
-            self.scheduler.load_state_dict(extra["scheduler"])
         _set_rng_state(extra["rng"])
 
     def export_hf(self, path: str) -> None:

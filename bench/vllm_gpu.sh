@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The vLLM rollout's GPU checks and benchmarks, as recorded in docs/perf.md. Run from the repo root
+# on a GPU machine with ../shared/gpu's parts installed in /root/site (vLLM 0.26.0) and the anchors
+# copied to .anchors/ (../shared/anchors/README.md).
+#
+#   bash bench/vllm_gpu.sh check OUT   # 1 GPU: gpu tests, the default tiny job on vLLM,
+#                                      #   bench/rollout_vs_vllm.py on the side-by-side model
+#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf]   # 1 GPU: the side-by-side, TRL and the
+#                                      #   chosen dagrl presets (default: trl fast lean), one command
+#   bash bench/vllm_gpu.sh two OUT     # 2 GPUs: separate placement with and without overlap,
+#                                      #   rollout TP=2 colocated with a TP=2 megatron trainer
+#
+# Every step writes OUT/<name>.log and goes on when one fails (the summary lists exit codes).
+set -uo pipefail
+MODE=${1:?check, side or two}
+OUT=${2:-/tmp/vllm_gpu}
+mkdir -p "$OUT"
+export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
+  VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
+  RAY_AUTH_MODE=disabled
+M=/tmp/anchor_q06b D=/tmp/anchor_data
+R=actor_rollout_ref.rollout A=actor_rollout_ref.actor
+# what a user would pick for a 0.6B model on one 80 GB card: engine and trainer both resident (no
+# sleep, no offload: everything fits), the on-policy update's old log-probs from its own forward
+FAST="$R.name=vllm $R.gpu_memory_utilization=0.4 $R.free_cache_engine=false $A.offload=false \
+$A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true"
+# the memory-lean colocated form: engine asleep (level 2) while the trainer works, trainer offloaded
+LEAN="$R.name=vllm $R.gpu_memory_utilization=0.5 $R.free_cache_engine=true $R.sleep_level=2 \
+$A.offload=true $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true"
+declare -a SUMMARY
+
+step() {  # step NAME TIMEOUT_S COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    SUMMARY+=("$name rc=$rc $((SECONDS - start))s")
+    echo "== $name rc=$rc $((SECONDS - start))s"
+    grep -E "^(ROLLOUT_VS_VLLM|SIDE|FLOOR)|passed|failed|rror" "$OUT/$name.log" | tail -n 6
+}
+
+side() {  # side NAME EXTRA...
+    local name=$1
+    shift
+    mkdir -p "$OUT/$name"
+    step "$name" 420 env OUT="$OUT/$name" EXTRA="$*" bash .anchors/side_by_side.sh dagrl
+}
+
+python3 .anchors/build_anchor.py $M $D >/dev/null
+case $MODE in
+check)
+    step gpu_tests 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/vllm/test_vllm_gpu.py
+    step tiny_vllm 300 python3 -m dagrl.main trainer.device=cuda $R.name=vllm $R.gpu_memory_utilization=0.3 \
+        trainer.default_local_dir=/tmp/tiny_vllm trainer.progress_bar=false
+    grep -E "^step|val" "$OUT/tiny_vllm.log" | tail -n 8
+    step rollout_vs_vllm 400 python3 bench/rollout_vs_vllm.py --model $M --data $D/train.parquet
+    ;;
+side)
+    shift 2
+    [ $# -gt 0 ] || set -- trl fast lean
+    for what in "$@"; do
+        case $what in
+        trl) mkdir -p "$OUT/trl"; step trl 420 env OUT="$OUT/trl" bash .anchors/side_by_side.sh trl ;;
+        fast) side dagrl_fast $FAST ;;
+        lean) side dagrl_lean $LEAN ;;
+        hf) side dagrl_hf ;;
+        *) echo "unknown side run $what" ;;
+        esac
+    done
+    ;;
+two)
+    SEP="placement=separate trainer.n_gpus_per_node=2 $R.name=vllm $R.gpu_memory_utilization=0.8 \
+$A.offload=false $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true"
+    side sep_sync $SEP
+    side sep_overlap $SEP $R.overlap_steps=1
+    side tp2_colocated trainer.n_gpus_per_node=2 $A.strategy=megatron $A.megatron.tensor_model_parallel_size=2 \
+        $R.tensor_model_parallel_size=2 $R.name=vllm $R.gpu_memory_utilization=0.4 $R.free_cache_engine=false \
+        $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true
+    ;;
+*) echo "unknown mode $MODE"; exit 2 ;;
+esac
+printf '%s\n' "${SUMMARY[@]}"

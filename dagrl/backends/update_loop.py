@@ -1,0 +1,81 @@
+"""The actor update every train backend runs: epochs × mini-batches of the objective, one LR schedule.
+
+Per step the learning rate comes from `lr_at`; per epoch the rows are shuffled (actor.shuffle)
+by a generator seeded with the step, so a resumed run shuffles as the uninterrupted one did; per
+mini-batch the backend accumulates the gradient of the objective over the micro-batches (their
+weights make the sum the mini-batch's loss) and steps its optimizer. Metrics stay device tensors
+until the mini-batch ends: one synchronisation with the device per mini-batch.
+
+The backend supplies the parts that differ (`UpdateEngine`): its forward-backward over the
+micro-batches (the torch backend loops over them, megatron runs its pipeline schedule) and its
+optimizer step.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from dagrl.config.schema import DagrlConfig, OptimConfig
+from dagrl.core.batch import Batch
+from dagrl.core.metrics import fold, reduce
+from dagrl.objectives import Objective
+
+
+class UpdateEngine(Protocol):
+    def set_lr(self, lr: float) -> None: ...
+
+    def forward_backward(
+        self, micro_batches: list[Batch], weights: list[float]
+    ) -> list[dict[str, torch.Tensor]]:
+        """Zero the gradients, then accumulate those of sum_i weights[i] × objective loss of
+        micro-batch i. Returns the objective's metrics per micro-batch (none on ranks that
+        compute no loss, e.g. pipeline stages before the last)."""
+        ...
+
+    def optimizer_step(self) -> torch.Tensor | float | None:
+        """Clip and apply the gradients; the gradient norm before clipping (None if unknown here)."""
+        ...
+
+
+def lr_at(optim: OptimConfig, step: int) -> float:
+    """Learning rate of update `step` (0-based): linear warmup over optim.lr_warmup_steps, then
+    constant. Adam's first steps are otherwise full-size on a still-random second moment."""
+    return optim.lr * min(1.0, (step + 1) / max(1, optim.lr_warmup_steps))
+
+
+def run_update(
+    engine: UpdateEngine, objective: Objective, batch: Batch, cfg: DagrlConfig, dp_size: int, step: int
+) -> dict[str, float]:
+    """Epochs × mini-batches on this DP shard; returns the metrics (means over mini-batches)."""
+    actor = cfg.actor_rollout_ref.actor
+    mini_rows = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // dp_size
+    micro_rows = actor.ppo_micro_batch_size_per_gpu
+    lr = lr_at(actor.optim, step)
+    engine.set_lr(lr)
+    history: dict[str, list[float]] = {}
+    gen = torch.Generator().manual_seed(cfg.trainer.seed + step)
+    for _ in range(actor.ppo_epochs):
+        order = torch.randperm(len(batch), generator=gen) if actor.shuffle else torch.arange(len(batch))
+        for mini in batch.index(order).chunks(mini_rows):
+            for k, v in _update_mini_batch(engine, objective, mini, micro_rows).items():
+                history.setdefault(k, []).append(v)
+    metrics = {k: reduce(k, v) for k, v in history.items()}  # _max / _min keys keep the extreme
+    metrics["actor/lr"] = lr
+    return metrics
+
+
+def _update_mini_batch(
+    engine: UpdateEngine, objective: Objective, mini: Batch, micro_rows: int
+) -> dict[str, float]:
+    micro_batches = mini.chunks(micro_rows)
+    weights = objective.micro_batch_weights(mini, micro_batches)
+    outputs = engine.forward_backward(micro_batches, weights)
+    grad_norm = engine.optimizer_step()
+    sums: dict[str, torch.Tensor | float] = {}
+    for weight, metrics in zip(weights, outputs):
+        fold(sums, metrics, weight)
+    if grad_norm is not None:
+        sums["actor/grad_norm"] = grad_norm
+    return {k: float(v) for k, v in sums.items()}  # the mini-batch's one sync with the device

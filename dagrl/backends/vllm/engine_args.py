@@ -1,0 +1,109 @@
+"""From dagrl's rollout settings to vLLM's engine and sampling arguments. Pure: no vLLM import, so
+the name mapping and its rules are tested on machines without a GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+R = "actor_rollout_ref.rollout"
+
+# vLLM engine arguments that dagrl sets from its own keys: passing them again through
+# engine_kwargs.vllm would silently fight the dagrl setting, so validate refuses them.
+RESERVED_ENGINE_KWARGS: dict[str, str] = {
+    "model": "actor_rollout_ref.model.path",
+    "dtype": "actor_rollout_ref.model.dtype",
+    "trust_remote_code": "actor_rollout_ref.model.trust_remote_code",
+    "tensor_parallel_size": f"{R}.tensor_model_parallel_size",
+    "gpu_memory_utilization": f"{R}.gpu_memory_utilization",
+    "max_model_len": f"{R}.max_model_len",
+    "max_num_batched_tokens": f"{R}.max_num_batched_tokens",
+    "max_num_seqs": f"{R}.max_num_seqs",
+    "enforce_eager": f"{R}.enforce_eager",
+    "enable_chunked_prefill": f"{R}.enable_chunked_prefill",
+    "enable_prefix_caching": f"{R}.enable_prefix_caching",
+    "load_format": f"{R}.load_format",
+    "enable_sleep_mode": f"{R}.free_cache_engine",
+    "seed": "trainer.seed",
+    "distributed_executor_backend": "(set by dagrl: one engine shard per worker process)",
+    "logprobs_mode": "(set by dagrl: processed_logprobs, so temperature is reflected)",
+    "skip_tokenizer_init": "(set by dagrl: rollouts exchange token ids, never text)",
+    "generation_config": "(set by dagrl: sampling comes from actor_rollout_ref.rollout.*)",
+    "disable_custom_all_reduce": "(set by dagrl: each worker sees one GPU, so TP all-reduces go through NCCL)",
+}
+
+_VLLM_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+
+
+def max_model_len(cfg) -> int:
+    """The engine's context: rollout.max_model_len, or prompt + response length."""
+    r, d = cfg.actor_rollout_ref.rollout, cfg.data
+    return r.max_model_len or d.max_prompt_length + d.max_response_length
+
+
+def llm_kwargs(cfg, model_path: str) -> dict[str, Any]:
+    """Keyword arguments of `vllm.LLM` for this config.
+
+    One engine shard lives in each rollout worker process (`external_launcher`): vLLM reuses the
+    pool's process group, consecutive ranks form its TP groups, and every TP group is an
+    independent data-parallel replica that receives its own share of the prompts.
+    """
+    arr = cfg.actor_rollout_ref
+    r = arr.rollout
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        dtype=_VLLM_DTYPES[arr.model.dtype],
+        trust_remote_code=arr.model.trust_remote_code,
+        tensor_parallel_size=r.tensor_model_parallel_size,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        max_model_len=max_model_len(cfg),
+        enforce_eager=r.enforce_eager,
+        enable_chunked_prefill=r.enable_chunked_prefill,
+        enable_prefix_caching=r.enable_prefix_caching,
+        load_format=r.load_format,
+        enable_sleep_mode=r.free_cache_engine,
+        seed=cfg.trainer.seed,
+        distributed_executor_backend="external_launcher",
+        logprobs_mode="processed_logprobs",
+        skip_tokenizer_init=True,
+        generation_config="vllm",  # the model's own sampling defaults must not override dagrl's
+        # Ray shows each worker only its own GPU, and vLLM's custom all-reduce maps peers through
+        # CUDA_VISIBLE_DEVICES (IndexError at start with TP > 1): NCCL does the TP all-reduces
+        disable_custom_all_reduce=True,
+    )
+    if r.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = r.max_num_batched_tokens
+    if r.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = r.max_num_seqs
+    kwargs.update(r.engine_kwargs.vllm)
+    return kwargs
+
+
+def sampling_kwargs(cfg, eos_ids: list[int], validate: bool) -> dict[str, Any]:
+    """Keyword arguments of `vllm.SamplingParams` for one response per request.
+
+    Greedy (val_kwargs.do_sample=false, or temperature 0) is temperature 0 in vLLM. EOS ids are
+    given explicitly because the engine runs without a tokenizer.
+    """
+    r = cfg.actor_rollout_ref.rollout
+    s = r.val_kwargs if validate else r
+    greedy = (validate and not r.val_kwargs.do_sample) or s.temperature <= 0
+    kwargs: dict[str, Any] = dict(
+        n=1,
+        temperature=0.0 if greedy else s.temperature,
+        top_p=1.0 if greedy else s.top_p,
+        top_k=0 if greedy or s.top_k <= 0 else s.top_k,
+        max_tokens=cfg.data.max_response_length,
+        stop_token_ids=list(eos_ids),
+        ignore_eos=r.ignore_eos,
+        detokenize=False,
+    )
+    if r.calculate_log_probs:
+        kwargs.update(logprobs=0, flat_logprobs=True)  # the sampled token's log-prob only
+    return kwargs

@@ -1,0 +1,172 @@
+"""Rollout on vLLM, one engine shard per worker process.
+
+The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `external_launcher`): it reuses
+the pool's process group, so rollout TP=k takes k consecutive workers and each TP group is an
+independent replica fed its own share of the prompts. In-process means new weights reach the
+engine without leaving the GPU: `load_weights` on vLLM's own module, fed the trainer's tensors.
+
+Colocated with a trainer, the engine sleeps while the trainer works (`free_cache_engine`), and a
+weight refresh wakes it in stages so old weights, new weights and the KV cache never sit on the
+GPU together (see `begin_weight_update` / `finish_weight_update`). Free GPU memory after each
+phase is reported as `memory/rollout_*_free_gib`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from dagrl.backends.hf_model import eos_token_ids, load_generation_config, load_tokenizer, resolve_model_path
+from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
+from dagrl.backends.vllm.engine_args import llm_kwargs, sampling_kwargs
+from dagrl.core.batch import Batch
+
+
+def _prepare_process(rank: int, world_size: int) -> None:
+    """What vLLM's external launcher reads from the process before the engine starts."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    os.environ["RANK"] = str(rank)
+    os.environ["LOCAL_RANK"] = "0"  # Ray shows each worker only its own GPU, as device 0
+    os.environ["WORLD_SIZE"] = str(world_size)
+    if not torch.distributed.is_initialized():
+        # a one-worker pool has no process group; vLLM would otherwise build one from env://
+        store = torch.distributed.HashStore()
+        torch.distributed.init_process_group("nccl", store=store, rank=0, world_size=1)
+
+
+def request_seed_base(step_seed: int, replica: int) -> int:
+    """Seed of request 0 of a replica's shard; request i uses base + i (int64-safe for shards
+    under 65,536 rows and 64 replicas)."""
+    return ((step_seed % 2**31) * 64 + replica % 64) << 16
+
+
+@contextlib.contextmanager
+def _rng_kept():
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.cuda.get_rng_state_all())
+    try:
+        yield
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])
+        torch.set_rng_state(state[2])
+        torch.cuda.set_rng_state_all(state[3])
+
+
+def _free_gib() -> float:
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0] / 2**30
+
+
+class VLLMRolloutBackend:
+    def __init__(self, cfg, ctx):
+        assert ctx.device.type == "cuda", "validate refuses rollout.name=vllm off the GPU"
+        self.cfg, self.ctx = cfg, ctx
+        arr = cfg.actor_rollout_ref
+        self.tp = arr.rollout.tensor_model_parallel_size
+        path = resolve_model_path(arr.model.path)
+        tok = load_tokenizer(path, arr.model.trust_remote_code)
+        self.pad_id = tok.pad_token_id
+        self.eos_ids = eos_token_ids(tok, load_generation_config(path, arr.model.trust_remote_code))
+        _prepare_process(ctx.rank, ctx.world_size)
+        from vllm import LLM
+
+        start = time.perf_counter()
+        with _rng_kept():  # vLLM seeds every RNG of the process; the trainer's streams must not move
+            self.llm = LLM(**llm_kwargs(cfg, path))
+        self.start_s = time.perf_counter() - start
+        # in-process engine: apply_model hands back vLLM's own module (no serialisation)
+        self.model = self.llm.apply_model(lambda model: model)[0]
+        self.asleep = False
+        self.memory: dict[str, float] = {}  # phase -> free GiB, reported by the next generate
+
+    # ---- placement -----------------------------------------------------------------------------
+    def dp_info(self) -> tuple[int, int, bool]:
+        """A TP group is one replica: its ranks get the same shard, its first rank returns it."""
+        return self.ctx.rank // self.tp, self.ctx.world_size // self.tp, self.ctx.rank % self.tp == 0
+
+    def offload(self) -> bool:
+        """Hand the GPU to a colocated role: free the KV cache and the weights (sleep_level)."""
+        if not self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+            return False
+        if not self.asleep:
+            self.llm.sleep(level=self.cfg.actor_rollout_ref.rollout.sleep_level)
+            self.asleep = True
+            self.memory["memory/rollout_asleep_free_gib"] = _free_gib()
+        return True
+
+    def onload(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    # ---- weights -------------------------------------------------------------------------------
+    def begin_weight_update(self) -> None:
+        """Stage 1: the weights' memory only (the KV cache stays freed)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+            self.memory["memory/rollout_weights_awake_free_gib"] = _free_gib()
+
+    def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+        """Stage 2: HF-named tensors (on the GPU when colocated) into vLLM's module; vLLM's loaders
+        fuse q/k/v and gate/up and take each TP rank's slice."""
+        nbytes = 0
+        for bucket in buckets:
+            self.model.load_weights(bucket.items())
+            nbytes += sum(t.numel() * t.element_size() for t in bucket.values())
+        return nbytes
+
+    def finish_weight_update(self) -> None:
+        """Stage 3, after the trainer has left the GPU: the KV cache; cached prefixes are stale."""
+        if self.asleep:
+            self.memory["memory/rollout_before_kv_free_gib"] = _free_gib()
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        else:
+            self.llm.reset_prefix_cache()
+        self.memory["memory/rollout_awake_free_gib"] = _free_gib()
+
+    # ---- generation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, batch: Batch, seed: int, validate: bool = False) -> tuple[Batch, dict]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.onload()  # generating while (partly) asleep would wait forever
+        kwargs = sampling_kwargs(self.cfg, self.eos_ids, validate)
+        prompts = [
+            TokensPrompt(prompt_token_ids=ids)
+            for ids in prompt_token_lists(batch["prompts"], batch["prompt_mask"])
+        ]
+        # one seed per request: vLLM samples by (seed, position), so a row's response does not depend
+        # on what else is in the batch, and the ranks of a TP group draw the same tokens
+        base = request_seed_base(seed, self.ctx.rank // self.tp)
+        params = [SamplingParams(seed=base + i, **kwargs) for i in range(len(prompts))]
+        start = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        samples = [o.outputs[0] for o in outputs]
+        logprobs = None
+        if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
+            logprobs = [s.logprobs.logprobs for s in samples]  # FlatLogprobs: one per sampled token
+        responses, mask, rollout_logprobs = responses_to_tensors(
+            [s.token_ids for s in samples], logprobs, self.cfg.data.max_response_length, self.pad_id
+        )
+        tokens = int(mask.sum())
+        metrics = {"rollout/tokens_per_s": tokens / max(seconds, 1e-9), "rollout/generate_s": seconds}
+        metrics.update(self.memory)
+        self.memory = {}
+        out = Batch({"responses": responses, "response_mask": mask, "rollout_logprobs": rollout_logprobs})
+        return out, metrics
+
+    def shutdown(self) -> None:
+        """Free the engine before the process exits (vLLM's exit-time teardown with sleep mode
+        can crash a process that still holds it)."""
+        llm, self.llm, self.model = self.llm, None, None
+        del llm

@@ -1,0 +1,120 @@
+"""Weights from the trainer to separate rollout workers by broadcast, in bounded buckets.
+
+The train pool's rank 0 and every worker of the rollout pool join a process group of their own
+(NCCL on GPUs, gloo on CPU), built from a TCP store on train rank 0 so it lives beside each pool's
+default group. Each bucket of HF-named tensors (at most rollout.weight_sync_bucket_mb, one tensor
+may exceed it) goes out as three broadcasts: the length of its layout, the layout (names, dtypes,
+shapes, offsets; pickled), then the tensors packed into one byte buffer; a zero length ends the
+stream. Receivers unpack views of the buffer and load them into their engine bucket by bucket,
+so GPU memory holds one bucket (plus the engine's weights) at a time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+_ALIGN = 16  # byte offset of every tensor in a packed bucket: any dtype's view stays aligned
+_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+class BroadcastGroup:
+    """One member of the trainer → rollout broadcast group (rank 0 sends, the others receive)."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device):
+        self.rank, self.world_size, self.device = rank, world_size, device
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=_TIMEOUT)
+        store = dist.PrefixStore("dagrl-weights/", store)
+        if device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options.is_high_priority_stream = True
+            self.pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
+        else:
+            self.pg = dist.ProcessGroupGloo(store, rank, world_size, _TIMEOUT)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        self.pg.broadcast([tensor], opts).wait()
+
+    # ---- sender (train rank 0) ---------------------------------------------------------------
+    def send(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
+        """Broadcast every bucket, then the end marker; returns the payload bytes sent."""
+        assert self.rank == 0
+        sent = 0
+        for bucket in buckets:
+            layout, total = pack_layout(bucket)
+            meta = torch.frombuffer(bytearray(pickle.dumps(layout)), dtype=torch.uint8)
+            self._broadcast(torch.tensor([meta.numel()], dtype=torch.int64, device=self.device))
+            self._broadcast(meta.to(self.device))
+            self._broadcast(pack(bucket, layout, total, self.device))
+            sent += total
+        self._broadcast(torch.zeros(1, dtype=torch.int64, device=self.device))
+        return sent
+
+    # ---- receivers (rollout workers) ---------------------------------------------------------
+    def receive(self, load: Callable[[dict[str, torch.Tensor]], int]) -> int:
+        """Receive buckets until the end marker, handing each to `load`; returns what `load`
+        reported in all (the bytes the engine took: a tied output layer sent along is skipped)."""
+        assert self.rank > 0
+        received = 0
+        while True:
+            length = torch.zeros(1, dtype=torch.int64, device=self.device)
+            self._broadcast(length)
+            if int(length.item()) == 0:
+                return received
+            meta = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
+            self._broadcast(meta)
+            layout = pickle.loads(meta.cpu().numpy().tobytes())
+            total = layout[-1][3] + layout[-1][4] if layout else 0
+            buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
+            self._broadcast(buffer)
+            received += load(unpack(buffer, layout))
+
+    def bandwidth_gbps(self, reps: int = 3) -> float:
+        """The group's plain broadcast speed (GB/s of payload), the ceiling for a weight sync."""
+        nbytes = (512 if self.device.type == "cuda" else 16) * 2**20  # gloo on 2 cores: keep it short
+        buffer = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        self._broadcast(buffer)  # warm-up: communicator set-up
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(reps):
+            self._broadcast(buffer)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return nbytes * reps / (time.perf_counter() - start) / 1e9
+
+
+def pack_layout(bucket: dict[str, torch.Tensor]) -> tuple[list[tuple], int]:
+    """[(name, dtype, shape, offset, nbytes)] with offsets aligned to 16 bytes, and the total size."""
+    layout, offset = [], 0
+    for name, tensor in bucket.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        layout.append((name, tensor.dtype, tuple(tensor.shape), offset, nbytes))
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    return layout, (layout[-1][3] + layout[-1][4]) if layout else 0
+
+
+def pack(
+    bucket: dict[str, torch.Tensor], layout: list[tuple], total: int, device: torch.device
+) -> torch.Tensor:
+    """The bucket's tensors copied into one uint8 buffer on `device`, at the layout's offsets."""
+    buffer = torch.empty(total, dtype=torch.uint8, device=device)
+    for name, _, _, offset, nbytes in layout:
+        flat = bucket[name].detach().contiguous().view(-1).view(torch.uint8)
+        buffer[offset : offset + nbytes].copy_(flat, non_blocking=True)
+    return buffer
+
+
+def unpack(buffer: torch.Tensor, layout: list[tuple]) -> dict[str, torch.Tensor]:
+    """Views of `buffer` back as the named tensors (no copy)."""
+    return {
+        name: buffer[offset : offset + nbytes].view(dtype).view(shape)
+        for name, dtype, shape, offset, nbytes in layout
+    }

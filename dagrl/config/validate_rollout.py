@@ -1,0 +1,122 @@
+"""Rules for the rollout engine's settings (vllm and hf), checked before Ray starts."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from dagrl.config.schema import DagrlConfig, RolloutName
+from dagrl.errors import ConfigError
+
+R = "actor_rollout_ref.rollout"
+
+
+def check_rollout_engine(cfg: DagrlConfig) -> None:
+    """Rules that need only the config."""
+    r, d = cfg.actor_rollout_ref.rollout, cfg.data
+    if r.sleep_level not in (1, 2):
+        raise ConfigError(
+            f"{R}.sleep_level",
+            r.sleep_level,
+            "use 1 (weights kept in CPU memory) or 2 (dropped, refilled by the sync)",
+        )
+    if r.overlap_steps not in (0, 1):
+        raise ConfigError(
+            f"{R}.overlap_steps", r.overlap_steps, "use 0 (synchronous) or 1 (rollout one step ahead)"
+        )
+    check_off_policy_settings(cfg)
+    if r.name != RolloutName.vllm:
+        return
+    from dagrl.backends.vllm.engine_args import RESERVED_ENGINE_KWARGS
+
+    needed = d.max_prompt_length + d.max_response_length
+    if r.max_model_len is not None and r.max_model_len < needed:
+        raise ConfigError(
+            f"{R}.max_model_len",
+            r.max_model_len,
+            f"must hold data.max_prompt_length + data.max_response_length = {needed}; raise it or leave it"
+            " unset (then it is exactly that)",
+        )
+    for key in r.engine_kwargs.vllm:
+        if key in RESERVED_ENGINE_KWARGS:
+            raise ConfigError(
+                f"{R}.engine_kwargs.vllm.{key}",
+                r.engine_kwargs.vllm[key],
+                f"dagrl sets this engine argument itself; use {RESERVED_ENGINE_KWARGS[key]}",
+            )
+    if r.load_format == "dummy" and cfg.trainer.val_before_train:
+        raise ConfigError(
+            f"{R}.load_format",
+            "dummy",
+            "the engine starts with random weights and validation before training would score them;"
+            " set trainer.val_before_train=false or load_format=auto",
+        )
+    for key in ("max_num_batched_tokens", "max_num_seqs"):
+        value = getattr(r, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"{R}.{key}", value, "must be a positive integer, or null for vLLM's default")
+
+
+def check_off_policy_settings(cfg: DagrlConfig) -> None:
+    """Skipping the old-log-prob pass and the rollout correction: each only where it is sound."""
+    a, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
+    A = "actor_rollout_ref.actor"
+    if not a.recompute_old_logprobs:
+        if a.ppo_mini_batch_size != cfg.data.train_batch_size or a.ppo_epochs != 1:
+            raise ConfigError(
+                f"{A}.recompute_old_logprobs",
+                False,
+                "the old log-probs may only come from the update's own forward when the update is on-policy:"
+                f" set {A}.ppo_mini_batch_size = data.train_batch_size ({cfg.data.train_batch_size}) and"
+                f" {A}.ppo_epochs=1, or keep recompute_old_logprobs=true",
+            )
+        if cfg.algorithm.use_kl_in_reward:
+            raise ConfigError(
+                f"{A}.recompute_old_logprobs",
+                False,
+                "algorithm.use_kl_in_reward needs the old log-probs before the update; keep recompute_old_logprobs=true",
+            )
+    P = "algorithm.rollout_correction"
+    if (
+        rc.rollout_is is not None or rc.rollout_rs is not None
+    ) and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        raise ConfigError(
+            f"{R}.calculate_log_probs",
+            False,
+            f"{P}.rollout_is / rollout_rs need the rollout engine's log-probs; set calculate_log_probs=true",
+        )
+    if rc.rollout_is_threshold <= 0:
+        raise ConfigError(f"{P}.rollout_is_threshold", rc.rollout_is_threshold, "must be > 0 (2.0 is usual)")
+    lower = rc.rollout_rs_threshold_lower
+    if rc.rollout_rs_threshold <= 0 or (lower is not None and not 0 < lower <= rc.rollout_rs_threshold):
+        raise ConfigError(
+            f"{P}.rollout_rs_threshold",
+            (lower, rc.rollout_rs_threshold),
+            "need 0 < rollout_rs_threshold_lower <= rollout_rs_threshold (e.g. 0.5 and 2.0)",
+        )
+
+
+def check_rollout_device(cfg: DagrlConfig, device: str) -> None:
+    """vLLM runs on GPUs only, and must be installed where the run starts (not for a dry run)."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.name != RolloutName.vllm or cfg.trainer.dry_run:
+        return
+    if device != "cuda":
+        raise ConfigError(
+            f"{R}.name",
+            "vllm",
+            "vLLM needs GPUs; set trainer.device=cuda on a GPU machine, or use rollout.name=hf",
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"{R}.name", "vllm", "vllm is not installed here; pip install -e '.[vllm]'")
+
+
+def check_overlap_placement(cfg: DagrlConfig, colocated_with_train: bool) -> None:
+    """Overlap needs the rollout on devices of its own: colocated roles take turns on one GPU."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.overlap_steps and colocated_with_train:
+        raise ConfigError(
+            f"{R}.overlap_steps",
+            r.overlap_steps,
+            "the rollout shares the trainer's devices, so the two cannot run at once; use placement=separate"
+            " (rollout on its own GPUs) or overlap_steps=0",
+        )

@@ -1,0 +1,113 @@
+"""Objectives: what the actor update minimises, chosen by `algorithm.name`.
+
+An objective declares which batch keys its loss reads (`required_keys`; the actor_update node
+requires them in the DAG, so a missing producer fails before any worker starts; the backend
+moves them to the device) and which per-token quantities it wants from the forward pass
+(`request`). Both train backends run one shared loop (backends/update_loop.py): per
+micro-batch they compute what is asked and call `objective.loss`. Adding an algorithm is a
+member of `Algorithm` plus a registered builder; backends, nodes and the loop stay as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from torch import Tensor
+
+from dagrl.config.schema import Algorithm
+from dagrl.core.batch import Batch
+
+if TYPE_CHECKING:
+    from dagrl.config.schema import DagrlConfig
+
+
+@dataclass(frozen=True)
+class TokenRequest:
+    """Per-token quantities on the response tokens that an objective asks the forward pass for.
+
+    Backends compute exactly these and nothing else (no entropy pass that nobody reads). Each is
+    ``[B, R]`` float32 on the device; values on response padding are arbitrary (mask them).
+    Adding a quantity is a field here, one in `TokenOutputs`, and its computation in each train
+    backend (which must refuse a request it cannot serve): e.g. log-probs at given token ids
+    (``logprobs_at``: the batch key of ``[B, R, K]`` ids, for top-k distillation) or the
+    full-vocabulary log-softmax handed to the objective in chunks of tokens.
+    """
+
+    logprobs: bool = True  # log-prob of each sampled token, differentiable
+    entropy: bool = False  # entropy of the predicted distribution at each response position
+    entropy_grad: bool = False  # keep entropy's graph: it is in the loss, not only a metric
+
+    def __post_init__(self) -> None:
+        assert self.entropy or not self.entropy_grad, "entropy_grad needs entropy"
+
+
+@dataclass
+class TokenOutputs:
+    """What the backend computed for a `TokenRequest`; None where not requested."""
+
+    logprobs: Tensor | None = None  # [B, R]
+    entropy: Tensor | None = None  # [B, R]
+
+
+class Objective(Protocol):
+    required_keys: tuple[str, ...]  # batch keys `loss` reads
+    optional_keys: tuple[str, ...]  # keys a DAG may hand the update that this objective ignores
+    request: TokenRequest
+
+    def micro_batch_weights(self, mini: Batch, micro_batches: list[Batch]) -> list[float]:
+        """Weights that make the micro-batches' weighted losses sum to the mini-batch's loss."""
+        ...
+
+    def loss(self, mb: Batch, out: TokenOutputs) -> tuple[Tensor, dict[str, Tensor]]:
+        """Scalar loss of one micro-batch and metrics as detached 0-dim device tensors (the loop
+        synchronises once per mini-batch). `mb` holds `required_keys` on `out`'s device."""
+        ...
+
+
+@dataclass(frozen=True)
+class ObjectiveEntry:
+    build: Callable[[DagrlConfig], Objective]
+    validate: Callable[[DagrlConfig], None]  # the algorithm's own config rules (ConfigError)
+
+
+_OBJECTIVES: dict[Algorithm, ObjectiveEntry] = {}
+
+
+def _no_rules(cfg: DagrlConfig) -> None:
+    return None
+
+
+def register_objective(algorithm: Algorithm, validate: Callable[[DagrlConfig], None] = _no_rules):
+    """Register `build(cfg) -> Objective` under `algorithm`, with the algorithm's config rules."""
+
+    def wrap(build: Callable[[DagrlConfig], Objective]):
+        entry = _OBJECTIVES.get(algorithm)
+        if entry is not None and entry.build is not build:
+            raise ValueError(f"objective {algorithm.value!r} is registered twice ({entry.build} and {build})")
+        _OBJECTIVES[algorithm] = ObjectiveEntry(build, validate)
+        return build
+
+    return wrap
+
+
+def objective_entry(algorithm: Algorithm) -> ObjectiveEntry:
+    import dagrl.objectives.policy  # noqa: F401  (registers the built-in objectives)
+
+    assert algorithm in _OBJECTIVES, f"no objective registered for algorithm {algorithm}"
+    return _OBJECTIVES[algorithm]
+
+
+def build_objective(cfg: DagrlConfig) -> Objective:
+    """The objective of `algorithm.name`, built from the config."""
+    return objective_entry(cfg.algorithm.name).build(cfg)
+
+
+def micro_batch_weights(mini: Batch, micro_batches: list[Batch], per_token: bool) -> list[float]:
+    """Token share of each micro-batch when the loss is a mean over tokens, row share when it is a
+    mean over responses: then the micro-batches' weighted gradients sum to the mini-batch's."""
+    if per_token:
+        total = float(mini["response_mask"].sum().clamp(min=1))
+        return [float(mb["response_mask"].sum()) / total for mb in micro_batches]
+    return [len(mb) / len(mini) for mb in micro_batches]

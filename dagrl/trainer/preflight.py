@@ -1,0 +1,120 @@
+"""Checks of the run's outside world that fail before any worker starts: the output directory
+(creatable, writable, room for one checkpoint), the checkpoint resume_mode names, the Ray address.
+
+Each failure is a ConfigError naming the key, the value and the fix. Nothing here creates files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+
+from dagrl.config.placement import ROLE_TRAIN, Plan
+from dagrl.config.schema import DagrlConfig, TrainStrategy
+from dagrl.errors import ConfigError
+from dagrl.trainer import checkpoint
+
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def check_run_outside(cfg: DagrlConfig, plan: Plan, params: int | None) -> None:
+    """All preflight checks. `params`: the model's parameter count (None skips the space check)."""
+    ancestor = check_output_dir(cfg.trainer.default_local_dir)
+    # a dry run prints the plan, often on another machine than the one that trains: no disk figure
+    if cfg.trainer.save_freq > 0 and params is not None and not cfg.trainer.dry_run:
+        check_free_space(cfg, plan, params, ancestor)
+    check_resume_mode(cfg.trainer.resume_mode)
+    check_ray_address(cfg.trainer.ray_address)
+
+
+def check_output_dir(value: str) -> str:
+    """The directory must be creatable and writable; returns its nearest existing ancestor (itself
+    when it exists)."""
+    key = "trainer.default_local_dir"
+    if not value or not value.strip():
+        raise ConfigError(key, value, "set it to a directory for checkpoints and metrics")
+    path = os.path.abspath(os.path.expanduser(value))
+    ancestor = path
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        where = "is a file" if ancestor == path else f"cannot be created: {ancestor} is a file"
+        raise ConfigError(key, value, f"{where}; point it at a directory (it is created if missing)")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        why = (
+            "is on a read-only filesystem"
+            if os.statvfs(ancestor).f_flag & os.ST_RDONLY
+            else "is not writable"
+        )
+        raise ConfigError(key, value, f"{ancestor} {why}; point it at a directory this user can write")
+    return ancestor
+
+
+def checkpoint_bytes(cfg: DagrlConfig, plan: Plan, params: int) -> tuple[float, str]:
+    """(bytes, how they were counted) of one checkpoint: params × bytes × (1 + optimizer factor).
+
+    torch: HF weights once + every train rank's AdamW m and v in the param dtype (2 per rank).
+    megatron: weights in param_dtype + fp32 m, v (and fp32 master weights when the params are not
+    fp32), stored once (dist_checkpointing deduplicates replicas). save_hf adds the weights again.
+    """
+    arr = cfg.actor_rollout_ref
+    if arr.actor.strategy == TrainStrategy.megatron:
+        width = 4 if arr.actor.megatron.param_dtype == "float32" else 2
+        factor = (8 + (0 if width == 4 else 4)) / width
+    else:
+        from dagrl.backends.hf_model import torch_dtype
+
+        width = torch_dtype(arr.model.dtype).itemsize
+        factor = 2 * plan.roles[ROLE_TRAIN].workers if ROLE_TRAIN in plan.roles else 0
+    if cfg.trainer.save_hf:
+        factor += 1
+    how = f"{params / 1e6:.1f}M params × {width} bytes × (1 + {factor:g} optimizer/export factor)"
+    return params * width * (1 + factor), how
+
+
+def check_free_space(cfg: DagrlConfig, plan: Plan, params: int, ancestor: str) -> None:
+    need, how = checkpoint_bytes(cfg, plan, params)
+    free = shutil.disk_usage(ancestor).free
+    if free < need:
+        raise ConfigError(
+            "trainer.default_local_dir",
+            cfg.trainer.default_local_dir,
+            f"one checkpoint needs about {need / 2**30:.2f} GiB ({how}) but {free / 2**30:.2f} GiB are"
+            f" free at {ancestor}; free space, point it at a larger disk, or set trainer.save_freq=-1",
+        )
+
+
+def check_resume_mode(value: str) -> None:
+    if value in ("auto", "disable"):
+        return
+    problem = checkpoint.damage(os.path.expanduser(value), hashes=False)  # hashes: at resume
+    if problem:
+        raise ConfigError(
+            "trainer.resume_mode",
+            value,
+            f"not a usable checkpoint ({problem}); use auto, disable, or a global_step_N directory",
+        )
+
+
+def check_ray_address(value: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """A host:port address must accept a TCP connection: ray.init waits forever on one that does
+    not (and ignores SIGTERM meanwhile). "auto" and ray:// client addresses are left to Ray."""
+    if not value or value in ("auto", "local") or "://" in value:
+        return
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError("trainer.ray_address", value, "use host:port of the Ray head (GCS), or auto")
+    start = time.monotonic()
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            "trainer.ray_address",
+            value,
+            f"nothing answers there ({why} after {time.monotonic() - start:.1f}s); start the cluster with"
+            " `ray start --head` and pass the address it prints, or leave it unset for a local Ray",
+        ) from None

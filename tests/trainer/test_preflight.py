@@ -1,0 +1,108 @@
+"""Preflight: output dir, free space for a checkpoint, resume_mode, Ray address — before Ray starts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from dagrl.errors import ConfigError
+from dagrl.trainer import preflight
+from dagrl.trainer.setup import prepare
+from tests.conftest import compose_config
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_empty_output_dir(value):
+    with pytest.raises(ConfigError, match="trainer.default_local_dir"):
+        preflight.check_output_dir(value)
+
+
+def test_file_valued_output_dir(tmp_path):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match=r"default_local_dir.*is a file"):
+        preflight.check_output_dir(str(f))
+    with pytest.raises(ConfigError, match=rf"cannot be created: {f} is a file"):
+        preflight.check_output_dir(str(f / "sub" / "dir"))
+    assert preflight.check_output_dir(str(tmp_path / "new" / "dir")) == str(tmp_path)  # nothing created
+    assert not (tmp_path / "new").exists()
+
+
+def test_read_only_output_dir(tmp_path):
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here ({r.stderr.decode().strip()})")
+    try:
+        with pytest.raises(ConfigError, match="read-only filesystem"):
+            preflight.check_output_dir(str(mnt / "ckpts"))
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_no_room_for_one_checkpoint(tmp_path):
+    """On a 2 MiB disk the tiny model's checkpoint (~10 MiB with AdamW state) does not fit."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.decode().strip()})")
+    try:
+        cfg = compose_config(f"trainer.default_local_dir={mnt}/ckpts", "trainer.save_freq=5")
+        with pytest.raises(ConfigError) as info:
+            prepare(cfg)
+        msg = str(info.value)
+        assert "'trainer.default_local_dir'" in msg and "one checkpoint needs about" in msg
+        assert "params × 4 bytes × (1 + 2 optimizer/export factor)" in msg and "trainer.save_freq=-1" in msg
+        prepare(compose_config(f"trainer.default_local_dir={mnt}/ckpts", "trainer.save_freq=-1"))  # no saves
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_resume_mode_must_be_a_checkpoint(tmp_path):
+    (tmp_path / "not_a_ckpt").mkdir()
+    with pytest.raises(ConfigError, match=r"trainer.resume_mode.*trainer_state.json is missing"):
+        preflight.check_resume_mode(str(tmp_path / "not_a_ckpt"))
+    preflight.check_resume_mode("auto")
+    preflight.check_resume_mode("disable")
+
+
+def test_unreachable_ray_address_fails_fast_naming_the_key(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address in ("127.0.0.1:1", f"127.0.0.1:{port}"):
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match=r"'trainer.ray_address'.*nothing answers there"):
+            prepare(compose_config(f"trainer.ray_address={address}", f"trainer.default_local_dir={tmp_path}"))
+        assert time.monotonic() - start < 30
+    with pytest.raises(ConfigError, match="host:port"):
+        preflight.check_ray_address("no-port-here")
+
+
+def test_cli_unreachable_ray_address_exits_within_30s(tmp_path):
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    start = time.monotonic()
+    r = subprocess.run(
+        [
+            "python",
+            "-m",
+            "dagrl.main",
+            "trainer.ray_address=127.0.0.1:1",
+            f"trainer.default_local_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=repo,
+        env=dict(os.environ, PYTHONPATH=repo),
+    )
+    seconds = time.monotonic() - start
+    print(f"unreachable ray_address: exit {r.returncode} after {seconds:.1f}s")
+    assert r.returncode == 2 and seconds < 30
+    assert "error: config key 'trainer.ray_address' = '127.0.0.1:1': nothing answers there" in r.stdout
