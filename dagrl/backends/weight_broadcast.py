@@ -28,6 +28,7 @@ class BroadcastGroup:
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device):
         self.rank, self.world_size, self.device = rank, world_size, device
+        self.transfer_s, self.transfer_bytes = 0.0, 0  # the last receive's payload broadcasts (the wire)
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=_TIMEOUT)
         store = dist.PrefixStore("dagrl-weights/", store)
         if device.type == "cuda":
@@ -62,7 +63,7 @@ class BroadcastGroup:
         """Receive buckets until the end marker, handing each to `load`; returns what `load`
         reported in all (the bytes the engine took: a tied output layer sent along is skipped)."""
         assert self.rank > 0
-        received = 0
+        received, self.transfer_s, self.transfer_bytes = 0, 0.0, 0
         while True:
             length = torch.zeros(1, dtype=torch.int64, device=self.device)
             self._broadcast(length)
@@ -73,8 +74,16 @@ class BroadcastGroup:
             layout = pickle.loads(meta.cpu().numpy().tobytes())
             total = layout[-1][3] + layout[-1][4] if layout else 0
             buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
+            start = self._synced_clock()
             self._broadcast(buffer)
+            self.transfer_s += self._synced_clock() - start
+            self.transfer_bytes += total
             received += load(unpack(buffer, layout))
+
+    def _synced_clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     def bandwidth_gbps(self, reps: int = 3) -> float:
         """The group's plain broadcast speed (GB/s of payload), the ceiling for a weight sync."""

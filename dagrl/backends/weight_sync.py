@@ -53,7 +53,12 @@ def sync_weights(src: RoleHandle, dst: RoleHandle) -> dict[str, float]:
                 dst.pool.broadcast_floor_gbps = _join_broadcast_group(src, dst)
                 start = time.perf_counter()  # the set-up is not part of a step's sync
             sends = [a.run.remote(_send, src.role) for a in src.pool.actors]
-            nbytes = dst.pool.get([a.run.remote(_receive, dst.role) for a in dst.pool.actors] + sends)
+            received = dst.pool.get([a.run.remote(_receive, dst.role) for a in dst.pool.actors] + sends)
+        nbytes = [r[0] if isinstance(r, tuple) else r for r in received]
+        wire_bytes, wire_s = received[0][1:]
+        # the payload broadcasts alone, against the group's plain broadcast speed (the rest of a sync
+        # is the export, packing, and the engine's load_weights)
+        metrics["weight_sync/broadcast_GBps"] = wire_bytes / max(wire_s, 1e-9) / 1e9
         metrics["weight_sync/broadcast_floor_GBps"] = dst.pool.broadcast_floor_gbps
     seconds = time.perf_counter() - start
     metrics.update(
@@ -106,9 +111,10 @@ def _send(worker, src: str) -> int:
     return worker.weight_group.send(buckets)
 
 
-def _receive(worker, dst: str) -> int:
+def _receive(worker, dst: str) -> tuple[int, int, float]:
+    """(bytes the engine loaded, payload bytes and seconds of the broadcasts)."""
     backend = worker.activate(dst)
     backend.begin_weight_update()
     nbytes = worker.weight_group.receive(lambda bucket: backend.load_weights([bucket]))
     backend.finish_weight_update()
-    return nbytes
+    return nbytes, worker.weight_group.transfer_bytes, worker.weight_group.transfer_s

@@ -8,114 +8,28 @@ Dataclasses stay unfrozen: Hydra must be able to apply overrides to them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
 from dagrl.algos.losses import KLEstimator, LossAggMode
-
-
-class TrainStrategy(str, Enum):
-    # member names equal their values: OmegaConf matches command-line values against names
-    torch = "torch"
-    megatron = "megatron"
-
-
-class RolloutName(str, Enum):
-    hf = "hf"
-    vllm = "vllm"
-
-
-class Device(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class ModelDtype(str, Enum):
-    """Weight dtypes a model may be loaded in (the short names are accepted as in verl)."""
-
-    float32 = "float32"
-    fp32 = "fp32"
-    bfloat16 = "bfloat16"
-    bf16 = "bf16"
-    float16 = "float16"
-    fp16 = "fp16"
-
-
-class RecomputeGranularity(str, Enum):
-    full = "full"  # recompute whole layers (recompute_method + recompute_num_layers choose which)
-    selective = "selective"  # recompute the attention core only
-
-
-class RecomputeMethod(str, Enum):
-    uniform = "uniform"
-    block = "block"
-
-
-class LoggerName(str, Enum):
-    console = "console"
-    tensorboard = "tensorboard"
-    jsonl = "jsonl"  # always written; accepted for verl compatibility
-
-
-class ResumeMode(str, Enum):
-    """trainer.resume_mode: these two words, or the path of a global_step_N directory."""
-
-    auto = "auto"
-    disable = "disable"
-
-
-def parse_resume_mode(value: str) -> ResumeMode | str:
-    """ResumeMode for the two keywords, else the value as a checkpoint path (user-expanded)."""
-    import os
-
-    if value in ResumeMode._value2member_map_:
-        return ResumeMode(value)
-    return os.path.expanduser(value)
-
-
-class LayerSpec(str, Enum):
-    """Megatron transformer-layer implementation. auto = te when TransformerEngine imports, else sdpa."""
-
-    auto = "auto"
-    te = "te"  # TransformerEngine fused layers (needed for context parallel)
-    sdpa = "sdpa"  # dagrl's: PyTorch fused scaled-dot-product attention + SP-capable RMSNorm
-    local = "local"  # megatron-core's local spec (unfused attention; no sequence parallel)
-
-
-class TeacherPlacement(str, Enum):
-    """Where the teacher model runs."""
-
-    colocate = "colocate"  # a train backend in forward-only mode, its own model, on the train devices
-    standalone = "standalone"  # vLLM replicas on devices of their own (teacher.gpus)
-
-
-class Algorithm(str, Enum):
-    """The objective of the actor update (dagrl/objectives); each has a preset
-    conf/algorithm/<name>.yaml that also sets the keys the algorithm depends on."""
-
-    grpo = "grpo"
-    dr_grpo = "dr_grpo"
-    gspo = "gspo"
-
-
-class RolloutISLevel(str, Enum):
-    token = "token"
-    sequence = "sequence"
-
-
-class RolloutRSLevel(str, Enum):
-    token = "token"
-    sequence = "sequence"
-    geometric = "geometric"
-
-
-class AdvEstimator(str, Enum):
-    """How token rewards become advantages (dagrl/objectives/advantage.py)."""
-
-    grpo = "grpo"
+from dagrl.config.enums import (  # noqa: F401  (re-exported: config users import them from here)
+    AdvEstimator,
+    Algorithm,
+    Device,
+    LayerSpec,
+    LoggerName,
+    ModelDtype,
+    RecomputeGranularity,
+    RecomputeMethod,
+    ResumeMode,
+    RolloutISLevel,
+    RolloutName,
+    RolloutRSLevel,
+    TeacherPlacement,
+    TrainStrategy,
+    parse_resume_mode,
+)
 
 
 @dataclass
@@ -211,12 +125,19 @@ class MegatronConfig:
 @dataclass
 class ActorConfig:
     strategy: TrainStrategy = TrainStrategy.torch
+    """Training backend: torch (HF model, AdamW, DDP) or megatron (megatron-core; actor.megatron.*)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_mini_batch_size: int = 16  # in prompts, as in verl (× rollout.n responses)
-    ppo_micro_batch_size_per_gpu: int = 64  # in responses
+    """Optimizer and learning-rate schedule."""
+    ppo_mini_batch_size: int = 16
+    """Prompts per optimizer step, as in verl (× rollout.n responses); must divide data.train_batch_size."""
+    ppo_micro_batch_size_per_gpu: int = 64
+    """Responses per forward/backward on each device; gradients accumulate over a mini-batch."""
     ppo_epochs: int = 1
+    """Passes over each step's batch."""
     shuffle: bool = False
+    """Shuffle the rows before cutting mini-batches (seeded by the step)."""
     grad_clip: float = 1.0
+    """Clip the global gradient norm to this value before each optimizer step."""
     clip_ratio: float = 0.2
     """PPO clip range: token ratios are clipped to [1 - clip_ratio, 1 + clip_ratio] unless the two
     bounds below are set (GSPO clips its sequence ratio with the same keys)."""
@@ -241,14 +162,14 @@ class ActorConfig:
     low_var_kl (= k3, the default) are accepted."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus subtracted from the loss; 0 = entropy is only reported."""
-    # torch strategy, colocated on a GPU: params and optimizer state go to CPU while other roles
-    # (rollout, ref) use the device; false keeps them resident (fastest when everything fits)
     offload: bool = True
-    # false: when the update is on-policy (ppo_mini_batch_size == data.train_batch_size and
-    # ppo_epochs == 1) the old log-probs are the update's own forward, detached (TRL does this), and
-    # the separate old_logprob pass over the batch is skipped
+    """torch strategy, colocated on a GPU: params and optimizer state go to CPU while other roles
+    (rollout, ref) use the device; false keeps them resident (fastest when everything fits)."""
     recompute_old_logprobs: bool = True
+    """false: an on-policy update (ppo_mini_batch_size = data.train_batch_size, ppo_epochs = 1)
+    takes the old log-probs from its own forward, detached, and the old_logprob pass is skipped."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """megatron-core layout and memory settings (strategy=megatron)."""
 
 
 @dataclass
@@ -267,45 +188,64 @@ class SamplingConfig:
 
 @dataclass
 class VLLMEngineKwargs:
-    # passed to vllm.LLM(...) as they are (e.g. max_num_seqs, kv_cache_dtype); keys dagrl sets from
-    # its own settings are refused by validate, naming the dagrl key to use instead
     vllm: dict[str, Any] = field(default_factory=dict)
+    """Passed to vllm.LLM(...) as they are (e.g. kv_cache_dtype); keys dagrl sets from its own
+    settings are refused by validate, naming the dagrl key to use instead."""
 
 
 @dataclass
 class RolloutConfig:
     name: RolloutName = RolloutName.hf
+    """Rollout engine: hf (transformers, CPU default) or vllm (GPUs; docs/vllm.md)."""
     n: int = 8
+    """Responses sampled per prompt."""
     temperature: float = 1.0
+    """Sampling temperature of training rollouts (the trainer's log-probs use it too)."""
     top_p: float = 1.0
+    """Nucleus sampling mass; 1 = off."""
     top_k: int = -1
+    """Top-k sampling; -1 = off."""
     tensor_model_parallel_size: int = 1
-    # vllm: share of the GPU's memory the engine may take (weights + activations + KV cache)
+    """vllm: tensor parallel size of each engine replica (hf: 1)."""
     gpu_memory_utilization: float = 0.5
-    # vllm: 1 = weights to CPU while asleep, 2 = weights dropped (the next sync refills them)
+    """vllm: share of the GPU's memory the engine may take (weights + activations + KV cache)."""
     sleep_level: int = 1
-    # vllm: sleep (free weights and KV cache) while colocated roles use the GPU; false keeps the
-    # engine resident, which is fastest when the trainer's state and the engine both fit
+    """vllm: 1 = weights to CPU while asleep, 2 = weights dropped (the next sync refills them)."""
     free_cache_engine: bool = True
-    max_num_batched_tokens: Optional[int] = None  # vllm: None = vLLM's default
-    max_num_seqs: Optional[int] = None  # vllm: None = vLLM's default
-    max_model_len: Optional[int] = None  # vllm: None = data.max_prompt_length + data.max_response_length
-    enforce_eager: bool = False  # vllm: no CUDA graphs (slower decoding, faster start)
+    """vllm: sleep (free weights and KV cache) while colocated roles use the GPU; false keeps the
+    engine resident, which is fastest when the trainer's state and the engine both fit."""
+    max_num_batched_tokens: Optional[int] = None
+    """vllm: tokens per engine step; None = vLLM's default."""
+    max_num_seqs: Optional[int] = None
+    """vllm: sequences per engine step; None = vLLM's default."""
+    max_model_len: Optional[int] = None
+    """vllm: context length; None = data.max_prompt_length + data.max_response_length."""
+    enforce_eager: bool = False
+    """vllm: no CUDA graphs (slower decoding, faster start)."""
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True  # the n samples of a prompt share its prefill
-    load_format: str = "auto"  # vllm: "dummy" skips reading weights at start (the first sync fills them)
-    # per-token log-probs of the sampled tokens from the rollout engine (temperature applied):
-    # the rollout-vs-trainer mismatch metrics and rollout_correction need them
+    """vllm: split long prefills across engine steps."""
+    enable_prefix_caching: bool = True
+    """vllm: the n samples of a prompt share its prefill."""
+    load_format: str = "auto"
+    """vllm: auto reads the weights at start; dummy skips that (the first sync fills them)."""
     calculate_log_probs: bool = True
-    ignore_eos: bool = False  # keep sampling past EOS to max_response_length (benchmarks)
-    # separate placement only: 0 = synchronous; 1 = the rollout of step t+1 runs while step t
-    # trains, on weights one step old (reported as rollout/staleness)
+    """Return the sampled tokens' log-probs from the rollout engine (temperature applied): the
+    rollout-vs-trainer mismatch metrics and algorithm.rollout_correction need them."""
+    ignore_eos: bool = False
+    """Keep sampling past EOS up to data.max_response_length (benchmarks)."""
     overlap_steps: int = 0
+    """Separate placement only: 0 = synchronous; 1 = the rollout of step t+1 runs while step t
+    trains, on weights one step old (reported as rollout/staleness)."""
     engine_kwargs: VLLMEngineKwargs = field(default_factory=VLLMEngineKwargs)
+    """Engine arguments passed through (engine_kwargs.vllm.*)."""
     log_prob_micro_batch_size_per_gpu: int = 64
-    micro_batch_size_per_gpu: int = 256  # prompts×n sequences generated at once by the hf backend
+    """Responses per forward of the old-log-prob pass."""
+    micro_batch_size_per_gpu: int = 256
+    """hf: prompts × n sequences generated at once."""
     weight_sync_bucket_mb: int = 256
+    """Size of the buckets in which weights travel to the rollout engine."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling of validation."""
 
 
 @dataclass
@@ -319,9 +259,13 @@ class RefConfig:
 @dataclass
 class ActorRolloutRefConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy's model (the reference starts from it too)."""
     actor: ActorConfig = field(default_factory=ActorConfig)
+    """The policy's training."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling responses."""
     ref: RefConfig = field(default_factory=RefConfig)
+    """The frozen reference model (KL loss / KL in reward)."""
 
 
 @dataclass
@@ -332,14 +276,19 @@ class KLCtrlConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    # verl's algorithm.rollout_correction: importance weights π_old/π_rollout on the policy
-    # gradient (truncated at rollout_is_threshold) and rejection of tokens / sequences whose ratio
-    # leaves [rollout_rs_threshold_lower, rollout_rs_threshold]; null = off
+    """verl's algorithm.rollout_correction (dagrl/algos/rollout_correction.py)."""
+
     rollout_is: Optional[RolloutISLevel] = None
+    """Importance weights π_old/π_rollout on the policy gradient: token, sequence, or null (off)."""
     rollout_is_threshold: float = 2.0
+    """Truncation of the importance weights (TIS)."""
     rollout_rs: Optional[RolloutRSLevel] = None
+    """Reject tokens (token) or whole responses (sequence, geometric mean) whose ratio leaves the
+    bounds below; null = off."""
     rollout_rs_threshold: float = 2.0
-    rollout_rs_threshold_lower: Optional[float] = None  # None = 1 / rollout_rs_threshold
+    """Upper bound of the accepted ratio."""
+    rollout_rs_threshold_lower: Optional[float] = None
+    """Lower bound of the accepted ratio; None = 1 / rollout_rs_threshold."""
 
 
 @dataclass
@@ -360,18 +309,21 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """Fixed KL coefficient of the in-reward penalty."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Importance weights / rejection for the rollout-vs-trainer mismatch (verl's names)."""
 
 
 @dataclass
 class RewardTermConfig:
     name: str = "gsm8k"
+    """A registered reward function (built-in or from external_plugins)."""
     weight: float = 1.0
+    """Its weight in the sum."""
 
 
 @dataclass
 class RewardConfig:
-    # Empty = pick the reward by each row's data_source (gsm8k, math, arith).
     functions: list[RewardTermConfig] = field(default_factory=list)
+    """Weighted reward functions; empty = pick the reward by each row's data_source (gsm8k, math, arith)."""
 
 
 @dataclass
@@ -456,14 +408,23 @@ class TrainerConfig:
 @dataclass
 class DagrlConfig:
     dag: str = "grpo"
+    """The step's DAG: conf/dags/<dag>.yaml."""
     external_plugins: list[str] = field(default_factory=list)
+    """Modules or .py files imported first (driver and workers): node kinds, rewards, backends."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Training and validation data."""
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """Policy model, its training, rollout and reference (verl's tree)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """The objective and advantage settings."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward functions."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Devices per role and which roles share them."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Cluster, steps, logging, checkpoints."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The distillation teacher (none by default)."""
     roles: dict[str, str] = field(default_factory=dict)
     """Roles declared by plugins, name -> backend: `+roles.judge=my_judge` builds the backend the
     plugin registered with @register_backend("judge", "my_judge") on the judge role's workers."""

@@ -19,6 +19,16 @@ DOCUMENTED = [
     "PlacementConfig",
     "TrainerConfig",
     "TeacherConfig",
+    "ActorConfig",
+    "RolloutConfig",
+    "VLLMEngineKwargs",
+    "RolloutCorrectionConfig",
+    "AlgorithmConfig",
+    "KLCtrlConfig",
+    "RewardTermConfig",
+    "RewardConfig",
+    "ActorRolloutRefConfig",
+    "DagrlConfig",
 ]
 
 

@@ -1,0 +1,108 @@
+"""The closed sets of values the config uses (OmegaConf matches command-line values against member
+names, so names equal values). Re-exported by dagrl.config.schema."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class TrainStrategy(str, Enum):
+    # member names equal their values: OmegaConf matches command-line values against names
+    torch = "torch"
+    megatron = "megatron"
+
+
+class RolloutName(str, Enum):
+    hf = "hf"
+    vllm = "vllm"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ModelDtype(str, Enum):
+    """Weight dtypes a model may be loaded in (the short names are accepted as in verl)."""
+
+    float32 = "float32"
+    fp32 = "fp32"
+    bfloat16 = "bfloat16"
+    bf16 = "bf16"
+    float16 = "float16"
+    fp16 = "fp16"
+
+
+class RecomputeGranularity(str, Enum):
+    full = "full"  # recompute whole layers (recompute_method + recompute_num_layers choose which)
+    selective = "selective"  # recompute the attention core only
+
+
+class RecomputeMethod(str, Enum):
+    uniform = "uniform"
+    block = "block"
+
+
+class LoggerName(str, Enum):
+    console = "console"
+    tensorboard = "tensorboard"
+    jsonl = "jsonl"  # always written; accepted for verl compatibility
+
+
+class ResumeMode(str, Enum):
+    """trainer.resume_mode: these two words, or the path of a global_step_N directory."""
+
+    auto = "auto"
+    disable = "disable"
+
+
+def parse_resume_mode(value: str) -> ResumeMode | str:
+    """ResumeMode for the two keywords, else the value as a checkpoint path (user-expanded)."""
+    import os
+
+    if value in ResumeMode._value2member_map_:
+        return ResumeMode(value)
+    return os.path.expanduser(value)
+
+
+class LayerSpec(str, Enum):
+    """Megatron transformer-layer implementation. auto = te when TransformerEngine imports, else sdpa."""
+
+    auto = "auto"
+    te = "te"  # TransformerEngine fused layers (needed for context parallel)
+    sdpa = "sdpa"  # dagrl's: PyTorch fused scaled-dot-product attention + SP-capable RMSNorm
+    local = "local"  # megatron-core's local spec (unfused attention; no sequence parallel)
+
+
+class TeacherPlacement(str, Enum):
+    """Where the teacher model runs."""
+
+    colocate = "colocate"  # a train backend in forward-only mode, its own model, on the train devices
+    standalone = "standalone"  # vLLM replicas on devices of their own (teacher.gpus)
+
+
+class Algorithm(str, Enum):
+    """The objective of the actor update (dagrl/objectives); each has a preset
+    conf/algorithm/<name>.yaml that also sets the keys the algorithm depends on."""
+
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    gspo = "gspo"
+
+
+class RolloutISLevel(str, Enum):
+    token = "token"
+    sequence = "sequence"
+
+
+class RolloutRSLevel(str, Enum):
+    token = "token"
+    sequence = "sequence"
+    geometric = "geometric"
+
+
+class AdvEstimator(str, Enum):
+    """How token rewards become advantages (dagrl/objectives/advantage.py)."""
+
+    grpo = "grpo"
