@@ -39,7 +39,7 @@ _CHUNK_ELEMENTS = 16 * 2**20
 _MIN_TAIL_LOG = -69.0  # ~ log(1e-30)
 
 
-def _upcast(x: Tensor) -> Tensor:
+def upcast(x: Tensor) -> Tensor:
     """fp32 for half-precision inputs; fp32 and fp64 stay as they are."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
@@ -104,8 +104,8 @@ def divergence_from_logits(student_logits: Tensor, teacher_logits: Tensor, beta:
     Returns:
         ``[...]`` fp32.
     """
-    student = torch.log_softmax(_upcast(student_logits) / temperature, dim=-1)
-    teacher = torch.log_softmax(_upcast(teacher_logits) / temperature, dim=-1)
+    student = torch.log_softmax(upcast(student_logits) / temperature, dim=-1)
+    teacher = torch.log_softmax(upcast(teacher_logits) / temperature, dim=-1)
     return generalized_jsd(student, teacher, beta)
 
 
@@ -261,8 +261,8 @@ def topk_divergence(
     Returns:
         ``[B, T]`` fp32, 0 where masked.
     """
-    student = _upcast(student_logprobs)
-    teacher = _upcast(teacher_topk_logprobs)
+    student = upcast(student_logprobs)
+    teacher = upcast(teacher_topk_logprobs)
     if tail_bucket:
         student = torch.cat([student, log1mexp(torch.logsumexp(student, -1, keepdim=True))], dim=-1)
         teacher = torch.cat([teacher, log1mexp(torch.logsumexp(teacher, -1, keepdim=True))], dim=-1)
@@ -276,7 +276,7 @@ def logprobs_at(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor
     """``log softmax(logits / T)`` at ``ids``: ``[..., V]``, ``[..., K]`` -> ``[..., K]`` fp32.
 
     The unchunked reference; backends compute it in chunks or vocabulary-parallel."""
-    return torch.log_softmax(_upcast(logits) / temperature, dim=-1).gather(-1, ids)
+    return torch.log_softmax(upcast(logits) / temperature, dim=-1).gather(-1, ids)
 
 
 def topk_logprobs(logits: Tensor, k: int, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
@@ -288,7 +288,7 @@ def topk_logprobs(logits: Tensor, k: int, temperature: float = 1.0) -> tuple[Ten
     Returns:
         ids ``[..., K]`` long, log-probs ``[..., K]`` fp32.
     """
-    logprobs = torch.log_softmax(_upcast(logits) / temperature, dim=-1)
+    logprobs = torch.log_softmax(upcast(logits) / temperature, dim=-1)
     values, ids = logprobs.topk(k, dim=-1)
     return ids, values
 
@@ -323,5 +323,5 @@ def reverse_kl_advantages(
     Returns:
         ``[B, T]`` fp32, detached, 0 where masked.
     """
-    k1 = _upcast(student_logprobs) - _upcast(teacher_logprobs)
+    k1 = upcast(student_logprobs) - upcast(teacher_logprobs)
     return -coef * k1 * response_mask.to(k1.dtype)
