@@ -93,7 +93,9 @@ def generalized_jsd(student_logprobs: Tensor, teacher_logprobs: Tensor, beta: fl
     return generalized_jsd_terms(student_logprobs, teacher_logprobs, beta).sum(-1)
 
 
-def divergence_from_logits(student_logits: Tensor, teacher_logits: Tensor, beta: float, temperature: float) -> Tensor:
+def divergence_from_logits(
+    student_logits: Tensor, teacher_logits: Tensor, beta: float, temperature: float
+) -> Tensor:
     """Generalized JSD of ``softmax(student / T)`` and ``softmax(teacher / T)``, in fp32, unchunked.
 
     The reference the chunked and vocabulary-parallel versions are tested against.

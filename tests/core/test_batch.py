@@ -149,7 +149,9 @@ def test_teacher_logits_on_the_response_grid_match_each_row_scored_alone():
     response_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])
     t = teacher_sequence_inputs(teacher_prompts, teacher_mask, responses, response_mask)
     with torch.no_grad():
-        logits = model(input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids).logits
+        logits = model(
+            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids
+        ).logits
         grid = logits.gather(1, t.response_index[..., None].expand(-1, -1, logits.shape[-1]))
         for b, prompt in enumerate(prompts):
             n = int(response_mask[b].sum())

@@ -86,7 +86,9 @@ class _Shard:
         width = logits.shape[-1]
         self.start = (dist.get_rank(group) if _split(group) else 0) * width
         self.valid = max(0, min(width, vocab_size - self.start))
-        assert self.valid > 0, f"a TP shard of {width} columns from {self.start} holds no real word of {vocab_size}"
+        assert self.valid > 0, (
+            f"a TP shard of {width} columns from {self.start} holds no real word of {vocab_size}"
+        )
         self.inv_t = 1.0 / temperature
         self.group = group
 

@@ -23,7 +23,12 @@ from torch import Tensor
 
 from dagrl.algos.distillation import chunk_tokens_for, divergence_from_logits, map_token_chunks, upcast
 
-_POST_HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+_POST_HEAD_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "output_multiplier_scale",
+)
 
 
 def output_layer(model: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
@@ -31,12 +36,16 @@ def output_layer(model: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
     config = model.config
     for name in _POST_HEAD_TRANSFORMS:
         value = getattr(config, name, None)
-        assert value in (None, 1, 1.0), f"{type(model).__name__} transforms logits after the head ({name}={value})"
+        assert value in (None, 1, 1.0), (
+            f"{type(model).__name__} transforms logits after the head ({name}={value})"
+        )
     head = model.get_output_embeddings()
     return head.weight, head.bias
 
 
-def final_hidden(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+def final_hidden(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
+) -> Tensor:
     """``[B, S, H]`` hidden states after the final norm: what the output layer maps to logits."""
     out = model.base_model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
@@ -73,11 +82,15 @@ def student_logprobs_at(
     """
 
     def logprobs(h: Tensor, token_ids: Tensor, w: Tensor, *b: Tensor) -> Tensor:
-        return torch.log_softmax(_logits(h, w, b[0] if b else None, temperature), dim=-1).gather(-1, token_ids)
+        return torch.log_softmax(_logits(h, w, b[0] if b else None, temperature), dim=-1).gather(
+            -1, token_ids
+        )
 
     shared = [weight] if bias is None else [weight, bias]
     chunk = chunk_tokens or chunk_tokens_for(weight.shape[0])
-    return map_token_chunks(logprobs, [(hidden, rows), (ids, torch.arange(len(rows), device=rows.device))], shared, chunk)
+    return map_token_chunks(
+        logprobs, [(hidden, rows), (ids, torch.arange(len(rows), device=rows.device))], shared, chunk
+    )
 
 
 def hidden_divergence(
@@ -106,7 +119,9 @@ def hidden_divergence(
         ``[N]`` fp32.
     """
     (s_w, s_b), (t_w, t_b) = student_head, teacher_head
-    assert s_w.shape[0] == t_w.shape[0], f"vocabularies differ: student {s_w.shape[0]}, teacher {t_w.shape[0]}"
+    assert s_w.shape[0] == t_w.shape[0], (
+        f"vocabularies differ: student {s_w.shape[0]}, teacher {t_w.shape[0]}"
+    )
     t_w, t_b = t_w.detach(), None if t_b is None else t_b.detach()
 
     def divergence(s_h: Tensor, t_h: Tensor, w: Tensor, *b: Tensor) -> Tensor:
@@ -143,7 +158,9 @@ def teacher_topk(
     ids, values = [], []
     chunk = chunk_tokens or chunk_tokens_for(weight.shape[0])
     for start in range(0, len(rows), chunk):
-        logprobs = torch.log_softmax(_logits(hidden[rows[start : start + chunk]], weight, bias, temperature), -1)
+        logprobs = torch.log_softmax(
+            _logits(hidden[rows[start : start + chunk]], weight, bias, temperature), -1
+        )
         top = logprobs.topk(k, dim=-1)
         ids.append(top.indices)
         values.append(top.values)

@@ -23,7 +23,10 @@ def case(seed: int = 0, seq=7, batch=3, tokens=12):
     picked = torch.randperm(seq * batch, generator=g)[:tokens]
     rows, positions = picked % batch, picked // batch
     ids = torch.randint(0, VOCAB, (tokens, K), generator=g)
-    weights = torch.randn(tokens, K, generator=g, dtype=torch.float64), torch.randn(tokens, generator=g, dtype=torch.float64)
+    weights = (
+        torch.randn(tokens, K, generator=g, dtype=torch.float64),
+        torch.randn(tokens, generator=g, dtype=torch.float64),
+    )
     return student, teacher, (rows, positions), (rows, positions + 2), ids, weights
 
 
@@ -56,7 +59,6 @@ def _tp_rank(rank: int, world: int, seed: int, beta: float):
 def test_tp1_matches_plain_full_vocabulary_math(beta):
     student, teacher, s_coords, t_coords, ids, weights = case(1)
     top_ids, top_lp, at, div, grad = compute(student, teacher, s_coords, t_coords, ids, weights, None, beta)
-    s_rows = student[s_coords[1], s_coords[0], :VOCAB]
     t_rows = teacher[t_coords[1], t_coords[0], :VOCAB]
     ref_ids, ref_lp = topk_logprobs(t_rows, K, 0.8)
     assert torch.equal(top_ids, ref_ids)

@@ -106,10 +106,14 @@ def test_full_vocab_divergence_from_hidden_states_matches_full_logits_opsd(batch
         t_hidden = final_hidden(teacher, t_in.input_ids, t_in.attention_mask, t_in.position_ids)
     t_b, t_c = t_in.token_coordinates(response_mask)
     t_rows = t_b * t_in.input_ids.shape[1] + t_c
-    coef = torch.randn(int(response_mask.sum()), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    coef = torch.randn(
+        int(response_mask.sum()), generator=torch.Generator().manual_seed(2), dtype=torch.float64
+    )
 
     logits, _, _ = student_side(student, prompts, prompt_mask, responses, response_mask)
-    expected = full_vocab_divergence(logits.contiguous(), t_grid, response_mask, beta, 1.3)[response_mask.bool()]
+    expected = full_vocab_divergence(logits.contiguous(), t_grid, response_mask, beta, 1.3)[
+        response_mask.bool()
+    ]
     (expected * coef).sum().backward()
     reference = param_grads(student)
 
