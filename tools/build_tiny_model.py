@@ -1,4 +1,5 @@
-"""Build ``dagrl/assets/tiny_arith``: the tiny model that dagrl's default run trains with GRPO.
+"""Build ``dagrl/assets/tiny_arith``, the tiny model that dagrl's default run trains with GRPO, and
+``dagrl/assets/tiny_arith_teacher``, the teacher that distillation runs (GKD, OPSD) learn from.
 
 From scratch and seeded: a byte-level tokenizer, a ~0.8M-parameter Qwen2 model, supervised
 pre-training on the train split of the built-in "arith" task, then a flattening of its output
@@ -16,6 +17,19 @@ What GRPO needs from the start point, and how we get it:
   zero lets the early layers sharpen until one Adam step of RL at lr 3e-4 wipes out the addition
   circuit (seen here: greedy accuracy 0.7 -> 0.0 in ten steps). At a constant 1e-3 the model stays
   flat enough for RL at lr 3e-4 (1e-3 still collapses it).
+
+The teacher is the same pre-trained model before the flattening: sharp (sampled accuracy ~0.87 at
+T=1), with the student's byte-level tokenizer and vocabulary. It has never seen a prompt longer
+than ``a+b=``, so the built-in rows' privileged OPSD prompt (``37+45=? The answer is 82. 37+45=``)
+gets garbage from it (expected accuracy 0.0). ``--teacher_steps N`` trains it N more steps on a
+half-and-half mix of plain and privileged prompts; 150 steps gave 0.815 plain / 0.586 privileged
+expected test accuracy, not yet the near-1.0 an answer-copying teacher should reach, so the
+shipped teacher is built with 0 until that is tuned. The student of the distillation
+runs is ``tiny_arith`` itself: the same weights at a baked-in temperature of ~2.1, which its own
+samples (~0.25 correct) must learn to undo from the teacher's distributions. Smaller or less
+pre-trained students were tried and rejected: the addition circuit appears abruptly between 300
+and 400 pre-training steps here, and students from before or during that jump (sampled accuracy
+0.03-0.4) learned nothing or collapsed under 40 distillation steps at lr 1e-4..1e-3.
 
 Runs on 2 CPU cores in about two minutes:  python tools/build_tiny_model.py [--out DIR]
 """
@@ -37,7 +51,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qw
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from dagrl.data.builtin import generate_rows, split_problems, tiny_model_path  # noqa: E402
+from dagrl.data.builtin import generate_rows, split_problems, tiny_model_path, tiny_teacher_path  # noqa: E402
 
 PAD, EOS = "<|pad|>", "<|end|>"
 ROLE_TOKENS = ["<|user|>", "<|assistant|>", "<|system|>"]
@@ -58,6 +72,7 @@ WARMUP_STEPS = 20
 TARGET_SAMPLED_ACCURACY = 0.3
 CALIBRATION_ROWS = 512
 EVAL_ROWS = 512
+TEACHER_STEPS = 0  # privileged-prompt steps of the teacher; see the module docstring
 
 
 def build_tokenizer(out_dir: Path) -> PreTrainedTokenizerBase:
@@ -182,13 +197,23 @@ def sft_batch(
     return input_ids, labels
 
 
-def pretrain(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, steps: int, lr: float) -> None:
-    """Supervised pre-training on the whole train split, loss on answer tokens only."""
-    rows = generate_rows("train", len(split_problems("train")), seed=SEED)
+def pretrain(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    steps: int,
+    lr: float,
+    privileged: bool = False,
+    seed: int = SEED,
+) -> None:
+    """Supervised pre-training on the whole train split, loss on answer tokens only; with
+    ``privileged``, every problem appears twice: after its prompt and after its teacher_prompt."""
+    rows = generate_rows("train", len(split_problems("train")), seed=seed)
     examples = [(row, _prompt_ids(tokenizer, row)) for row in rows]  # render the chat template once
+    if privileged:
+        examples += [(row, _prompt_ids(tokenizer, {"prompt": row["teacher_prompt"]})) for row in rows]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP_STEPS))
-    rng = random.Random(SEED)
+    rng = random.Random(seed)
     model.train()
     for step in range(steps):
         batch = rng.sample(examples, PRETRAIN_BATCH)
@@ -283,6 +308,21 @@ def accuracy(answers: list[str], rows: list[dict]) -> float:
     return correct / len(rows)
 
 
+def build_teacher(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, out: Path, lr: float, steps: int
+) -> None:
+    """Teach the pre-trained model the privileged prompt for ``steps`` steps, save it to ``out``."""
+    if steps:
+        pretrain(model, tokenizer, steps, lr, privileged=True, seed=SEED + 2)
+    save_model(model, out)
+    rows = generate_rows("test", EVAL_ROWS, seed=0)
+    privileged = [dict(row, prompt=row["teacher_prompt"]) for row in rows]
+    plain, opsd = (expected_sampled_accuracy(model, tokenizer, r) for r in (rows, privileged))
+    print(
+        f"teacher: expected sampled test accuracy {plain:.3f} plain, {opsd:.3f} after the privileged prompt"
+    )
+
+
 def _prompt_ids(tokenizer: PreTrainedTokenizerBase, row: dict) -> list[int]:
     text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
@@ -297,6 +337,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=Path(tiny_model_path()), help="model dir to (over)write")
+    parser.add_argument(
+        "--teacher_out", type=Path, default=Path(tiny_teacher_path()), help="teacher dir to (over)write"
+    )
+    parser.add_argument(
+        "--teacher_steps", type=int, default=TEACHER_STEPS, help="teacher steps on privileged prompts"
+    )
     parser.add_argument("--steps", type=int, default=PRETRAIN_STEPS, help="pre-training steps")
     parser.add_argument(
         "--lr", type=float, default=PRETRAIN_LR, help="pre-training learning rate, constant after warm-up"
@@ -306,17 +352,22 @@ def main() -> None:
     start = time.perf_counter()
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)
-    shutil.rmtree(args.out, ignore_errors=True)
-    args.out.mkdir(parents=True)
+    for out in (args.out, args.teacher_out):
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
     tokenizer = build_tokenizer(args.out)
+    build_tokenizer(args.teacher_out)
     model = build_model(tokenizer)
     pretrain(model, tokenizer, args.steps, args.lr)
+    model.generation_config.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=4)
+    student_state = {k: v.clone() for k, v in model.state_dict().items()}
+    build_teacher(model, tokenizer, args.teacher_out, args.lr, args.teacher_steps)
+    model.load_state_dict(student_state)
     calibration_rows = generate_rows("train", CALIBRATION_ROWS, seed=SEED + 1)
     trained = expected_sampled_accuracy(model, tokenizer, calibration_rows)
     scale = flatten_to_target(model, tokenizer, calibration_rows, TARGET_SAMPLED_ACCURACY)
     print(f"expected sampled accuracy on train prompts {trained:.3f} -> {TARGET_SAMPLED_ACCURACY}: ", end="")
     print(f"final norm weight scaled by {scale:.4f} (temperature {1 / scale:.2f})")
-    model.generation_config.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=4)
     save_model(model, args.out)
     build_seconds = time.perf_counter() - start
 

@@ -138,3 +138,58 @@ def sequence_inputs(
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return input_ids, attention_mask, position_ids
+
+
+@dataclass
+class TeacherInputs:
+    """A teacher's forward pass over its own prompt followed by the student's response (OPSD).
+
+    input_ids, attention_mask, position_ids: [B, P' + R].
+    response_index: [B, R] long: the teacher's logits at column ``response_index[b, r]`` predict
+        response token ``r`` of row ``b``, so ``logits.gather(1, response_index)`` (per vocabulary
+        column) lands the teacher's distributions on the student's [B, R] response grid.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_index: torch.Tensor
+
+    def token_coordinates(self, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows [N], columns [N]) of the teacher logits for the N masked response tokens, in
+        row-major order of ``response_mask`` (the order ``response_mask.nonzero()`` gives)."""
+        rows, resp_cols = response_mask.nonzero(as_tuple=True)
+        return rows, self.response_index[rows, resp_cols]
+
+
+def teacher_sequence_inputs(
+    teacher_prompts: torch.Tensor,
+    teacher_prompt_mask: torch.Tensor,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> TeacherInputs:
+    """The teacher's input for on-policy (self-)distillation with a privileged prompt (OPSD).
+
+    The teacher reads its own prompt (e.g. problem + reference solution) and then the *same*
+    response token ids the student sampled — never re-tokenised text, so teacher and student
+    score the identical tokens and their distributions can be compared position by position.
+    Rows without a privileged prompt carry the student's prompt here (plain GKD).
+
+    Teacher prompts of a batch are collated to a common width, which may exceed the longest one
+    (padding to ``data.max_prompt_length``): the columns that are padding in every row are
+    dropped, so the teacher does not run over them. Prompt lengths differ per row and from the
+    student's; left padding makes every response start at the same column ``P'``, so response
+    token ``r`` is predicted by the logits at ``P' − 1 + r`` in every row.
+
+    Args:
+        teacher_prompts: [B, Pt] left-padded teacher prompt ids.
+        teacher_prompt_mask: [B, Pt] 1 on teacher prompt tokens.
+        responses: [B, R] right-padded student response ids.
+        response_mask: [B, R] 1 on response tokens.
+    """
+    assert teacher_prompt_mask.any(dim=1).all(), "every row needs a teacher prompt (the student's if none)"
+    first = int(teacher_prompt_mask.any(dim=0).nonzero()[0])  # first column real in some row
+    prompts, prompt_mask = teacher_prompts[:, first:], teacher_prompt_mask[:, first:]
+    input_ids, attention_mask, position_ids = sequence_inputs(prompts, prompt_mask, responses, response_mask)
+    columns = prompts.shape[1] - 1 + torch.arange(responses.shape[1], device=responses.device)
+    return TeacherInputs(input_ids, attention_mask, position_ids, columns.expand_as(responses).contiguous())

@@ -8,6 +8,9 @@ starts at a low but non-zero sampled accuracy, so the GRPO reward visibly rises.
 Every problem ``a+b`` with ``0 <= a, b <= 99`` belongs to exactly one split, chosen by a stable
 hash of the unordered pair ``{a, b}``: test problems are never seen in training, not even as
 their mirror ``b+a``.
+
+Each row also carries a ``teacher_prompt`` that shows the answer, for on-policy self-distillation
+(OPSD); GRPO and GKD never read it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ TEST_FRACTION_DENOM = 10
 DEFAULT_TRAIN_ROWS = 4096
 DEFAULT_TEST_ROWS = 256
 
-_TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny_arith"
+_ASSETS = Path(__file__).resolve().parent.parent / "assets"
+_TINY_MODEL_DIR = _ASSETS / "tiny_arith"
+_TINY_TEACHER_DIR = _ASSETS / "tiny_arith_teacher"
 
 
 def tiny_model_path() -> str:
@@ -36,9 +41,21 @@ def tiny_model_path() -> str:
     return str(_TINY_MODEL_DIR)
 
 
+def tiny_teacher_path() -> str:
+    """Absolute path of the tiny teacher shipped for distillation on the arith task: ``tiny_arith``
+    before its output distribution was flattened (same tokenizer and vocabulary, HF format)."""
+    return str(_TINY_TEACHER_DIR)
+
+
 def format_question(a: int, b: int) -> str:
     """The user-turn text of problem ``a+b``, e.g. ``"37+45="``."""
     return f"{a}+{b}="
+
+
+def format_teacher_question(a: int, b: int) -> str:
+    """The privileged user turn an OPSD teacher reads for ``a+b``: the answer, then the question
+    again, so the response that follows is the same as after the student's prompt."""
+    return f"{a}+{b}=? The answer is {a + b}. {a}+{b}="
 
 
 def _split_of(a: int, b: int) -> str:
@@ -81,4 +98,5 @@ def _make_row(split: str, index: int, a: int, b: int) -> dict:
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": answer},
         "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
+        "teacher_prompt": [{"role": "user", "content": format_teacher_question(a, b)}],
     }

@@ -105,3 +105,56 @@ def test_sequence_inputs_position_ids():
     assert torch.equal(attention_mask, torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]]))
     # the first real token is position 0 whatever the left padding; right padding repeats the last position
     assert torch.equal(position_ids, torch.tensor([[0, 0, 1, 2, 3], [0, 1, 2, 3, 3]]))
+
+
+def test_teacher_sequence_inputs_align_responses_after_prompts_of_other_lengths():
+    """OPSD: teacher prompts of 2, 5 and 3 tokens (padded to 7 columns), student prompts of other
+    lengths; the teacher reads the same response ids and its logits map back to the [B, R] grid."""
+    import torch.nn.functional as F
+
+    from dagrl.core.batch import teacher_sequence_inputs
+
+    teacher_prompts, teacher_mask = left_pad([[11, 12], [21, 22, 23, 24, 25], [31, 32, 33]], pad_id=0)
+    teacher_prompts = F.pad(teacher_prompts, (2, 0))  # collated wider than the longest prompt
+    teacher_mask = F.pad(teacher_mask, (2, 0))
+    responses = torch.tensor([[101, 102, 103, 0], [201, 0, 0, 0], [301, 302, 303, 304]])
+    response_mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+
+    t = teacher_sequence_inputs(teacher_prompts, teacher_mask, responses, response_mask)
+    assert t.input_ids.shape == (3, 5 + 4), "the 2 all-padding columns are dropped"
+    assert t.input_ids[0].tolist() == [0, 0, 0, 11, 12, 101, 102, 103, 0]
+    assert t.input_ids[1].tolist() == [21, 22, 23, 24, 25, 201, 0, 0, 0]
+    assert t.position_ids[0, 3:8].tolist() == [0, 1, 2, 3, 4]
+    assert t.position_ids[2, 2:9].tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert t.attention_mask[1].tolist() == [1, 1, 1, 1, 1, 1, 0, 0, 0]
+    # logits at response_index[b, r] predict response token r: the next input id is that token
+    next_ids = t.input_ids.gather(1, t.response_index + 1)
+    assert (next_ids[response_mask == 1] == responses[response_mask == 1]).all()
+    rows, cols = t.token_coordinates(response_mask)
+    assert rows.tolist() == [0, 0, 0, 1, 2, 2, 2, 2]
+    assert cols.tolist() == [4, 5, 6, 4, 4, 5, 6, 7]
+
+
+def test_teacher_logits_on_the_response_grid_match_each_row_scored_alone():
+    """A real model: batched teacher inputs + response_index give each row's unpadded log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    from dagrl.core.batch import teacher_sequence_inputs
+    from dagrl.data.builtin import tiny_model_path
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path()).eval()
+    prompts = [[5, 60, 61, 62], [5, 70, 71, 72, 73, 74, 75, 1, 3], [5, 80]]
+    teacher_prompts, teacher_mask = left_pad(prompts, pad_id=0)
+    responses = torch.tensor([[56, 57, 1], [58, 1, 0], [59, 60, 61]])
+    response_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    t = teacher_sequence_inputs(teacher_prompts, teacher_mask, responses, response_mask)
+    with torch.no_grad():
+        logits = model(
+            input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=t.position_ids
+        ).logits
+        grid = logits.gather(1, t.response_index[..., None].expand(-1, -1, logits.shape[-1]))
+        for b, prompt in enumerate(prompts):
+            n = int(response_mask[b].sum())
+            alone = model(input_ids=torch.tensor([prompt + responses[b, :n].tolist()])).logits[0]
+            expected = alone[len(prompt) - 1 : len(prompt) - 1 + n]
+            torch.testing.assert_close(grid[b, :n], expected, rtol=0, atol=1e-4)

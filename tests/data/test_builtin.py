@@ -41,13 +41,23 @@ def test_rows_are_well_formed(split):
     rows = generate_rows(split, 300, seed=7)
     assert len(rows) == 300
     for index, row in enumerate(rows):
-        assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+        assert set(row) == {
+            "data_source",
+            "prompt",
+            "ability",
+            "reward_model",
+            "extra_info",
+            "teacher_prompt",
+        }
         assert row["data_source"] == BUILTIN_DATA_SOURCE
         assert row["ability"] == "arith"
         [message] = row["prompt"]
         assert message["role"] == "user"
         a, b = map(int, re.fullmatch(r"(\d+)\+(\d+)=", message["content"]).groups())
         assert 0 <= a <= MAX_OPERAND and 0 <= b <= MAX_OPERAND
+        assert row["teacher_prompt"] == [
+            {"role": "user", "content": f"{message['content']}? The answer is {a + b}. {message['content']}"}
+        ]
         assert row["reward_model"] == {"style": "rule", "ground_truth": str(a + b)}
         assert row["extra_info"] == {
             "split": split,
