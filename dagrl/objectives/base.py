@@ -53,7 +53,7 @@ class TokenOutputs:
 
 class Objective(Protocol):
     required_keys: tuple[str, ...]  # batch keys `loss` reads
-    optional_keys: tuple[str, ...]  # keys a DAG may hand the update that this objective ignores
+    optional_keys: tuple[str, ...]  # keys a DAG may hand the update: used when present (metrics), else not
     request: TokenRequest
 
     def micro_batch_weights(self, mini: Batch, micro_batches: list[Batch]) -> list[float]:

@@ -53,15 +53,19 @@ class PolicyGradientObjective:
         self.kl_loss_coef = a.kl_loss_coef if a.use_kl_loss else None
         self.kl_estimator = KLEstimator.parse(a.kl_loss_type)
         kl = ("ref_logprobs",)
-        # the rollout's own log-probs, when real: mismatch metrics and algorithm.rollout_correction
+        # the rollout's own log-probs, when real: mismatch metrics whenever the DAG passes them on,
+        # required only when a correction is asked for (it must not silently fall away)
         self.correction = (
             cfg.algorithm.rollout_correction if cfg.actor_rollout_ref.rollout.calculate_log_probs else None
         )
-        rollout = ("rollout_logprobs",) if self.correction is not None else ()
+        corrects = self.correction is not None and (
+            self.correction.rollout_is is not None or self.correction.rollout_rs is not None
+        )
+        rollout = ("rollout_logprobs",) if corrects else ()
         # recompute_old_logprobs=false (validated on-policy): the update's own log-probs, detached
         old = ("old_logprobs",) if a.recompute_old_logprobs else ()
         self.required_keys = ("response_mask", *old, "advantages", *rollout, *(kl if a.use_kl_loss else ()))
-        # what a DAG may pass on that this configuration ignores (KL in the reward, old / rollout log-probs)
+        # what a DAG may pass on: used when present (rollout log-probs: mismatch metrics), else not
         self.optional_keys = tuple(
             k for k in ("old_logprobs", "rollout_logprobs", *kl) if k not in self.required_keys
         )

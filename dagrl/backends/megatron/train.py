@@ -225,7 +225,7 @@ class MegatronTrainBackend:
         inside = (at < seq).flatten()
         dev = self.ctx.device
         return MicroInputs(
-            batch=Batch({k: mb[k].to(dev) for k in loss_keys}),
+            batch=Batch({k: mb[k].to(dev) for k in loss_keys if k in mb}),
             input_ids=ids.to(dev),
             position_ids=pos.to(dev),
             token_index=inside.nonzero().squeeze(1).to(dev),
@@ -344,7 +344,7 @@ class MegatronTrainBackend:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        keys = self.objective.required_keys
+        keys = (*self.objective.required_keys, *self.objective.optional_keys)  # those the batch has
         micros = [self._micro_inputs(mb, w, keys) for mb, w in zip(micro_batches, weights)]
         self._step_micros += micros
         # metrics stay device tensors: a .item() per micro-batch would stall the schedule (the CPU

@@ -141,14 +141,14 @@ class TorchTrainBackend:
     def forward_backward(self, micro_batches: list[Batch], weights: list[float]) -> list[dict]:
         self.optimizer.zero_grad(set_to_none=True)
         module = self.ddp or self.model
-        keys = self.objective.required_keys
+        keys = (*self.objective.required_keys, *self.objective.optional_keys)  # those the batch has
         outputs = []
         for i, (mb, weight) in enumerate(zip(micro_batches, weights)):
             # DDP all-reduces the gradients once, on the mini-batch's last backward
             sync = i == len(micro_batches) - 1 or self.ddp is None
             with contextlib.nullcontext() if sync else module.no_sync():
                 out = self._token_outputs(module, mb, self.objective.request)
-                on_device = Batch({k: mb[k].to(self.ctx.device) for k in keys})
+                on_device = Batch({k: mb[k].to(self.ctx.device) for k in keys if k in mb})
                 loss, metrics = self.objective.loss(on_device, out)
                 (loss * weight).backward()
             outputs.append(metrics)
