@@ -64,7 +64,7 @@ class DataConfig:
 class ModelConfig:
     path: Optional[str] = None
     """HF model directory or hub id of the actor (and rollout/ref); None = the shipped tiny model."""
-    dtype: str = "float32"
+    dtype: ModelDtype = ModelDtype.float32
     """Weights dtype: float32, bfloat16 or float16 (fp32/bf16/fp16 also accepted)."""
     trust_remote_code: bool = False
     """Let transformers run the model repository's own code."""
@@ -104,7 +104,7 @@ class MegatronConfig:
     """Split norms/dropout activations over the TP ranks (needs TP > 1)."""
     use_distributed_optimizer: bool = True
     """Shard the optimizer state over the data-parallel ranks."""
-    param_dtype: str = "bfloat16"
+    param_dtype: ModelDtype = ModelDtype.bfloat16
     """Weights dtype on the device: bfloat16, float16 or float32."""
     param_offload: bool = False
     """Keep weights in host memory while another role holds the device."""
@@ -332,7 +332,7 @@ class TeacherConfig:
 
     model: Optional[str] = None
     """HF model path or hub id of the teacher; None = no teacher role."""
-    dtype: Optional[str] = None
+    dtype: Optional[ModelDtype] = None
     """Weights dtype (float32, bfloat16, float16); None = actor_rollout_ref.model.dtype."""
     placement: TeacherPlacement = TeacherPlacement.colocate
     """colocate: forward-only train backend on the train devices; standalone: vLLM on teacher.gpus."""

@@ -12,7 +12,6 @@ from dagrl.config.roles import ROLE_TEACHER, RoleKind
 from dagrl.config.schema import (
     DagrlConfig,
     Device,
-    ModelDtype,
     ResumeMode,
     TeacherPlacement,
     TrainStrategy,
@@ -229,8 +228,6 @@ def _check_teacher(cfg: DagrlConfig) -> None:
                 dict(t.engine_kwargs) or t.tensor_model_parallel_size,
                 "engine kwargs and tensor_model_parallel_size are for teacher.placement=standalone (vLLM)",
             )
-    if t.dtype is not None and t.dtype not in ModelDtype._value2member_map_:
-        raise ConfigError("teacher.dtype", t.dtype, f"use one of {[e.value for e in ModelDtype]}")
     if t.log_prob_micro_batch_size_per_gpu < 1:
         raise ConfigError(
             "teacher.log_prob_micro_batch_size_per_gpu", t.log_prob_micro_batch_size_per_gpu, "must be >= 1"

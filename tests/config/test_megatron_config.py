@@ -197,7 +197,12 @@ def test_sequence_parallel_needs_tp(model):
 
 
 def test_param_dtype(model):
-    expect_error(f"{M}.param_dtype", "bfloat16", *megatron(model, f"{M}.param_dtype=fp8"))
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as info:  # not a dtype at all: the command line refuses it
+        compose_config(*megatron(model, f"{M}.param_dtype=fp8"))
+    assert "param_dtype" in str(info.value) + str(info.value.__cause__)
+    expect_error(f"{M}.param_dtype", "bfloat16", *megatron(model, f"{M}.param_dtype=bf16"))  # an alias
     checked(*megatron(model, f"{M}.param_dtype=float32"))
 
 

@@ -106,7 +106,6 @@ def test_teacher_standalone_gets_its_own_devices():
         ),
         (["teacher.gpus=1"], "teacher.gpus"),
         (["+teacher.engine_kwargs.enforce_eager=true"], "teacher.engine_kwargs"),
-        (["teacher.dtype=int3"], "teacher.dtype"),
     ],
 )
 def test_teacher_combinations_are_checked(overrides, key):
@@ -114,6 +113,14 @@ def test_teacher_combinations_are_checked(overrides, key):
     with pytest.raises(ConfigError) as exc:
         validate(cfg)
     assert exc.value.key == key
+
+
+def test_teacher_dtype_is_a_closed_set():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as info:  # the command line refuses it, naming the key
+        compose_config("teacher.model=/t", "teacher.dtype=int3")
+    assert "teacher.dtype" in str(info.value) + str(info.value.__cause__)
 
 
 def test_teacher_node_without_a_teacher_model():
