@@ -139,7 +139,7 @@ def divergence_loss(student, teacher, batch, opts: Options) -> torch.Tensor:
             hidden, rows, output_layer(student), t_hidden, t_rows, output_layer(teacher), opts.beta
         )
     per_token = per_token.index_put((b, c), values)
-    return agg_loss(per_token, response_mask, LossAggMode.TOKEN_MEAN)
+    return agg_loss(per_token, response_mask, LossAggMode.token_mean)
 
 
 def run(opts: Options) -> list[dict]:

@@ -181,9 +181,9 @@ def test_topk_logprobs_are_the_largest_full_vocabulary_logprobs():
 def test_aggregation_over_the_response_mask():
     per_token = torch.tensor([[1.0, 3.0, 0.0], [2.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert agg_loss(per_token, mask, LossAggMode.TOKEN_MEAN).item() == pytest.approx(2.0)
-    assert agg_loss(per_token, mask, LossAggMode.SEQ_MEAN_TOKEN_MEAN).item() == pytest.approx(2.0)
-    assert agg_loss(per_token, mask, LossAggMode.SEQ_MEAN_TOKEN_SUM).item() == pytest.approx(3.0)
+    assert agg_loss(per_token, mask, LossAggMode.token_mean).item() == pytest.approx(2.0)
+    assert agg_loss(per_token, mask, LossAggMode.seq_mean_token_mean).item() == pytest.approx(2.0)
+    assert agg_loss(per_token, mask, LossAggMode.seq_mean_token_sum).item() == pytest.approx(3.0)
 
 
 def test_reverse_kl_advantages_values_mask_and_stop_gradient():
