@@ -21,6 +21,9 @@ class TrainRole(RoleHandle):
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, list[dict]]:
         return self.call(TrainBackend.forward_logprobs, batch, output_key=output_key)
 
+    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, list[dict]]:
+        return self.call(TrainBackend.teacher_topk, batch, k=k, temperature=temperature)
+
     def train_step(self, batch: Batch) -> tuple[Batch, list[dict]]:
         return self.call(TrainBackend.train_step, batch)
 

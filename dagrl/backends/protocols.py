@@ -43,6 +43,13 @@ class TrainBackend(DeviceTenant, Protocol):
         ...
 
     @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
+    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
+        """A forward-only teacher's top-k next tokens at each response position of `responses`
+        given `prompts`: teacher_topk_ids / teacher_topk_logprobs [B, R, K] (log-probs over the
+        whole vocabulary at `temperature`)."""
+        ...
+
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         """PPO epochs × mini-batches × micro-batches on this shard; returns metrics."""
         ...

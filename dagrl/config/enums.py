@@ -89,6 +89,7 @@ class Algorithm(str, Enum):
     grpo = "grpo"
     dr_grpo = "dr_grpo"
     gspo = "gspo"
+    gkd = "gkd"  # generalized knowledge distillation from algorithm.gkd / teacher.*
 
 
 class RolloutISLevel(str, Enum):

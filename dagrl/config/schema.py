@@ -292,10 +292,29 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class GKDConfig:
+    """Generalized knowledge distillation (Agarwal et al. 2024); ms-swift's key names, nested so that
+    `temperature` does not collide with rollout.temperature."""
+
+    beta: float = 0.5
+    """Generalized JSD interpolation: 0 = KL(teacher||student), 1 = KL(student||teacher)."""
+    temperature: float = 1.0
+    """Both models' logits are divided by it before the divergence (not the sampling temperature)."""
+    gkd_logits_topk: Optional[int] = None
+    """Distil on the teacher's top-k ids only; None = the full vocabulary (small vocabularies only)."""
+    tail_bucket: bool = False
+    """Top-k: keep the mass outside the teacher's top-k as one extra outcome instead of renormalising."""
+    lmbda: float = 1.0
+    """Share of on-policy steps (student samples); 1.0 only: off-policy steps need dataset responses."""
+    sft_alpha: float = 0.0
+    """Weight of an SFT loss on dataset responses; 0 only (the data layer carries no responses yet)."""
+
+
+@dataclass
 class AlgorithmConfig:
     name: Algorithm = Algorithm.grpo
     """The objective the actor update minimises (dagrl/objectives). Choose it with the preset
-    `algorithm=grpo|dr_grpo|gspo`, which sets the keys the algorithm relies on as well."""
+    `algorithm=grpo|dr_grpo|gspo|gkd`, which sets the keys the algorithm relies on as well."""
     adv_estimator: AdvEstimator = AdvEstimator.grpo
     """How rewards become advantages; grpo: each response against its prompt's group."""
     norm_adv_by_std_in_grpo: bool = True
@@ -310,6 +329,8 @@ class AlgorithmConfig:
     """Fixed KL coefficient of the in-reward penalty."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Importance weights / rejection for the rollout-vs-trainer mismatch (verl's names)."""
+    gkd: GKDConfig = field(default_factory=GKDConfig)
+    """Distillation settings of algorithm.name=gkd (preset `algorithm=gkd`)."""
 
 
 @dataclass

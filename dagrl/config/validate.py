@@ -10,6 +10,7 @@ import os
 from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
 from dagrl.config.roles import ROLE_TEACHER, RoleKind
 from dagrl.config.schema import (
+    Algorithm,
     DagrlConfig,
     Device,
     ResumeMode,
@@ -44,6 +45,14 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         optim.lr = BUILTIN_LR
     if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
         inherit_ref_megatron(cfg)
+    if (
+        cfg.algorithm.name == Algorithm.gkd
+        and cfg.actor_rollout_ref.model.path is None
+        and cfg.teacher.model is None
+    ):
+        from dagrl.data.builtin import tiny_teacher_path
+
+        cfg.teacher.model = tiny_teacher_path()  # the shipped student learns from the shipped teacher
 
 
 def validate(cfg: DagrlConfig) -> None:

@@ -1,3 +1,3 @@
 """Built-in node kinds. Importing this package registers them."""
 
-from dagrl.nodes import advantage, logprob, reward, rollout, update, weight_sync  # noqa: F401
+from dagrl.nodes import advantage, logprob, reward, rollout, teacher, update, weight_sync  # noqa: F401

@@ -30,14 +30,17 @@ class TokenRequest:
     Backends compute exactly these and nothing else (no entropy pass that nobody reads). Each is
     ``[B, R]`` float32 on the device; values on response padding are arbitrary (mask them).
     Adding a quantity is a field here, one in `TokenOutputs`, and its computation in each train
-    backend (which must refuse a request it cannot serve): e.g. log-probs at given token ids
-    (``logprobs_at``: the batch key of ``[B, R, K]`` ids, for top-k distillation) or the
-    full-vocabulary log-softmax handed to the objective in chunks of tokens.
+    backend (which must refuse a request it cannot serve), e.g. the full-vocabulary log-softmax
+    handed to the objective in chunks of tokens.
     """
 
     logprobs: bool = True  # log-prob of each sampled token, differentiable
     entropy: bool = False  # entropy of the predicted distribution at each response position
     entropy_grad: bool = False  # keep entropy's graph: it is in the loss, not only a metric
+    # batch key of [B, R, K] token ids: the log-probs (normalised over the whole vocabulary, at
+    # `logprobs_at_temperature`) of those ids, differentiable, [B, R, K] (top-k distillation)
+    logprobs_at: str | None = None
+    logprobs_at_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         assert self.entropy or not self.entropy_grad, "entropy_grad needs entropy"
@@ -49,6 +52,7 @@ class TokenOutputs:
 
     logprobs: Tensor | None = None  # [B, R]
     entropy: Tensor | None = None  # [B, R]
+    logprobs_at: Tensor | None = None  # [B, R, K]
 
 
 class Objective(Protocol):
@@ -93,7 +97,8 @@ def register_objective(algorithm: Algorithm, validate: Callable[[DagrlConfig], N
 
 
 def objective_entry(algorithm: Algorithm) -> ObjectiveEntry:
-    import dagrl.objectives.policy  # noqa: F401  (registers the built-in objectives)
+    import dagrl.objectives.distill  # noqa: F401  (registers the built-in objectives)
+    import dagrl.objectives.policy  # noqa: F401
 
     assert algorithm in _OBJECTIVES, f"no objective registered for algorithm {algorithm}"
     return _OBJECTIVES[algorithm]

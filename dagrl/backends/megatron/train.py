@@ -357,6 +357,12 @@ class MegatronTrainBackend:
 
     def _loss(self, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
         request = self.objective.request
+        # log-probs at the teacher's top-k ids are not wired here (backends/megatron/distillation.py
+        # has the vocabulary-parallel pieces); refuse rather than train on something else
+        assert request.logprobs_at is None, (
+            "the megatron backend cannot serve student log-probs at given ids (algorithm=gkd): "
+            "train it with actor_rollout_ref.actor.strategy=torch"
+        )
         logprobs, entropy = self._response_logprobs(mi, logits, entropy=request.entropy)
         if entropy is not None and not request.entropy_grad:  # a metric only: no entropy backward pass
             entropy = entropy.detach()

@@ -9,7 +9,8 @@ student and for a teacher running in the same process alike:
 
 - ``student_logprobs_at``: the student's log-probs at given ids (the teacher's top-K), with grad;
 - ``hidden_divergence``: the exact full-vocabulary generalized JSD, with grad;
-- ``teacher_topk``: the teacher's top-K ids and log-probs at a temperature, no grad.
+- ``teacher_topk``: the teacher's top-K ids and log-probs at a temperature, no grad;
+- ``grid_logprobs_at``: log-probs at given ids from logits the forward already made (``[B, R, V]``).
 
 Only plain linear output layers are supported (logits = hidden @ W.T + b): models that rescale or
 soft-cap logits after the head (Gemma 2's ``final_logit_softcapping``, Cohere's ``logit_scale``)
@@ -167,3 +168,24 @@ def teacher_topk(
     if not ids:
         return rows.new_zeros(0, k), hidden.new_zeros(0, k, dtype=torch.float32)
     return torch.cat(ids), torch.cat(values)
+
+
+def grid_logprobs_at(logits: Tensor, ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log softmax(logits / T)`` at ``ids``, chunk by chunk of tokens, with grad.
+
+    Args:
+        logits: ``[B, R, V]`` any float dtype (the response positions of a forward's logits).
+        ids: ``[B, R, K]`` long.
+
+    Returns:
+        ``[B, R, K]`` fp32; no fp32 ``[B, R, V]`` copy is kept for the backward.
+    """
+    b, r, v = logits.shape
+    k = ids.shape[-1]
+    rows = torch.arange(b * r, device=logits.device)
+
+    def logprobs(chunk: Tensor, chunk_ids: Tensor) -> Tensor:
+        return torch.log_softmax(upcast(chunk) / temperature, dim=-1).gather(-1, chunk_ids)
+
+    flat = [(logits.reshape(b * r, v), rows), (ids.reshape(b * r, k), rows)]
+    return map_token_chunks(logprobs, flat, chunk_tokens=chunk_tokens_for(v)).view(b, r, k)

@@ -16,6 +16,7 @@ import torch
 
 from dagrl.algos import entropy_from_logits, logprobs_from_logits
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
+from dagrl.backends.torch.distill import final_hidden, grid_logprobs_at, output_layer, teacher_topk
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.core.batch import Batch, sequence_inputs
@@ -81,11 +82,12 @@ class TorchTrainBackend:
         )
         resp_len = mb["responses"].shape[1]
         if dev.type == "cuda":
-            return self._fused_outputs(module, ids, attn, pos, resp_len, request)
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+            return self._fused_outputs(module, ids, attn, pos, resp_len, mb, request)
+        raw = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         # logits at t predict token t+1: the response tokens are predicted by positions P-1 .. P+R-2
-        logits = logits[:, -resp_len - 1 : -1].float() / self.temperature
-        out = TokenOutputs()
+        raw = raw[:, -resp_len - 1 : -1]
+        logits = raw.float() / self.temperature
+        out = TokenOutputs(logprobs_at=self._logprobs_at(raw, mb, request))
         if request.logprobs:
             out.logprobs = logprobs_from_logits(logits, ids[:, -resp_len:])
         if request.entropy:  # without entropy_grad a metric only: then no graph is kept for it
@@ -93,7 +95,14 @@ class TorchTrainBackend:
                 out.entropy = entropy_from_logits(logits)
         return out
 
-    def _fused_outputs(self, module, ids, attn, pos, resp_len: int, request: TokenRequest) -> TokenOutputs:
+    def _logprobs_at(self, logits, mb: Batch, request: TokenRequest):
+        """The request's log-probs at given ids from the response positions' logits [B, R, V]."""
+        if request.logprobs_at is None:
+            return None
+        ids = mb[request.logprobs_at].to(logits.device)
+        return grid_logprobs_at(logits, ids, request.logprobs_at_temperature)
+
+    def _fused_outputs(self, module, ids, attn, pos, resp_len: int, mb: Batch, request: TokenRequest):
         """GPU path: the output layer runs on the R+1 last positions only (prompt positions need no
         logits), and one fused pass over the bf16 logits gives log-probs and entropy without a
         fp32 [B, R, V] copy (the Triton kernel the megatron backend uses)."""
@@ -112,7 +121,9 @@ class TorchTrainBackend:
         )
         logprobs, entropy = res if request.entropy else (res, None)
         grid = (rows, resp_len)
-        out = TokenOutputs(logprobs=logprobs.view(grid))
+        out = TokenOutputs(
+            logprobs=logprobs.view(grid), logprobs_at=self._logprobs_at(logits[:, :-1], mb, request)
+        )
         if entropy is not None:  # without entropy_grad a metric only: no backward pass through it
             out.entropy = (entropy if request.entropy_grad else entropy.detach()).view(grid)
         return out
@@ -123,6 +134,30 @@ class TorchTrainBackend:
         request = TokenRequest(logprobs=True)
         out = [self._token_outputs(self.model, mb, request).logprobs.cpu() for mb in batch.chunks(self.micro)]
         return Batch({output_key: torch.cat(out)}), {}
+
+    @torch.no_grad()
+    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
+        """The K most likely next tokens at every response position and their log-probs over the
+        whole vocabulary at `temperature`: teacher_topk_ids / teacher_topk_logprobs [B, R, K]."""
+        self.model.eval()
+        head = output_layer(self.model)
+        ids_out, logprobs_out = [], []
+        for mb in batch.chunks(self.cfg.teacher.log_prob_micro_batch_size_per_gpu):
+            dev = self.ctx.device
+            ids, attn, pos = sequence_inputs(
+                *(mb[key].to(dev) for key in ("prompts", "prompt_mask", "responses", "response_mask"))
+            )
+            rows, seq = ids.shape
+            resp_len = mb["responses"].shape[1]
+            hidden = final_hidden(self.model, ids, attn, pos).flatten(0, 1)
+            # position P-1+r predicts response token r: every cell of the [B, R] grid, padding too
+            starts = torch.arange(rows, device=dev) * seq + seq - resp_len - 1
+            grid = (starts[:, None] + torch.arange(resp_len, device=dev)).reshape(-1)
+            top_ids, top_logprobs = teacher_topk(hidden, grid, head[0], k, head[1], temperature)
+            ids_out.append(top_ids.view(rows, resp_len, k).cpu())
+            logprobs_out.append(top_logprobs.view(rows, resp_len, k).cpu())
+        out = {"teacher_topk_ids": torch.cat(ids_out), "teacher_topk_logprobs": torch.cat(logprobs_out)}
+        return Batch(out), {}
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:

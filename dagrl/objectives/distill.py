@@ -1,0 +1,162 @@
+"""GKD: the student minimises the generalized JSD to a teacher on its own samples.
+
+Generalized knowledge distillation (Agarwal et al. 2024, "On-Policy Distillation of Language
+Models: Learning from Self-Generated Mistakes", ICLR 2024), on-policy only (ms-swift's
+``lmbda=1``): the rollout samples responses from the student, the teacher_logprob node gives the
+teacher's top-k next tokens at every response position ([B, R, K]), and the loss is the
+per-token divergence on that support (dagrl/algos/distillation.py ``topk_divergence``),
+aggregated by actor.loss_agg_mode. The full vocabulary is the same path with K = V (exact with
+the tail bucket, which is then empty), allowed for small vocabularies only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from torch import Tensor
+
+from dagrl.algos import LossAggMode, agg_loss
+from dagrl.algos.distillation import topk_divergence
+from dagrl.config.schema import Algorithm, DagrlConfig, TeacherPlacement, TrainStrategy
+from dagrl.core.batch import Batch
+from dagrl.data.builtin import tiny_model_path
+from dagrl.errors import ConfigError
+from dagrl.objectives.base import TokenOutputs, TokenRequest, micro_batch_weights, register_objective
+
+G = "algorithm.gkd"
+# Full vocabulary goes through the top-k path with K = V: [B, R, V] teacher tensors per batch.
+# Above this the teacher's output would be a [B, R, V] tensor per step (151,936 words for Qwen).
+FULL_VOCAB_LIMIT = 4096
+
+
+class GKDObjective:
+    """``agg(JSD_beta(student || teacher) on the teacher's top-k)``; entropy reported, not in the loss."""
+
+    required_keys = ("response_mask", "teacher_topk_ids", "teacher_topk_logprobs")
+    # the GRPO DAG's keys, should a custom DAG hand them over
+    optional_keys = ("old_logprobs", "rollout_logprobs", "advantages", "ref_logprobs")
+
+    def __init__(self, cfg: DagrlConfig):
+        g = cfg.algorithm.gkd
+        self.beta, self.tail_bucket = g.beta, g.tail_bucket
+        self.mode = LossAggMode(cfg.actor_rollout_ref.actor.loss_agg_mode)
+        self.norm_length = cfg.data.max_response_length
+        # the sampled tokens' log-probs are not needed; entropy is a cheap metric on the CPU path
+        self.request = TokenRequest(
+            logprobs=False,
+            entropy=True,
+            logprobs_at="teacher_topk_ids",
+            logprobs_at_temperature=g.temperature,
+        )
+
+    def micro_batch_weights(self, mini: Batch, micro_batches: list[Batch]) -> list[float]:
+        return micro_batch_weights(mini, micro_batches, per_token=not self.mode.per_sequence)
+
+    def loss(self, mb: Batch, out: TokenOutputs) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = mb["response_mask"].float()
+        per_token = topk_divergence(
+            out.logprobs_at, mb["teacher_topk_logprobs"], mask, self.beta, self.tail_bucket
+        )
+        loss = agg_loss(per_token, mask, self.mode, self.norm_length)
+        metrics = {"distill/divergence": loss.detach()}
+        if out.entropy is not None:
+            metrics["actor/entropy"] = agg_loss(out.entropy, mask, self.mode, self.norm_length).detach()
+        return loss, metrics
+
+
+def model_vocab_size(path: str) -> int | None:
+    """``vocab_size`` of a local HF model directory's config.json; None if not a local directory."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return None
+    with open(config) as f:
+        return json.load(f).get("vocab_size")
+
+
+def _student_path(cfg: DagrlConfig) -> str:
+    return cfg.actor_rollout_ref.model.path or tiny_model_path()  # unset: the shipped tiny model
+
+
+def _check_gkd(cfg: DagrlConfig) -> None:
+    """GKD's own rules: what is implemented (on-policy, no SFT term) and what fits the models."""
+    g = cfg.algorithm.gkd
+    if not 0.0 <= g.beta <= 1.0:
+        raise ConfigError(f"{G}.beta", g.beta, "must be in [0, 1] (0 = forward KL, 1 = reverse KL)")
+    if g.temperature <= 0:
+        raise ConfigError(f"{G}.temperature", g.temperature, "must be > 0")
+    if g.lmbda != 1.0:
+        raise ConfigError(
+            f"{G}.lmbda",
+            g.lmbda,
+            "only on-policy distillation is implemented (1.0): off-policy steps need dataset "
+            "responses, which the data layer does not carry yet; set algorithm.gkd.lmbda=1.0",
+        )
+    if g.sft_alpha != 0.0:
+        raise ConfigError(
+            f"{G}.sft_alpha",
+            g.sft_alpha,
+            "an SFT term needs dataset responses, which the data layer does not carry yet; set 0",
+        )
+    if cfg.teacher.model is None:
+        raise ConfigError("teacher.model", None, "algorithm=gkd distils from a teacher: set its model path")
+    if cfg.actor_rollout_ref.actor.strategy != TrainStrategy.torch:
+        raise ConfigError(
+            "actor_rollout_ref.actor.strategy",
+            cfg.actor_rollout_ref.actor.strategy,
+            "algorithm=gkd runs on the torch train backend only for now: set it to torch",
+        )
+    if cfg.teacher.placement != TeacherPlacement.colocate:
+        raise ConfigError(
+            "teacher.placement", cfg.teacher.placement, "algorithm=gkd needs a colocated teacher (colocate)"
+        )
+    if g.gkd_logits_topk is not None and g.gkd_logits_topk < 1:
+        raise ConfigError(
+            f"{G}.gkd_logits_topk", g.gkd_logits_topk, "must be >= 1, or unset for full vocabulary"
+        )
+    _check_vocabularies(cfg)
+
+
+def _check_vocabularies(cfg: DagrlConfig) -> None:
+    """The teacher's vocabulary is the student's (ids index the same words), and top-k fits it."""
+    g = cfg.algorithm.gkd
+    student = model_vocab_size(_student_path(cfg))
+    teacher = model_vocab_size(cfg.teacher.model)
+    if student is not None and teacher is not None and student != teacher:
+        # HF vocab_size includes the embedding padding; a mismatch means different id spaces
+        raise ConfigError(
+            "teacher.model",
+            cfg.teacher.model,
+            f"its vocabulary ({teacher}) differs from the student's ({student}): distillation compares "
+            "distributions over the same token ids; use a teacher with the student's tokenizer",
+        )
+    vocab = teacher or student
+    if g.gkd_logits_topk is None:
+        if vocab is None or vocab > FULL_VOCAB_LIMIT:
+            raise ConfigError(
+                f"{G}.gkd_logits_topk",
+                None,
+                f"full-vocabulary distillation is wired for vocabularies up to {FULL_VOCAB_LIMIT} words "
+                f"(this one: {vocab or 'unknown'}); set algorithm.gkd.gkd_logits_topk=64 "
+                "(with algorithm.gkd.tail_bucket=true to keep the mass outside the top-k)",
+            )
+    elif vocab is not None and g.gkd_logits_topk > vocab:
+        raise ConfigError(
+            f"{G}.gkd_logits_topk", g.gkd_logits_topk, f"must be <= the vocabulary size {vocab}"
+        )
+
+
+def distill_topk(cfg: DagrlConfig) -> int:
+    """K of the teacher's top-k: gkd_logits_topk, or the whole vocabulary when it is unset."""
+    k = cfg.algorithm.gkd.gkd_logits_topk
+    if k is not None:
+        return k
+    vocab = model_vocab_size(cfg.teacher.model) or model_vocab_size(_student_path(cfg))
+    assert vocab is not None, "validate refuses full vocabulary when the vocabulary size is unknown"
+    return vocab
+
+
+@register_objective(Algorithm.gkd, validate=_check_gkd)
+def gkd(cfg: DagrlConfig) -> GKDObjective:
+    """GKD (Agarwal et al. 2024): on-policy generalized JSD to the teacher on its top-k support."""
+    return GKDObjective(cfg)

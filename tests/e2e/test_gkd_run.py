@@ -1,0 +1,51 @@
+"""End-to-end GKD on the CPU: the shipped tiny student distilled from the shipped tiny teacher
+through real Ray workers (colocated train + rollout + teacher on one worker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import compose_config
+from tests.e2e.test_grpo_run import FAST, read_metrics, without_timing
+
+
+@pytest.mark.slow
+def test_default_gkd_run_learns(ray_local, tmp_path):
+    """`python -m dagrl.main algorithm=gkd`: the divergence falls and the validation reward rises
+    (recorded: divergence 0.092 -> 0.043, val/reward/mean 0.273 -> 0.539 in 40 steps)."""
+    from dagrl.main import run
+
+    run(
+        compose_config("algorithm=gkd", f"trainer.default_local_dir={tmp_path}", "trainer.progress_bar=false")
+    )
+    rows = read_metrics(tmp_path)
+    train = [r for r in rows if "distill/divergence" in r]
+    assert rows[0]["step"] == 0 and rows[-1]["step"] == 40
+    first = sum(r["distill/divergence"] for r in train[:5]) / 5
+    last = sum(r["distill/divergence"] for r in train[-5:]) / 5
+    assert last < 0.75 * first, f"divergence {first:.4f} -> {last:.4f}"
+    before, after = rows[0]["val/reward/mean"], rows[-1]["val/reward/mean"]
+    assert after >= before + 0.15, f"validation reward {before:.3f} -> {after:.3f}"
+
+
+def test_gkd_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
+    """4 steps == 2 steps + resume + 2 steps, teacher role included."""
+    from dagrl.main import run
+
+    fast = ["algorithm=gkd", *FAST]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(compose_config(*fast, "trainer.total_training_steps=4", f"trainer.default_local_dir={straight}"))
+    for steps in (2, 4):
+        run(
+            compose_config(
+                *fast,
+                f"trainer.total_training_steps={steps}",
+                "trainer.save_freq=2",
+                f"trainer.default_local_dir={resumed}",
+            )
+        )
+    a = [without_timing(r) for r in read_metrics(straight)]
+    b = [without_timing(r) for r in read_metrics(resumed)]
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert all(r["distill/divergence"] > 0 for r in b)
+    assert a == b
