@@ -19,6 +19,3 @@ class Runtime:
 
     def role(self, name: str):
         return self.roles[name]
-
-    def colocated(self, a: str, b: str) -> bool:
-        return self.roles[a].pool is self.roles[b].pool
