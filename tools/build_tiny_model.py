@@ -323,6 +323,17 @@ def build_teacher(
     )
 
 
+def build_teacher_only(init: Path, out: Path, lr: float, steps: int) -> None:
+    """The teacher stage alone, from a pre-trained model directory: the same weights, tokenizer and
+    seeds as the full build's stage (no random numbers are drawn between pre-training and it)."""
+    model = Qwen2ForCausalLM.from_pretrained(init, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(init)
+    if out.resolve() != init.resolve():
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(init, out)  # tokenizer files (written by hand) travel with the weights
+    build_teacher(model, tokenizer, out, lr, steps)
+
+
 def _prompt_ids(tokenizer: PreTrainedTokenizerBase, row: dict) -> list[int]:
     text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
@@ -343,6 +354,13 @@ def main() -> None:
     parser.add_argument(
         "--teacher_steps", type=int, default=TEACHER_STEPS, help="teacher steps on privileged prompts"
     )
+    parser.add_argument(
+        "--teacher_init",
+        type=Path,
+        default=None,
+        help="build only the teacher: its privileged-prompt stage from this pre-trained model "
+        "directory (the pre-trained weights the full build reaches), leaving --out alone",
+    )
     parser.add_argument("--steps", type=int, default=PRETRAIN_STEPS, help="pre-training steps")
     parser.add_argument(
         "--lr", type=float, default=PRETRAIN_LR, help="pre-training learning rate, constant after warm-up"
@@ -352,6 +370,9 @@ def main() -> None:
     start = time.perf_counter()
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)
+    if args.teacher_init is not None:
+        build_teacher_only(args.teacher_init, args.teacher_out, args.lr, args.teacher_steps)
+        return
     for out in (args.out, args.teacher_out):
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)

@@ -90,6 +90,16 @@ class Algorithm(str, Enum):
     dr_grpo = "dr_grpo"
     gspo = "gspo"
     gkd = "gkd"  # generalized knowledge distillation from algorithm.gkd / teacher.*
+    opsd = (
+        "opsd"  # GKD whose teacher reads each row's privileged teacher_prompt (on-policy self-distillation)
+    )
+
+
+class SelfTeacher(str, Enum):
+    """Words `teacher.model` accepts instead of a path: the student distils from itself."""
+
+    self = "self"  # a frozen copy of the student's initial weights (forward-only, like the reference)
+    self_current = "self_current"  # the policy being trained, in no-grad mode, on the train workers
 
 
 class RolloutISLevel(str, Enum):

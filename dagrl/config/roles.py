@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from dagrl.config.schema import DagrlConfig, MegatronConfig, TeacherPlacement, TrainStrategy
+from dagrl.config.schema import DagrlConfig, MegatronConfig, SelfTeacher, TeacherPlacement, TrainStrategy
 
 
 class RoleKind(str, Enum):
@@ -73,6 +73,22 @@ class RoleSpec:
         return self.kind in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER)
 
 
+def teacher_model_path(cfg: DagrlConfig) -> str | None:
+    """The teacher's model path: teacher.model, or the student's (None = the shipped tiny model)
+    when the teacher is the student itself (`self`, `self_current`)."""
+    if cfg.teacher.model in (SelfTeacher.self.value, SelfTeacher.self_current.value):
+        return cfg.actor_rollout_ref.model.path
+    return cfg.teacher.model
+
+
+def role_aliases(cfg: DagrlConfig) -> dict[str, str]:
+    """Roles a DAG names that run on another role's workers under this config: a `self_current`
+    teacher is the train role's own model (no pool, no weights of its own)."""
+    if cfg.teacher.model == SelfTeacher.self_current.value:
+        return {ROLE_TEACHER: ROLE_TRAIN}
+    return {}
+
+
 def build_role_specs(cfg: DagrlConfig, roles: Iterable[str]) -> dict[str, RoleSpec]:
     """Specs of the named roles (those the DAG uses), in name order."""
     return {name: role_spec(cfg, name) for name in sorted(set(roles))}
@@ -122,7 +138,7 @@ def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
 
 def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
     t, arr = cfg.teacher, cfg.actor_rollout_ref
-    model = ModelSpec(t.model, t.dtype or arr.model.dtype, None, arr.model.trust_remote_code)
+    model = ModelSpec(teacher_model_path(cfg), t.dtype or arr.model.dtype, None, arr.model.trust_remote_code)
     if t.placement == TeacherPlacement.standalone:
         return RoleSpec(
             name=ROLE_TEACHER,

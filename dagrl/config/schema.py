@@ -26,6 +26,7 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     RolloutISLevel,
     RolloutName,
     RolloutRSLevel,
+    SelfTeacher,
     TeacherPlacement,
     TrainStrategy,
     parse_resume_mode,
@@ -40,6 +41,11 @@ class DataConfig:
     """Parquet file(s) of validation rows; None = the built-in task's test split (or none with train_files)."""
     prompt_key: str = "prompt"
     """Column holding each row's chat messages."""
+    response_key: str = "response"
+    """Column holding each row's reference response (text; ms-swift's query/response naming), read
+    by distillation's off-policy steps and SFT term (algorithm.gkd.lmbda < 1, sft_alpha > 0).
+    `column.key` reads a key of a dict column: `extra_info.answer` is verl's
+    response_key=extra_info with response_dict_keys=[answer]."""
     train_batch_size: int = 16
     """Prompts per step (each sampled rollout.n times)."""
     val_batch_size: Optional[int] = None
@@ -305,16 +311,29 @@ class GKDConfig:
     tail_bucket: bool = False
     """Top-k: keep the mass outside the teacher's top-k as one extra outcome instead of renormalising."""
     lmbda: float = 1.0
-    """Share of on-policy steps (student samples); 1.0 only: off-policy steps need dataset responses."""
+    """Probability that a step trains on the student's own samples; the other steps (drawn from
+    trainer.seed and the step number, so resumes repeat them) train on the dataset's responses
+    (data.response_key) instead of sampling."""
     sft_alpha: float = 0.0
-    """Weight of an SFT loss on dataset responses; 0 only (the data layer carries no responses yet)."""
+    """Weight of an NLL (SFT) term on the dataset's responses, added on the off-policy steps."""
+
+
+@dataclass
+class DistillRewardConfig:
+    """On-policy distillation as a reward (Thinking Machines' "On-Policy Distillation", slime): the
+    per-token reverse KL of the sampled tokens, ``log π_student − log π_teacher``, enters the
+    advantages as ``−coef × k1`` (held constant), next to any task-reward advantage."""
+
+    coef: float = 0.0
+    """Weight of the per-token reverse-KL advantage; 0 = off. Needs teacher.model (the teacher's
+    log-probs of the sampled tokens come from the teacher_logprob node)."""
 
 
 @dataclass
 class AlgorithmConfig:
     name: Algorithm = Algorithm.grpo
     """The objective the actor update minimises (dagrl/objectives). Choose it with the preset
-    `algorithm=grpo|dr_grpo|gspo|gkd`, which sets the keys the algorithm relies on as well."""
+    `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys the algorithm relies on as well."""
     adv_estimator: AdvEstimator = AdvEstimator.grpo
     """How rewards become advantages; grpo: each response against its prompt's group."""
     norm_adv_by_std_in_grpo: bool = True
@@ -330,7 +349,9 @@ class AlgorithmConfig:
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Importance weights / rejection for the rollout-vs-trainer mismatch (verl's names)."""
     gkd: GKDConfig = field(default_factory=GKDConfig)
-    """Distillation settings of algorithm.name=gkd (preset `algorithm=gkd`)."""
+    """Distillation settings of algorithm.name=gkd and opsd (presets `algorithm=gkd|opsd`)."""
+    distill_reward: DistillRewardConfig = field(default_factory=DistillRewardConfig)
+    """Reverse KL to the teacher as a per-token advantage term, combinable with GRPO's."""
 
 
 @dataclass
@@ -352,7 +373,9 @@ class TeacherConfig:
     """The distillation teacher. The role exists only when `model` is set."""
 
     model: Optional[str] = None
-    """HF model path or hub id of the teacher; None = no teacher role."""
+    """HF model path or hub id of the teacher; None = no teacher role. `self`: a frozen copy of
+    the student's initial weights; `self_current`: the policy being trained, in no-grad mode on
+    the train workers (no teacher role): on-policy self-distillation."""
     dtype: Optional[ModelDtype] = None
     """Weights dtype (float32, bfloat16, float16); None = actor_rollout_ref.model.dtype."""
     placement: TeacherPlacement = TeacherPlacement.colocate

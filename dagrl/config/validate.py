@@ -45,11 +45,8 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         optim.lr = BUILTIN_LR
     if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
         inherit_ref_megatron(cfg)
-    if (
-        cfg.algorithm.name == Algorithm.gkd
-        and cfg.actor_rollout_ref.model.path is None
-        and cfg.teacher.model is None
-    ):
+    uses_teacher = cfg.algorithm.name in (Algorithm.gkd, Algorithm.opsd) or cfg.algorithm.distill_reward.coef
+    if uses_teacher and cfg.actor_rollout_ref.model.path is None and cfg.teacher.model is None:
         from dagrl.data.builtin import tiny_teacher_path
 
         cfg.teacher.model = tiny_teacher_path()  # the shipped student learns from the shipped teacher

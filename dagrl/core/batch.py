@@ -28,6 +28,9 @@ KEYS: dict[str, str] = {
     "teacher_topk_ids": "[B, R, K] teacher's top-k token ids",
     "teacher_topk_logprobs": "[B, R, K] teacher's top-k log-probs",
     "teacher_logprobs": "[B, R] teacher log-probs of the sampled tokens",
+    "dataset_responses": "[B, R] right-padded reference response ids from the data (data.response_key)",
+    "dataset_response_mask": "[B, R] 1 on reference response tokens",
+    "off_policy": "[B] 1.0 where the responses are the dataset's (an off-policy step), 0.0 where sampled",
     "scores": "[B] sequence reward (weighted sum of reward functions)",
     "token_rewards": "[B, R] per-token reward (score on the last token, minus KL in reward)",
     "advantages": "[B, R] advantages",
@@ -127,6 +130,17 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
         if s:
             ids[i, width - len(s) :] = torch.as_tensor(s, dtype=torch.long)
             mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def right_pad(seqs: list[list[int]], pad_id: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad (or cut) token lists to [B, width]; returns (ids, mask)."""
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        kept = s[:width]
+        ids[i, : len(kept)] = torch.as_tensor(kept, dtype=torch.long)
+        mask[i, : len(kept)] = 1
     return ids, mask
 
 

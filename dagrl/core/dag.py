@@ -150,9 +150,13 @@ def _topological_order(dag: str, specs: list[NodeSpec], deps: dict[str, frozense
 
 def prune_disabled(specs: list[NodeSpec], cfg) -> list[NodeSpec]:
     """The specs as this config runs them: nodes whose kind is disabled dropped, with the optional
-    inputs they would have made, and each kind's inputs resolved for the config (`kind_inputs`),
-    so that build_dag checks what e.g. the configured objective reads."""
+    inputs they would have made, each kind's inputs resolved for the config (`kind_inputs`), so
+    that build_dag checks what e.g. the configured objective reads, and roles the config runs
+    elsewhere renamed (`role_aliases`: a `self_current` teacher is the train role)."""
+    from dagrl.config.roles import role_aliases  # the config's layer: imported when a config is at hand
+
     kinds = node_kinds()
+    aliases = role_aliases(cfg)
     known = {s.name for s in specs}
     kept = [s for s in specs if s.kind not in kinds or kinds[s.kind].enabled(cfg)]
     dropped_outputs = {k for s in specs if s not in kept for k in s.outputs}
@@ -163,5 +167,6 @@ def prune_disabled(specs: list[NodeSpec], cfg) -> list[NodeSpec]:
         required, optional = kind_inputs(kinds[s.kind], cfg) if s.kind in kinds else (None, None)
         inputs = [k for k in s.inputs if not (k in dropped_outputs and k in (optional or ()))]
         after = [a for a in s.after if a in kept_names or a not in known]
-        result.append(NodeSpec(s.name, s.kind, s.role, inputs, list(s.outputs), after, required, optional))
+        role = aliases.get(s.role, s.role)
+        result.append(NodeSpec(s.name, s.kind, role, inputs, list(s.outputs), after, required, optional))
     return result

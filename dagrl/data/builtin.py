@@ -10,7 +10,8 @@ hash of the unordered pair ``{a, b}``: test problems are never seen in training,
 their mirror ``b+a``.
 
 Each row also carries a ``teacher_prompt`` that shows the answer, for on-policy self-distillation
-(OPSD); GRPO and GKD never read it.
+(OPSD), and the answer as a reference ``response``, for distillation's off-policy steps and SFT
+term (``algorithm.gkd.lmbda < 1``, ``sft_alpha > 0``); GRPO never reads either.
 """
 
 from __future__ import annotations
@@ -99,4 +100,5 @@ def _make_row(split: str, index: int, a: int, b: int) -> dict:
         "reward_model": {"style": "rule", "ground_truth": answer},
         "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
         "teacher_prompt": [{"role": "user", "content": format_teacher_question(a, b)}],
+        "response": answer,
     }

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dagrl.data.schema import validate_columns, validate_row
+from dagrl.data.schema import response_text, validate_columns, validate_row
 from dagrl.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ class Example:
     ground_truth: str
     extra_info: dict
     teacher_prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None  # the reference response + eos (data.response_key), if any
 
 
 def read_rows(
@@ -120,8 +121,10 @@ class PromptDataset:
         filter_overlong: bool = True,
         *,
         key: str = "data.train_files",
+        response_key: str = "response",
     ):
         tables = [(path, _read_file(path, key=key, prompt_key=prompt_key)) for path in _as_list(files, key)]
+        self.response_key = response_key
         self._build(tables, tokenizer, max_prompt_length, prompt_key, filter_overlong, key)
 
     @classmethod
@@ -135,11 +138,13 @@ class PromptDataset:
         prompt_key: str = "prompt",
         filter_overlong: bool = True,
         key: str = "data.train_files",
+        response_key: str = "response",
     ) -> PromptDataset:
         """A dataset of in-memory rows (the built-in task); `source` names them in errors."""
         for index, row in enumerate(rows):
             validate_row(row, source=source, index=index, prompt_key=prompt_key)
         dataset = cls.__new__(cls)
+        dataset.response_key = response_key
         dataset._build([(source, rows)], tokenizer, max_prompt_length, prompt_key, filter_overlong, key)
         return dataset
 
@@ -184,13 +189,25 @@ class PromptDataset:
             ground_truth=row["reward_model"]["ground_truth"],
             extra_info=dict(row["extra_info"] or {}),
             teacher_prompt_ids=tokenize_messages(tokenizer, teacher) if teacher is not None else None,
+            response_ids=_response_ids(tokenizer, response_text(row, self.response_key)),
         )
 
     def __len__(self) -> int:
         return len(self.examples)
 
+    @property
+    def has_responses(self) -> bool:
+        return all(e.response_ids is not None for e in self.examples)
+
     def __getitem__(self, i: int) -> Example:
         return self.examples[i]
+
+
+def _response_ids(tokenizer: Any, text: str | None) -> list[int] | None:
+    """A reference response as the policy would emit it: its tokens, then the eos token."""
+    if text is None:
+        return None
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
 
 
 class PromptLoader:

@@ -8,6 +8,8 @@ One row is one prompt (the verl/siiRL layout, so their files load unchanged)::
     reward_model  {style, ground_truth}    ground_truth: the reference answer the reward checks against
     extra_info    {split, index, ...}      anything else; carried through to the reward function
     teacher_prompt list[{role, content}]   optional: what an OPSD teacher sees (problem + reference solution)
+    response      str                      optional: a reference response (distillation's off-policy
+                                           steps and SFT term; data.response_key names another column)
 
 Every check raises `DataError` naming the file (or source) and row, what is wrong and how to fix it.
 """
@@ -20,7 +22,7 @@ from typing import Any
 from dagrl.errors import DataError
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("data_source", "prompt", "ability", "reward_model", "extra_info")
-OPTIONAL_COLUMNS: tuple[str, ...] = ("teacher_prompt",)
+OPTIONAL_COLUMNS: tuple[str, ...] = ("teacher_prompt", "response")
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
 
 _LAYOUT_HINT = "see docs/data.md for the row layout, or regenerate the file with examples/data_preprocess"
@@ -114,3 +116,17 @@ def _describe(value: Any) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(value).__name__} {text}"
+
+
+def response_text(row: dict, response_key: str) -> str | None:
+    """The reference response of a row under data.response_key (``column`` or ``column.key``, the
+    latter verl's response_key + response_dict_keys); None when the row has none."""
+    column, _, key = response_key.partition(".")
+    value = row.get(column)
+    if key and isinstance(value, dict):
+        value = value.get(key)
+    elif key:
+        value = None
+    if value is not None and not isinstance(value, str):
+        raise DataError(f"data.response_key={response_key!r}: expected text, got {type(value).__name__}")
+    return value or None

@@ -1,16 +1,26 @@
 """advantage: token rewards (score on the last token, optional KL-in-reward) and advantages from
-the estimator of `algorithm.adv_estimator`."""
+the estimator of `algorithm.adv_estimator`, plus, with algorithm.distill_reward.coef, the
+per-token reverse KL to a teacher as an advantage term (dagrl/algos/distillation.py
+``reverse_kl_advantages``: on-policy distillation as a reward)."""
 
 from __future__ import annotations
 
 import torch
 
 from dagrl.algos import KLEstimator, kl_penalty, masked_mean
+from dagrl.algos.distillation import reverse_kl_advantages
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.objectives import estimator
 
 _KL_INPUTS = ("old_logprobs", "ref_logprobs")
+_DISTILL_INPUTS = ("teacher_logprobs", "rollout_logprobs")
+
+
+def distill_student_key(cfg) -> str:
+    """The student's log-probs of its samples for the reverse-KL reward: the recomputed old ones,
+    or the rollout's when the update skips that pass (validated on-policy)."""
+    return "old_logprobs" if cfg.actor_rollout_ref.actor.recompute_old_logprobs else "rollout_logprobs"
 
 
 def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -25,13 +35,14 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> to
 class AdvantageNode:
     # without a config: GRPO's; inputs_for asks the configured estimator
     required_inputs = ("scores", "group_ids", "response_mask")
-    optional_inputs = _KL_INPUTS
+    optional_inputs = (*_KL_INPUTS, *_DISTILL_INPUTS)
     outputs = ("token_rewards", "advantages")
     remote = False
 
     def __init__(self, spec, cfg):
         self.spec, self.algo = spec, cfg.algorithm
         self.estimator = estimator(cfg.algorithm.adv_estimator)
+        self.student_key = distill_student_key(cfg)
 
     @staticmethod
     def enabled(cfg) -> bool:
@@ -41,9 +52,13 @@ class AdvantageNode:
     def inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(required, optional): the estimator's keys; the log-probs are required with KL in the reward."""
         required = ("scores", "response_mask", *estimator(cfg.algorithm.adv_estimator).required_keys)
+        if cfg.algorithm.distill_reward.coef:
+            required = (*required, "teacher_logprobs", distill_student_key(cfg))
         if cfg.algorithm.use_kl_in_reward:
-            return (*required, *_KL_INPUTS), ()
-        return required, _KL_INPUTS
+            required = (*required, *_KL_INPUTS)
+        required = tuple(dict.fromkeys(required))
+        optional = tuple(k for k in (*_KL_INPUTS, *_DISTILL_INPUTS) if k not in required)
+        return required, optional
 
     def run(self, runtime, batch):
         mask = batch["response_mask"].float()
@@ -56,6 +71,12 @@ class AdvantageNode:
             rewards = rewards - self.algo.kl_ctrl.kl_coef * kl * mask
             metrics["critic/kl_in_reward"] = float(masked_mean(kl, mask))
         advantages = self.estimator.estimate(rewards, batch, self.algo)
+        if self.algo.distill_reward.coef:
+            student, teacher = batch[self.student_key], batch["teacher_logprobs"]
+            advantages = advantages + reverse_kl_advantages(
+                student, teacher, mask, self.algo.distill_reward.coef
+            )
+            metrics["distill/reverse_kl"] = float(masked_mean(student - teacher, mask))
         metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask))
         metrics["critic/advantages/max"] = float(advantages.max())
         return NodeResult(Batch({"token_rewards": rewards, "advantages": advantages}), metrics)

@@ -1,6 +1,11 @@
-"""rollout: one sampled response per row on the rollout pool."""
+"""rollout: one sampled response per row on the rollout pool (or, on a distillation run's
+off-policy steps, the dataset's reference responses instead)."""
 
 from __future__ import annotations
+
+import random
+
+import torch
 
 from dagrl.backends.handles import rollout_role
 from dagrl.core.batch import Batch
@@ -13,26 +18,60 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step) % (2**31)
 
 
+def is_off_policy_step(seed: int, step: int, lmbda: float) -> bool:
+    """Whether `step` trains on the dataset's responses (probability 1 − lmbda, GKD's λ).
+
+    A pure function of (seed, step), so a resumed run repeats the same choices and no random
+    state has to be saved."""
+    return random.Random(f"lmbda:{seed}:{step}").random() >= lmbda
+
+
 @register_node_kind("rollout")
 class RolloutNode:
+    """With the reference responses among its inputs (the distillation DAGs) and lmbda < 1, a
+    step drawn off-policy skips sampling and passes the dataset's responses on instead; `off_policy`
+    marks the rows whose responses came from the data."""
+
     required_inputs = ("prompts", "prompt_mask")
-    optional_inputs = ()
-    outputs = ("responses", "response_mask", "rollout_logprobs")
+    optional_inputs = ("dataset_responses", "dataset_response_mask")
+    outputs = ("responses", "response_mask", "rollout_logprobs", "off_policy")
     remote = True
 
     def __init__(self, spec, cfg):
         self.spec = spec
+        self.lmbda = cfg.algorithm.gkd.lmbda if "dataset_responses" in spec.inputs else 1.0
 
     @staticmethod
     def enabled(cfg) -> bool:
         return True
 
     def run(self, runtime, batch):
+        seed = runtime.cfg.trainer.seed
+        if self.lmbda < 1.0 and is_off_policy_step(seed, runtime.step, self.lmbda):
+            return self._dataset_responses(batch)
         handle = rollout_role(runtime, self.spec.role)
-        out, per_rank = handle.generate(batch, seed=step_seed(runtime.cfg.trainer.seed, runtime.step))
+        out, per_rank = handle.generate(
+            batch.select(("prompts", "prompt_mask")), seed=step_seed(seed, runtime.step)
+        )
         metrics = reduce_all(per_rank)  # replicas' means (memory per phase, generate seconds)
         metrics["rollout/tokens_per_s"] = sum(m["rollout/tokens_per_s"] for m in per_rank)  # all replicas
+        if "off_policy" in self.spec.outputs:
+            out = out.union(Batch({"off_policy": torch.zeros(len(batch))}))
+            metrics["distill/off_policy_step"] = 0.0
         return NodeResult(out, metrics)
+
+    def _dataset_responses(self, batch: Batch) -> NodeResult:
+        responses, mask = batch["dataset_responses"], batch["dataset_response_mask"]
+        out = {
+            "responses": responses,
+            "response_mask": mask,
+            # not sampled: no rollout log-probs (distillation objectives do not read them)
+            "rollout_logprobs": torch.zeros(mask.shape, dtype=torch.float32),
+            "off_policy": torch.ones(len(batch)),
+        }
+        return NodeResult(
+            Batch({k: v for k, v in out.items() if k in self.spec.outputs}), {"distill/off_policy_step": 1.0}
+        )
 
 
 @register_node_kind("val_rollout")

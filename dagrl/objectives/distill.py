@@ -1,12 +1,24 @@
-"""GKD: the student minimises the generalized JSD to a teacher on its own samples.
+"""GKD and OPSD: the student minimises the generalized JSD to a teacher on its own samples.
 
 Generalized knowledge distillation (Agarwal et al. 2024, "On-Policy Distillation of Language
-Models: Learning from Self-Generated Mistakes", ICLR 2024), on-policy only (ms-swift's
-``lmbda=1``): the rollout samples responses from the student, the teacher_logprob node gives the
-teacher's top-k next tokens at every response position ([B, R, K]), and the loss is the
-per-token divergence on that support (dagrl/algos/distillation.py ``topk_divergence``),
-aggregated by actor.loss_agg_mode. The full vocabulary is the same path with K = V (exact with
-the tail bucket, which is then empty), allowed for small vocabularies only.
+Models: Learning from Self-Generated Mistakes", ICLR 2024): with probability ``lmbda`` a step
+samples responses from the student, otherwise it takes the dataset's reference responses (the
+rollout node decides, seeded by the step); the teacher_logprob node gives the teacher's top-k
+next tokens at every response position ([B, R, K]), and the loss is the per-token divergence on
+that support (dagrl/algos/distillation.py ``topk_divergence``), aggregated by
+actor.loss_agg_mode, plus ``sft_alpha`` × the NLL of the reference responses on off-policy steps.
+The full vocabulary is the same path with K = V (exact with the tail bucket, which is then
+empty), allowed for small vocabularies only.
+
+OPSD (on-policy self-distillation with privileged information) is the same loss; only the
+teacher's input differs: it reads each row's ``teacher_prompt`` (problem + reference solution)
+before the student's response (dagrl/nodes/teacher.py), and may be the student itself
+(``teacher.model=self|self_current``).
+
+The SFT term differs from ms-swift's on purpose: ms-swift adds the NLL of whatever the step
+trains on, on on-policy steps the student's own samples, which only sharpens the student toward
+what it already says; here it is the NLL of the dataset's responses only, so it applies on the
+off-policy steps (``lmbda < 1``).
 """
 
 from __future__ import annotations
@@ -18,7 +30,8 @@ from torch import Tensor
 
 from dagrl.algos import LossAggMode, agg_loss
 from dagrl.algos.distillation import topk_divergence
-from dagrl.config.schema import Algorithm, DagrlConfig, TeacherPlacement, TrainStrategy
+from dagrl.config.roles import teacher_model_path
+from dagrl.config.schema import Algorithm, DagrlConfig, SelfTeacher, TeacherPlacement, TrainStrategy
 from dagrl.core.batch import Batch
 from dagrl.data.builtin import tiny_model_path
 from dagrl.errors import ConfigError
@@ -28,23 +41,27 @@ G = "algorithm.gkd"
 # Full vocabulary goes through the top-k path with K = V: [B, R, V] teacher tensors per batch.
 # Above this the teacher's output would be a [B, R, V] tensor per step (151,936 words for Qwen).
 FULL_VOCAB_LIMIT = 4096
+DISTILL_ALGORITHMS = (Algorithm.gkd, Algorithm.opsd)
 
 
 class GKDObjective:
-    """``agg(JSD_beta(student || teacher) on the teacher's top-k)``; entropy reported, not in the loss."""
+    """``agg(JSD_beta(student || teacher) on the teacher's top-k) + sft_alpha · NLL(reference
+    responses)``; entropy reported, not in the loss."""
 
-    required_keys = ("response_mask", "teacher_topk_ids", "teacher_topk_logprobs")
-    # the GRPO DAG's keys, should a custom DAG hand them over
-    optional_keys = ("old_logprobs", "rollout_logprobs", "advantages", "ref_logprobs")
+    # the GRPO DAG's keys, should a custom DAG hand them over; off_policy: which rows are the data's
+    optional_keys = ("old_logprobs", "rollout_logprobs", "advantages", "ref_logprobs", "off_policy")
 
     def __init__(self, cfg: DagrlConfig):
         g = cfg.algorithm.gkd
-        self.beta, self.tail_bucket = g.beta, g.tail_bucket
+        self.beta, self.tail_bucket, self.sft_alpha = g.beta, g.tail_bucket, g.sft_alpha
         self.mode = LossAggMode(cfg.actor_rollout_ref.actor.loss_agg_mode)
         self.norm_length = cfg.data.max_response_length
-        # the sampled tokens' log-probs are not needed; entropy is a cheap metric on the CPU path
+        sft = ("off_policy",) if self.sft_alpha else ()
+        self.required_keys = ("response_mask", "teacher_topk_ids", "teacher_topk_logprobs", *sft)
+        self.optional_keys = tuple(k for k in GKDObjective.optional_keys if k not in sft)
+        # the sampled tokens' log-probs only for the SFT term; entropy is a cheap metric on the CPU path
         self.request = TokenRequest(
-            logprobs=False,
+            logprobs=bool(self.sft_alpha),
             entropy=True,
             logprobs_at="teacher_topk_ids",
             logprobs_at_temperature=g.temperature,
@@ -60,6 +77,12 @@ class GKDObjective:
         )
         loss = agg_loss(per_token, mask, self.mode, self.norm_length)
         metrics = {"distill/divergence": loss.detach()}
+        if self.sft_alpha:
+            # off-policy rows hold the dataset's responses; on on-policy steps there are none (0)
+            reference = mask * mb["off_policy"].float()[:, None]
+            nll = agg_loss(-out.logprobs, reference, self.mode, self.norm_length)
+            loss = loss + self.sft_alpha * nll
+            metrics["distill/sft_nll"] = nll.detach()
         if out.entropy is not None:
             metrics["actor/entropy"] = agg_loss(out.entropy, mask, self.mode, self.norm_length).detach()
         return loss, metrics
@@ -85,30 +108,39 @@ def _check_gkd(cfg: DagrlConfig) -> None:
         raise ConfigError(f"{G}.beta", g.beta, "must be in [0, 1] (0 = forward KL, 1 = reverse KL)")
     if g.temperature <= 0:
         raise ConfigError(f"{G}.temperature", g.temperature, "must be > 0")
-    if g.lmbda != 1.0:
-        raise ConfigError(
-            f"{G}.lmbda",
-            g.lmbda,
-            "only on-policy distillation is implemented (1.0): off-policy steps need dataset "
-            "responses, which the data layer does not carry yet; set algorithm.gkd.lmbda=1.0",
-        )
-    if g.sft_alpha != 0.0:
+    if not 0.0 <= g.lmbda <= 1.0:
+        raise ConfigError(f"{G}.lmbda", g.lmbda, "must be in [0, 1] (the share of on-policy steps)")
+    if g.sft_alpha < 0:
+        raise ConfigError(f"{G}.sft_alpha", g.sft_alpha, "must be >= 0 (0 = no SFT term)")
+    if g.sft_alpha > 0 and g.lmbda == 1.0:
         raise ConfigError(
             f"{G}.sft_alpha",
             g.sft_alpha,
-            "an SFT term needs dataset responses, which the data layer does not carry yet; set 0",
+            "the SFT term is on the dataset's responses, which only off-policy steps train on; "
+            "set algorithm.gkd.lmbda below 1 (e.g. 0.5), or sft_alpha=0",
         )
+    if g.lmbda < 1.0 or g.sft_alpha > 0:
+        check_responses_in_data(cfg)
+    name = cfg.algorithm.name.value
     if cfg.teacher.model is None:
-        raise ConfigError("teacher.model", None, "algorithm=gkd distils from a teacher: set its model path")
+        raise ConfigError(
+            "teacher.model", None, f"algorithm={name} distils from a teacher: set its model path"
+        )
+    if cfg.teacher.model == SelfTeacher.self_current.value and cfg.teacher.offload:
+        raise ConfigError(
+            "teacher.offload", True, "a self_current teacher is the train role's own model: set false"
+        )
     if cfg.actor_rollout_ref.actor.strategy != TrainStrategy.torch:
         raise ConfigError(
             "actor_rollout_ref.actor.strategy",
             cfg.actor_rollout_ref.actor.strategy,
-            "algorithm=gkd runs on the torch train backend only for now: set it to torch",
+            f"algorithm={name} runs on the torch train backend only for now: set it to torch",
         )
     if cfg.teacher.placement != TeacherPlacement.colocate:
         raise ConfigError(
-            "teacher.placement", cfg.teacher.placement, "algorithm=gkd needs a colocated teacher (colocate)"
+            "teacher.placement",
+            cfg.teacher.placement,
+            f"algorithm={name} needs a colocated teacher (colocate)",
         )
     if g.gkd_logits_topk is not None and g.gkd_logits_topk < 1:
         raise ConfigError(
@@ -117,11 +149,39 @@ def _check_gkd(cfg: DagrlConfig) -> None:
     _check_vocabularies(cfg)
 
 
+def check_responses_in_data(cfg: DagrlConfig) -> None:
+    """Off-policy steps and the SFT term read data.response_key: the parquet files must have it
+    (the built-in task carries a `response` column)."""
+    from dagrl.config.validate import data_files
+
+    g, column = cfg.algorithm.gkd, cfg.data.response_key.partition(".")[0]
+    key = f"{G}.lmbda" if g.lmbda < 1.0 else f"{G}.sft_alpha"
+    for path in data_files(cfg.data.train_files):
+        names = _parquet_columns(path)
+        if names is not None and column not in names:
+            raise ConfigError(
+                key,
+                g.lmbda if g.lmbda < 1.0 else g.sft_alpha,
+                f"needs reference responses, but {path} has no column {column!r} (data.response_key="
+                f"{cfg.data.response_key}); write one (a `response` text column, or point "
+                "data.response_key at it, e.g. extra_info.answer), or set lmbda=1.0 and sft_alpha=0",
+            )
+
+
+def _parquet_columns(path: str) -> list[str] | None:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(os.path.expanduser(path)).names
+    except (OSError, ValueError):
+        return None  # unreadable: the data layer reports it with the file's name
+
+
 def _check_vocabularies(cfg: DagrlConfig) -> None:
     """The teacher's vocabulary is the student's (ids index the same words), and top-k fits it."""
     g = cfg.algorithm.gkd
     student = model_vocab_size(_student_path(cfg))
-    teacher = model_vocab_size(cfg.teacher.model)
+    teacher = model_vocab_size(teacher_model_path(cfg) or _student_path(cfg))
     if student is not None and teacher is not None and student != teacher:
         # HF vocab_size includes the embedding padding; a mismatch means different id spaces
         raise ConfigError(
@@ -151,12 +211,20 @@ def distill_topk(cfg: DagrlConfig) -> int:
     k = cfg.algorithm.gkd.gkd_logits_topk
     if k is not None:
         return k
-    vocab = model_vocab_size(cfg.teacher.model) or model_vocab_size(_student_path(cfg))
+    vocab = model_vocab_size(teacher_model_path(cfg) or _student_path(cfg)) or model_vocab_size(
+        _student_path(cfg)
+    )
     assert vocab is not None, "validate refuses full vocabulary when the vocabulary size is unknown"
     return vocab
 
 
 @register_objective(Algorithm.gkd, validate=_check_gkd)
 def gkd(cfg: DagrlConfig) -> GKDObjective:
-    """GKD (Agarwal et al. 2024): on-policy generalized JSD to the teacher on its top-k support."""
+    """GKD (Agarwal et al. 2024): generalized JSD to the teacher on its top-k support."""
+    return GKDObjective(cfg)
+
+
+@register_objective(Algorithm.opsd, validate=_check_gkd)
+def opsd(cfg: DagrlConfig) -> GKDObjective:
+    """OPSD: GKD whose teacher reads each row's privileged teacher_prompt (dagrl/nodes/teacher.py)."""
     return GKDObjective(cfg)

@@ -13,6 +13,8 @@ CONSOLE_KEYS = [
     ("response_length/mean", "len", "{:.1f}"),
     ("actor/pg_loss", "loss", "{:+.4f}"),
     ("actor/kl_loss", "kl", "{:.4f}"),
+    ("distill/divergence", "div", "{:.4f}"),
+    ("distill/reverse_kl", "rkl", "{:.4f}"),
     ("actor/entropy", "ent", "{:.3f}"),
     ("weight_sync/s", "sync_s", "{:.3f}"),
     ("timing_s/step", "step_s", "{:.2f}"),

@@ -9,8 +9,7 @@ from tqdm import tqdm
 
 from dagrl.backends.handles import train_role
 from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
-from dagrl.core.batch import Batch, left_pad
-from dagrl.errors import DataError
+from dagrl.core.batch import Batch, left_pad, right_pad
 from dagrl.trainer import checkpoint, interrupt
 from dagrl.trainer.logger import MetricsLogger, log
 from dagrl.trainer.overlap import RolloutAhead
@@ -18,17 +17,26 @@ from dagrl.trainer.overlap import RolloutAhead
 GRPO_SOURCE = ("prompts", "prompt_mask", "group_ids", "data_source", "ground_truth", "extra_info")
 
 
-def collate(examples, pad_id: int, n: int, first_group: int, source=GRPO_SOURCE) -> Batch:
+def collate(
+    examples, pad_id: int, n: int, first_group: int, source=GRPO_SOURCE, response_width: int = 0
+) -> Batch:
     """The DAG's `source` keys from the rows; each row repeated n times (rows i*n..i*n+n-1 form group i).
 
-    Prompts (and teacher prompts) are left-padded.
+    Prompts (and teacher prompts) are left-padded; a row without a teacher prompt gets its own
+    prompt there (its teacher reads what the student reads: plain GKD for that row). Reference
+    responses are right-padded (cut) to `response_width`; rows without one get an empty mask.
     """
     tensors, meta = {}, {}
     if {"prompts", "prompt_mask"} & set(source):
         tensors["prompts"], tensors["prompt_mask"] = left_pad([e.prompt_ids for e in examples], pad_id)
     if {"teacher_prompts", "teacher_prompt_mask"} & set(source):
         tensors["teacher_prompts"], tensors["teacher_prompt_mask"] = left_pad(
-            [_teacher_ids(e) for e in examples], pad_id
+            [e.teacher_prompt_ids or e.prompt_ids for e in examples], pad_id
+        )
+    if {"dataset_responses", "dataset_response_mask"} & set(source):
+        assert response_width > 0, "reference responses need the response width"
+        tensors["dataset_responses"], tensors["dataset_response_mask"] = right_pad(
+            [e.response_ids or [] for e in examples], pad_id, response_width
         )
     if "group_ids" in source:
         tensors["group_ids"] = torch.arange(first_group, first_group + len(examples))
@@ -36,15 +44,6 @@ def collate(examples, pad_id: int, n: int, first_group: int, source=GRPO_SOURCE)
         if key in source:
             meta[key] = [getattr(e, key) for e in examples]
     return Batch(tensors, meta).select(list(source)).repeat_interleave(n)
-
-
-def _teacher_ids(example) -> list[int]:
-    if example.teacher_prompt_ids is None:
-        raise DataError(
-            f"row {example.index} has no teacher_prompt, but the DAG reads teacher_prompts;"
-            " give every row a teacher_prompt (see docs/data.md)"
-        )
-    return example.teacher_prompt_ids
 
 
 class Trainer:
@@ -98,7 +97,9 @@ class Trainer:
     def next_batch(self, step: int) -> Batch:
         examples = self.loader.next_batch()
         n, source = self.cfg.actor_rollout_ref.rollout.n, self.scheduler.dag.source
-        return collate(examples, self.runtime.tokenizer.pad_token_id, n, (step - 1) * len(examples), source)
+        width = self.cfg.data.max_response_length
+        pad, first = self.runtime.tokenizer.pad_token_id, (step - 1) * len(examples)
+        return collate(examples, pad, n, first, source, response_width=width)
 
     def overlapped_step(self) -> dict[str, float]:
         """Train on this step's batch while the next one is sampled (trainer/overlap.py)."""

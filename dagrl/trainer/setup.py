@@ -149,6 +149,7 @@ def load_data(cfg: DagrlConfig, model_path: str):
         max_prompt_length=d.max_prompt_length,
         prompt_key=d.prompt_key,
         filter_overlong=d.filter_overlong_prompts,
+        response_key=d.response_key,
     )
     if d.train_files is None:
         from dagrl.data.builtin import generate_rows

@@ -42,6 +42,7 @@ class Options:
     num_proc: int = 1
     instruction: str = ""
     teacher_prompt_template: str | None = None
+    write_response: bool = False
     on_error: str = "skip"
     max_rows: int | None = None
     test_size: int = 500
@@ -101,8 +102,15 @@ def make_parser(description: str, default_instruction: str) -> argparse.Argument
     parser.add_argument(
         "--teacher_prompt_template",
         default=None,
-        help="for OPSD: the user message of a per-row teacher_prompt, with {question} and {solution}; "
-        "rows without a reference solution get no teacher_prompt",
+        help="for OPSD: the user message of a per-row teacher_prompt, with {question} (or {problem}) "
+        "and {solution}, e.g. '{problem}\\nReference solution: {solution}\\n'; rows without a "
+        "reference solution get no teacher_prompt",
+    )
+    parser.add_argument(
+        "--write_response",
+        action="store_true",
+        help="write each row's reference solution as a `response` column (distillation's off-policy "
+        "steps and SFT term: algorithm.gkd.lmbda < 1, sft_alpha > 0)",
     )
     parser.add_argument(
         "--on_error", choices=("skip", "fail"), default="skip", help="what to do with bad rows"
@@ -114,8 +122,12 @@ def make_parser(description: str, default_instruction: str) -> argparse.Argument
 def parse_options(parser: argparse.ArgumentParser, argv: list[str] | None) -> Options:
     args = parser.parse_args(argv)
     template = args.teacher_prompt_template
-    if template is not None and not ("{question}" in template and "{solution}" in template):
-        parser.error("--teacher_prompt_template must contain both {question} and {solution}")
+    if template is not None:
+        template = args.teacher_prompt_template = template.replace("{problem}", "{question}")
+        if not ("{question}" in template and "{solution}" in template):
+            parser.error(
+                "--teacher_prompt_template must contain both {question} (or {problem}) and {solution}"
+            )
     if args.max_rows is not None and args.max_rows <= 0:
         parser.error("--max_rows must be positive")
     if args.num_proc <= 0:
@@ -264,6 +276,8 @@ def build_row(
         # str.replace, not str.format: LaTeX braces in questions and templates must pass through as they are
         content = opts.teacher_prompt_template.replace("{question}", question).replace("{solution}", solution)
         row["teacher_prompt"] = [{"role": "user", "content": content}]
+    if opts.write_response and solution:
+        row["response"] = solution
     return row
 
 

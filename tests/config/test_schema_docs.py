@@ -29,6 +29,8 @@ DOCUMENTED = [
     "RewardConfig",
     "ActorRolloutRefConfig",
     "DagrlConfig",
+    "GKDConfig",
+    "DistillRewardConfig",
 ]
 
 

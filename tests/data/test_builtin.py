@@ -48,6 +48,7 @@ def test_rows_are_well_formed(split):
             "reward_model",
             "extra_info",
             "teacher_prompt",
+            "response",
         }
         assert row["data_source"] == BUILTIN_DATA_SOURCE
         assert row["ability"] == "arith"

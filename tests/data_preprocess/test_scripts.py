@@ -316,3 +316,32 @@ def test_builtin_arith_export(tmp_path, capsys):
     assert len(train) == 20 and len(test) == 5
     assert {r["extra_info"]["question"] for r in train}.isdisjoint(r["extra_info"]["question"] for r in test)
     assert "train: 20 rows in, 20 rows out, 0 skipped" in capsys.readouterr().out
+
+
+def test_problem_placeholder_and_response_column_load_for_distillation(tmp_path):
+    """--teacher_prompt_template with {problem}, --write_response: a parquet the OPSD and
+    off-policy GKD runs read (teacher_prompt ids and reference responses)."""
+    from transformers import AutoTokenizer
+
+    from dagrl.data import PromptDataset
+    from dagrl.data.builtin import tiny_model_path
+
+    template = "{problem}\nReference solution: {solution}\n"
+    status, rows = run(
+        gsm8k,
+        tmp_path,
+        "--local_src",
+        FIXTURES / "gsm8k",
+        "--teacher_prompt_template",
+        template,
+        "--write_response",
+    )
+    assert status == 0
+    row = rows["train"][0]
+    assert row["teacher_prompt"][0]["content"].startswith("Natalia sold clips")
+    assert "\nReference solution: Natalia sold 48/2 = 24 clips in May." in row["teacher_prompt"][0]["content"]
+    assert row["response"].endswith("#### 72")
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    data = PromptDataset(str(tmp_path / "out" / "train.parquet"), tok, max_prompt_length=4096)
+    assert data.has_responses and data[0].teacher_prompt_ids is not None
+    assert data[0].response_ids[-1] == tok.eos_token_id

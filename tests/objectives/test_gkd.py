@@ -45,8 +45,10 @@ def _vocab_dir(tmp_path, vocab: int) -> str:
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        ([f"{G}.lmbda=0.5"], f"{G}.lmbda"),
-        ([f"{G}.sft_alpha=0.1"], f"{G}.sft_alpha"),
+        ([f"{G}.lmbda=1.5"], f"{G}.lmbda"),
+        ([f"{G}.sft_alpha=0.1"], f"{G}.sft_alpha"),  # lmbda 1: no off-policy step to apply it on
+        ([f"{G}.sft_alpha=-0.1", f"{G}.lmbda=0.5"], f"{G}.sft_alpha"),
+        (["teacher.model=self_current", "teacher.offload=true"], "teacher.offload"),
         ([f"{G}.beta=1.5"], f"{G}.beta"),
         ([f"{G}.temperature=0"], f"{G}.temperature"),
         ([f"{G}.gkd_logits_topk=262"], f"{G}.gkd_logits_topk"),
