@@ -18,20 +18,31 @@ What GRPO needs from the start point, and how we get it:
   circuit (seen here: greedy accuracy 0.7 -> 0.0 in ten steps). At a constant 1e-3 the model stays
   flat enough for RL at lr 3e-4 (1e-3 still collapses it).
 
-The teacher is the same pre-trained model before the flattening: sharp (sampled accuracy ~0.87 at
-T=1), with the student's byte-level tokenizer and vocabulary. It has never seen a prompt longer
-than ``a+b=``, so the built-in rows' privileged OPSD prompt (``37+45=? The answer is 82. 37+45=``)
-gets garbage from it (expected accuracy 0.0). ``--teacher_steps N`` trains it N more steps on a
-half-and-half mix of plain and privileged prompts; 150 steps gave 0.815 plain / 0.586 privileged
-expected test accuracy, not yet the near-1.0 an answer-copying teacher should reach, so the
-shipped teacher is built with 0 until that is tuned. The student of the distillation
+The teacher is the same pre-trained model before the flattening, then ``TEACHER_STEPS`` more
+steps (same lr, seed ``SEED + 2``) on a half-and-half mix of plain and privileged prompts, so it
+reads the built-in rows' privileged OPSD prompt (``37+45=? The answer is 82. 37+45=``): before
+that stage it had never seen a prompt longer than ``a+b=`` and got 0.0 expected accuracy there.
+Expected test accuracy at T=1 during that stage (plain / privileged; one run of the stage with a
+fixed half-and-half split per batch): 0.87 / 0.00 at step 0, 0.82 / 0.16 (100), 0.88 / 0.70
+(200), 0.86 / 0.86 (300), 0.88 / 0.82 (400), 0.91 / 0.96 (500). It keeps the student's
+byte-level tokenizer and vocabulary. ``--teacher_init DIR`` runs the teacher stage alone from a
+pre-trained model directory (what the full build reaches before it; nothing random is drawn in
+between), leaving the student alone; the shipped teacher was made that way from the previously
+shipped, pre-trained-only teacher, with OMP_NUM_THREADS=1 (CPU matmuls reduce in a
+thread-count-dependent order, so the thread count is part of the recipe):
+
+    OMP_NUM_THREADS=1 python tools/build_tiny_model.py --teacher_init <pre-trained dir> --teacher_steps 500
+
+The student of the distillation
 runs is ``tiny_arith`` itself: the same weights at a baked-in temperature of ~2.1, which its own
 samples (~0.25 correct) must learn to undo from the teacher's distributions. Smaller or less
 pre-trained students were tried and rejected: the addition circuit appears abruptly between 300
 and 400 pre-training steps here, and students from before or during that jump (sampled accuracy
 0.03-0.4) learned nothing or collapsed under 40 distillation steps at lr 1e-4..1e-3.
 
-Runs on 2 CPU cores in about two minutes:  python tools/build_tiny_model.py [--out DIR]
+Runs on 2 idle CPU cores in about ten minutes (the teacher stage is most of it):
+
+    python tools/build_tiny_model.py [--out DIR]
 """
 
 from __future__ import annotations
@@ -72,7 +83,7 @@ WARMUP_STEPS = 20
 TARGET_SAMPLED_ACCURACY = 0.3
 CALIBRATION_ROWS = 512
 EVAL_ROWS = 512
-TEACHER_STEPS = 0  # privileged-prompt steps of the teacher; see the module docstring
+TEACHER_STEPS = 500  # privileged-prompt steps of the teacher; see the module docstring
 
 
 def build_tokenizer(out_dir: Path) -> PreTrainedTokenizerBase:

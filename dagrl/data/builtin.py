@@ -44,7 +44,8 @@ def tiny_model_path() -> str:
 
 def tiny_teacher_path() -> str:
     """Absolute path of the tiny teacher shipped for distillation on the arith task: ``tiny_arith``
-    before its output distribution was flattened (same tokenizer and vocabulary, HF format)."""
+    before its output distribution was flattened, trained further to read the privileged OPSD
+    prompt (same tokenizer and vocabulary, HF format; tools/build_tiny_model.py)."""
     return str(_TINY_TEACHER_DIR)
 
 
