@@ -38,6 +38,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...
     SUMMARY+=("$name rc=$rc $((SECONDS - start))s")
     echo "== $name rc=$rc $((SECONDS - start))s"
     grep -E "^(ROLLOUT_VS_VLLM|SIDE|FLOOR)|passed|failed|rror" "$OUT/$name.log" | tail -n 6
+    return $rc
 }
 
 side() {  # side NAME EXTRA...
@@ -45,6 +46,15 @@ side() {  # side NAME EXTRA...
     shift
     mkdir -p "$OUT/$name"
     step "$name" 420 env OUT="$OUT/$name" EXTRA="$*" bash .anchors/side_by_side.sh dagrl
+    cp /tmp/dagrl_side/metrics.jsonl "$OUT/$name/metrics.jsonl" 2>/dev/null && python3 - "$OUT/$name/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+keys = ["weight_sync/s", "weight_sync/bytes", "weight_sync/direct", "weight_sync/broadcast_GBps",
+        "weight_sync/broadcast_floor_GBps", "weight_sync/broadcast_vs_floor"]
+for r in rows:
+    if "weight_sync/broadcast_GBps" in r:
+        print("SYNC", r["step"], " ".join(f"{k.split('/')[1]}={r[k]:.4g}" for k in keys if k in r))
+PY
 }
 
 python3 .anchors/build_anchor.py $M $D >/dev/null

@@ -82,6 +82,11 @@ class RolloutBackend(DeviceTenant, Protocol):
         """Make room for new weights only (a sleeping engine wakes its weights, not its KV cache)."""
         ...
 
+    def engine_params(self) -> dict[str, torch.Tensor] | None:
+        """The engine's own parameters, written in place by a direct weight refresh
+        (weight_layout.py); None when a rank's parameters are not whole rows of HF tensors."""
+        ...
+
     def load_weights(self, buckets: Iterable[WeightBucket]) -> int:
         """Copy HF-named weights in; returns bytes received."""
         ...

@@ -244,6 +244,10 @@ class RolloutConfig:
     """hf: prompts × n sequences generated at once."""
     weight_sync_bucket_mb: int = 256
     """Size of the buckets in which weights travel to the rollout engine."""
+    weight_sync_direct: bool = True
+    """Separate placement: from the second sync on, send weights in the engine's own layout,
+    copied straight into its parameters (the map is learnt and checked at the first sync, when
+    possible: rollout TP=1); false keeps HF-named buckets through the engine's loader."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling of validation."""
 

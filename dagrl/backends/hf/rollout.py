@@ -44,6 +44,11 @@ class HFRolloutBackend:
     def finish_weight_update(self) -> None:
         pass
 
+    def engine_params(self) -> dict[str, torch.Tensor]:
+        """The parameters a direct weight refresh writes into (weight_layout.py); buffers do not
+        train, so they stay out of it."""
+        return dict(self.model.named_parameters())
+
     def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         nbytes = 0
         with torch.no_grad():

@@ -113,6 +113,11 @@ class VLLMRolloutBackend:
             self.llm.wake_up(tags=["weights"])
             self.memory["memory/rollout_weights_awake_free_gib"] = _free_gib()
 
+    def engine_params(self) -> dict[str, torch.Tensor] | None:
+        """vLLM's parameters, for a direct refresh (weight_layout.py); None with rollout TP > 1,
+        where a rank holds column slices that no row map describes."""
+        return dict(self.model.named_parameters()) if self.tp == 1 else None
+
     def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         """Stage 2: HF-named tensors (on the GPU when colocated) into vLLM's module; vLLM's loaders
         fuse q/k/v and gate/up and take each TP rank's slice."""
