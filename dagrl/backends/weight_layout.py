@@ -12,7 +12,7 @@ HF tensor of the bucket is replaced by a probe of random values (seeded, in its 
 probes go through the engine's loader, and each probe is found again among the parameters
 (same trailing shape, first row located, whole run compared bit for bit); then the real bucket
 is loaded and every learnt run is checked against the real values. The map is used only when
-every engine parameter is covered exactly once by such runs; anything else (a loader that
+every engine parameter the loader writes is covered exactly once by such runs; anything else (a loader that
 transforms values, TP shards cut along columns, a probe found twice) keeps the ordinary path,
 and `RecipeBuilder.reason` says why.
 """
@@ -87,6 +87,7 @@ class RecipeBuilder:
         self.params = params
         self.pieces: dict[str, list[Piece]] = {name: [] for name in params}
         self.reason: str | None = None if params else "the engine exposes no parameters"
+        self._positions: dict[str, torch.Tensor] | None = None
         self.generator = torch.Generator(device=next(iter(params.values())).device) if params else None
         if self.generator is not None:
             self.generator.manual_seed(seed)
@@ -102,6 +103,18 @@ class RecipeBuilder:
         values = torch.randn(like.shape, generator=self.generator, device=self.generator.device)
         return values.to(like.dtype) if like.is_floating_point() else values.mul(1e6).to(like.dtype)
 
+    def _sample(self) -> dict[str, torch.Tensor]:
+        """A fixed few elements of every parameter: enough to see which ones a load wrote."""
+        if self._positions is None:
+            self._positions = {
+                name: torch.randint(p.numel(), (64,), generator=self.generator, device=p.device)
+                for name, p in self.params.items()
+                if p.numel()
+            }
+        return {
+            name: self.params[name].detach().reshape(-1)[i].clone() for name, i in self._positions.items()
+        }
+
     def observe(
         self, bucket: dict[str, torch.Tensor], load: Callable[[dict[str, torch.Tensor]], object]
     ) -> None:
@@ -109,7 +122,9 @@ class RecipeBuilder:
         if self.reason is not None:
             return
         probes = {name: self._probe(t) for name, t in bucket.items()}
+        before = self._sample()
         load(probes)
+        found_here: dict[str, list[Piece]] = {}
         for name, probe in probes.items():
             near, others = self._candidates(name)
             found = [(p, r) for p in near for r in find_rows(self.params[p], probe)]
@@ -119,8 +134,26 @@ class RecipeBuilder:
                 return
             if found:  # not found: the engine skips it (e.g. an output layer tied to the embedding)
                 param, row = found[0]
-                rows = probe.shape[0] if probe.dim() else 1
-                self.pieces[param].append(Piece(name, row, rows))
+                piece = Piece(name, row, probe.shape[0] if probe.dim() else 1)
+                self.pieces[param].append(piece)
+                found_here.setdefault(param, []).append(piece)
+        self._check_writes(before, self._sample(), found_here)
+
+    def _check_writes(self, before: dict, after: dict, found: dict[str, list[Piece]]) -> None:
+        """Every element the probes' load changed lies in a run found again (a loader that
+        transforms values writes where no probe is found)."""
+        for name, positions in self._positions.items():
+            changed = (before[name] != after[name]) & ~(before[name].isnan() & after[name].isnan())
+            if not changed.any():
+                continue
+            p = self.params[name]
+            rows = positions[changed] // max(p.numel() // (p.shape[0] if p.dim() else 1), 1)
+            inside = torch.zeros_like(rows, dtype=torch.bool)
+            for piece in found.get(name, []):
+                inside |= (rows >= piece.row) & (rows < piece.row + piece.rows)
+            if not inside.all():
+                self.reason = f"the engine's loader writes {name} with values no HF tensor holds as they are"
+                return
 
     def verify(self, bucket: dict[str, torch.Tensor]) -> None:
         """After `bucket` was loaded for real: every learnt run holds exactly its real values."""
@@ -136,8 +169,8 @@ class RecipeBuilder:
                         return
 
     def finish(self) -> list[Slot] | None:
-        """The slots in parameter order, or None (with `reason`) unless every parameter is covered
-        exactly once."""
+        """The slots in parameter order, or None (with `reason`) unless every parameter the loader
+        wrote is covered exactly once."""
         if self.reason is not None:
             return None
         sources = [piece.source for pieces in self.pieces.values() for piece in pieces]
@@ -147,6 +180,8 @@ class RecipeBuilder:
         slots = []
         for name, tensor in self.params.items():
             pieces = sorted(self.pieces[name], key=lambda p: p.row)
+            if not pieces:  # the loader writes nothing there (e.g. a scale it owns): neither do we
+                continue
             rows = tensor.shape[0] if tensor.dim() else 1
             covered = [p.row for p in pieces] == [sum(q.rows for q in pieces[:i]) for i in range(len(pieces))]
             if not tensor.is_contiguous() or not covered or sum(p.rows for p in pieces) != rows:

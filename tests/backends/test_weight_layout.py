@@ -140,14 +140,21 @@ def test_pack_then_unpack_equals_the_engines_own_loader(limit):
 
 def test_a_loader_that_transforms_values_keeps_the_ordinary_path():
     slots, builder = learn(FusedEngine(scale_down=0.5), hf_weights(0))
-    assert slots is None and "not" in builder.reason
+    assert slots is None and "values no HF tensor holds" in builder.reason
 
 
-def test_a_parameter_no_tensor_fills_keeps_the_ordinary_path():
+def test_a_parameter_filled_in_part_keeps_the_ordinary_path():
+    weights = hf_weights(0)
+    del weights["model.layers.0.self_attn.v_proj.weight"]
+    slots, builder = learn(FusedEngine(), weights)
+    assert slots is None and "qkv_proj.weight" in builder.reason
+
+
+def test_a_parameter_the_loader_never_writes_is_left_alone():
     weights = hf_weights(0)
     del weights["model.norm.weight"]
     slots, builder = learn(FusedEngine(), weights)
-    assert slots is None and "model.norm.weight" in builder.reason
+    assert builder.reason is None and "model.norm.weight" not in {s.param for s in slots}
 
 
 def _member(rank: int, port: int, slots, results) -> None:
