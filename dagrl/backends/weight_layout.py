@@ -12,7 +12,8 @@ HF tensor of the bucket is replaced by a probe of random values (seeded, in its 
 probes go through the engine's loader, and each probe is found again among the parameters
 (same trailing shape, first row located, whole run compared bit for bit); then the real bucket
 is loaded and every learnt run is checked against the real values. The map is used only when
-every engine parameter the loader writes is covered exactly once by such runs; anything else (a loader that
+the runs within each engine parameter do not overlap (rows no run covers, such as a padded
+vocabulary's spare rows, are left as they are, as the loader leaves them or zero-fills them); anything else (a loader that
 transforms values, TP shards cut along columns, a probe found twice) keeps the ordinary path,
 and `RecipeBuilder.reason` says why.
 """
@@ -46,8 +47,13 @@ class Slot:
     pieces: tuple[Piece, ...]
 
     @property
+    def row_bytes(self) -> int:
+        return _numel(self.shape[1:]) * self.dtype.itemsize
+
+    @property
     def nbytes(self) -> int:
-        return _numel(self.shape) * self.dtype.itemsize
+        """Bytes that travel: the rows the loader writes (not a padded vocabulary's spare rows)."""
+        return sum(p.rows for p in self.pieces) * self.row_bytes
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -169,8 +175,7 @@ class RecipeBuilder:
                         return
 
     def finish(self) -> list[Slot] | None:
-        """The slots in parameter order, or None (with `reason`) unless every parameter the loader
-        wrote is covered exactly once."""
+        """The slots in parameter order, or None (with `reason`) when runs overlap."""
         if self.reason is not None:
             return None
         sources = [piece.source for pieces in self.pieces.values() for piece in pieces]
@@ -182,9 +187,8 @@ class RecipeBuilder:
             pieces = sorted(self.pieces[name], key=lambda p: p.row)
             if not pieces:  # the loader writes nothing there (e.g. a scale it owns): neither do we
                 continue
-            rows = tensor.shape[0] if tensor.dim() else 1
-            covered = [p.row for p in pieces] == [sum(q.rows for q in pieces[:i]) for i in range(len(pieces))]
-            if not tensor.is_contiguous() or not covered or sum(p.rows for p in pieces) != rows:
+            ends = [p.row + p.rows for p in pieces]
+            if not tensor.is_contiguous() or any(p.row < end for p, end in zip(pieces[1:], ends)):
                 self.reason = f"the engine parameter {name} is not made of whole HF tensors"
                 return None
             slots.append(Slot(name, tensor.dtype, tuple(tensor.shape), tuple(pieces)))
@@ -212,20 +216,20 @@ def bucket_bytes(bucket: list[tuple[Slot, int]]) -> int:
 
 def _piece_views(
     bucket: list[tuple[Slot, int]], buffer: torch.Tensor
-) -> Iterator[tuple[Piece, torch.Tensor]]:
+) -> Iterator[tuple[Slot, Piece, torch.Tensor]]:
+    """Each piece's run of the buffer, in the engine's dtype (a slot's pieces back to back)."""
     for slot, offset in bucket:
-        row_bytes = slot.nbytes // max(slot.shape[0] if slot.shape else 1, 1)
         for piece in slot.pieces:
-            start = offset + piece.row * row_bytes
-            view = buffer[start : start + piece.rows * row_bytes].view(slot.dtype)
-            yield piece, view
+            size = piece.rows * slot.row_bytes
+            yield slot, piece, buffer[offset : offset + size].view(slot.dtype)
+            offset += size
 
 
 def pack_into(bucket: list[tuple[Slot, int]], sources: dict[str, torch.Tensor], buffer: torch.Tensor) -> None:
     """Copy the HF tensors into `buffer` in the engine's layout (one multi-tensor copy; the copy
     casts when the engine's dtype differs from the trainer's)."""
     views, values = [], []
-    for piece, view in _piece_views(bucket, buffer):
+    for _, piece, view in _piece_views(bucket, buffer):
         views.append(view)
         values.append(sources[piece.source].detach().reshape(-1))
     torch._foreach_copy_(views, values)
@@ -234,11 +238,14 @@ def pack_into(bucket: list[tuple[Slot, int]], sources: dict[str, torch.Tensor], 
 def unpack_into(
     bucket: list[tuple[Slot, int]], buffer: torch.Tensor, params: dict[str, torch.Tensor]
 ) -> None:
-    """Copy a received bucket into the engine's parameters (one multi-tensor copy)."""
+    """Copy a received bucket into the engine's parameters, exactly the rows the loader writes
+    (one multi-tensor copy)."""
     targets, values = [], []
-    for slot, offset in bucket:
-        targets.append(params[slot.param].data.view(-1))
-        values.append(buffer[offset : offset + slot.nbytes].view(slot.dtype))
+    for slot, piece, view in _piece_views(bucket, buffer):
+        flat = params[slot.param].data.view(-1)
+        per_row = slot.row_bytes // slot.dtype.itemsize
+        targets.append(flat[piece.row * per_row : (piece.row + piece.rows) * per_row])
+        values.append(view)
     torch._foreach_copy_(targets, values)
 
 

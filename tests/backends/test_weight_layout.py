@@ -22,9 +22,10 @@ class FusedEngine(torch.nn.Module):
     FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", Q), "v_proj": ("qkv_proj", Q + KV)}
     FUSED |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", FF)}
 
-    def __init__(self, dtype=torch.float32, scale_down: float = 1.0):
+    def __init__(self, dtype=torch.float32, scale_down: float = 1.0, pad_vocab: int = 6):
         super().__init__()
-        self.embed_tokens = torch.nn.Parameter(torch.zeros(V, H, dtype=dtype))
+        # vLLM pads the vocabulary to a multiple of 64 rows; its loader zero-fills the spare rows
+        self.embed_tokens = torch.nn.Parameter(torch.zeros(V + pad_vocab, H, dtype=dtype))
         self.qkv_proj = torch.nn.Parameter(torch.zeros(Q + 2 * KV, H, dtype=dtype))
         self.qkv_bias = torch.nn.Parameter(torch.zeros(Q + 2 * KV, dtype=dtype))
         self.gate_up_proj = torch.nn.Parameter(torch.zeros(2 * FF, H, dtype=dtype))
@@ -51,7 +52,10 @@ class FusedEngine(torch.nn.Module):
                 continue
             module, _, kind = name.rpartition(".")
             prefix, _, leaf = module.rpartition(".")
-            if leaf in self.FUSED:
+            if name == "model.embed_tokens.weight":
+                params[name][: tensor.shape[0]].copy_(tensor * self.scale_down)
+                params[name][tensor.shape[0] :].zero_()
+            elif leaf in self.FUSED:
                 fused, row = self.FUSED[leaf]
                 target = params[f"{prefix}.{fused}.{kind}"]
                 target[row : row + tensor.shape[0]].copy_(tensor * self.scale_down)
@@ -143,11 +147,23 @@ def test_a_loader_that_transforms_values_keeps_the_ordinary_path():
     assert slots is None and "values no HF tensor holds" in builder.reason
 
 
-def test_a_parameter_filled_in_part_keeps_the_ordinary_path():
+def test_rows_the_loader_never_writes_stay_out_of_the_layout():
     weights = hf_weights(0)
     del weights["model.layers.0.self_attn.v_proj.weight"]
     slots, builder = learn(FusedEngine(), weights)
-    assert slots is None and "qkv_proj.weight" in builder.reason
+    assert builder.reason is None
+    by_param = {s.param: s for s in slots}
+    assert len(by_param["model.layers.0.self_attn.qkv_proj.weight"].pieces) == 2
+    embed = by_param["model.embed_tokens.weight"]
+    assert embed.nbytes == V * H * 4  # the padded vocabulary's spare rows do not travel
+
+
+def test_overlapping_runs_keep_the_ordinary_path():
+    class Overlapping(FusedEngine):
+        FUSED = {**FusedEngine.FUSED, "k_proj": ("qkv_proj", Q - 1)}  # k written over q's last row
+
+    slots, builder = learn(Overlapping(), hf_weights(0))
+    assert slots is None and builder.reason
 
 
 def test_a_parameter_the_loader_never_writes_is_left_alone():
@@ -185,7 +201,8 @@ def test_direct_broadcast_over_gloo_reaches_every_receiver():
         p.join(timeout=30)
     reference = FusedEngine()
     reference.load_weights(hf_weights(3))
-    param_bytes = sum(p.numel() * 4 for p in reference.parameters())
+    param_bytes = sum(p.numel() * 4 for p in reference.parameters()) - 6 * H * 4  # no spare vocabulary rows
+    assert param_bytes == sum(s.nbytes for s in slots)
     assert out[0][0] >= param_bytes  # aligned to 16 bytes per slot
     for rank in (1, 2):
         nbytes, got = out[rank]
