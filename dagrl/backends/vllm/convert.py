@@ -137,6 +137,7 @@ def _dicts_into(entries, start: int, n: int, k: int, ids: torch.Tensor, logprobs
         # the actual token comes first; k + 1 entries means it is not among the top-k
         assert len(items) in (k, k + 1), f"position {pos}: {len(items)} entries for top-{k}"
         top = sorted(items[1:] if len(items) == k + 1 else items, key=lambda item: item[1].rank)
+        assert top[-1][1].rank <= k, f"position {pos}: ranks {[lp.rank for _, lp in top]} are not a top-{k}"
         ids[r] = torch.as_tensor([token for token, _ in top], dtype=torch.long)
         logprobs[r] = torch.as_tensor([lp.logprob for _, lp in top], dtype=torch.float32)
     return missing
