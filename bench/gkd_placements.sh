@@ -6,6 +6,8 @@
 # with 256-token responses (ignore_eos: random models rarely stop).
 #
 #   bash bench/gkd_placements.sh OUT [preset...]   # default: all three
+#   bash bench/gkd_placements.sh OUT four          # 4 GPUs: the standalone preset with 2 teacher
+#                                                  #   replicas (teacher.gpus=2) beside 2 train GPUs
 #
 # Run from the repo root on a 2-GPU machine with vLLM 0.26 installed (../shared/gpu's parts in
 # /root/site). Per preset: OUT/<preset>.log, the run's metrics.jsonl, nvidia-smi samples every
@@ -34,13 +36,21 @@ trainer.logger=[console] data.train_batch_size=16 $A.ppo_mini_batch_size=16 $R.n
 data.max_response_length=256 $R.ignore_eos=true $A.ppo_micro_batch_size_per_gpu=8 \
 teacher.log_prob_micro_batch_size_per_gpu=8 algorithm.gkd.gkd_logits_topk=64"
 declare -a SUMMARY
+EXTRA=""
+if [ "$1" = four ]; then
+    export CUDA_VISIBLE_DEVICES=0,1,2,3
+    set -- rollout_colocate_teacher_standalone
+    EXTRA="trainer.n_gpus_per_node=4 teacher.gpus=2"
+    OUT=$OUT/four
+    mkdir -p "$OUT"
+fi
 for preset in "$@"; do
     dir=$OUT/$preset
     rm -rf "$dir" && mkdir -p "$dir"
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 >"$dir/nvsmi.csv" &
     smi=$!
     start=$SECONDS
-    timeout 900 bash run_scripts/gkd/run.sh "$preset" $COMMON trainer.default_local_dir="$dir" >"$OUT/$preset.log" 2>&1
+    timeout 900 bash run_scripts/gkd/run.sh "$preset" $COMMON $EXTRA trainer.default_local_dir="$dir" >"$OUT/$preset.log" 2>&1
     rc=$?
     kill "$smi" 2>/dev/null
     wait "$smi" 2>/dev/null

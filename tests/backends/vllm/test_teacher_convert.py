@@ -180,3 +180,15 @@ def test_teacher_engine_and_sampling_arguments():
     assert kwargs["distributed_executor_backend"] == "external_launcher" and not kwargs["enable_sleep_mode"]
     sp = teacher_sampling_kwargs(64)
     assert (sp["prompt_logprobs"], sp["max_tokens"], sp["flat_logprobs"]) == (64, 1, True)
+
+
+def test_replica_metrics_take_the_slowest_time_and_add_throughput():
+    from dagrl.nodes.teacher import replica_metrics
+
+    merged = replica_metrics(
+        [
+            {"teacher/score_s": 2.0, "teacher/tokens_per_s": 100.0},
+            {"teacher/score_s": 3.0, "teacher/tokens_per_s": 50.0, "teacher/missing_positions": 1.0},
+        ]
+    )
+    assert merged == {"teacher/score_s": 3.0, "teacher/tokens_per_s": 150.0, "teacher/missing_positions": 1.0}
