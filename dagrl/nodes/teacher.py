@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dagrl.backends.handles import teacher_role
-from dagrl.config.schema import Algorithm
+from dagrl.config.schema import Algorithm, TeacherPlacement
+from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.objectives.distill import distill_topk
 
@@ -46,3 +47,36 @@ def replica_metrics(per_replica: list[dict]) -> dict[str, float]:
             add = key.endswith(("per_s", "positions"))
             out[key] = out.get(key, 0.0) + value if add else max(out.get(key, value), value)
     return out
+
+
+def _take_device(worker, role: str) -> None:
+    worker.activate(role)
+
+
+@register_node_kind("handover")
+class HandoverNode:
+    """Gives the devices of the role's colocate group to the role ahead of its next call.
+
+    With a standalone teacher, the GKD step's actor update waits for the teacher's scores; the
+    train GPUs meanwhile hold the sleeping-to-be rollout engine. Handing them to the trainer right
+    after the rollout (engine asleep, trainer state back on the GPU) runs that switch while the
+    teacher scores, instead of at the start of the update. Disabled with a colocated teacher: it
+    needs the same devices next, and an early switch would be undone."""
+
+    required_inputs = ()
+    optional_inputs = ()
+    outputs = ()
+    remote = True
+
+    def __init__(self, spec, cfg):
+        self.spec = spec
+
+    @staticmethod
+    def enabled(cfg) -> bool:
+        return cfg.teacher.placement == TeacherPlacement.standalone
+
+    def run(self, runtime, batch):
+        pool = runtime.role(self.spec.role).pool
+        with pool.lock:  # calls into one pool reach its workers in one order
+            pool.get([a.run.remote(_take_device, self.spec.role) for a in pool.actors])
+        return NodeResult(Batch(), {})

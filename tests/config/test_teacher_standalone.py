@@ -154,3 +154,11 @@ def test_run_sh_says_how_many_gpus_the_placement_needs():
     assert "needs 3 GPU(s)" in out.stderr and "CUDA_VISIBLE_DEVICES=0,1 exposes 2" in out.stderr
     out = _run_sh("gkd/rollout_colocate_teacher_colocate.yaml", "trainer.dry_run=true", visible="")
     assert out.returncode == 0 and "dry run: plan printed" in out.stdout + out.stderr
+
+
+def test_train_devices_are_handed_over_during_standalone_scoring_only():
+    standalone = dry(STANDALONE).dag
+    assert standalone.deps["handover"] == {"rollout"}  # alongside teacher_logprob and reward
+    assert standalone.deps["teacher_logprob"] == {"rollout"}
+    colocated = dry("experiment=gkd/rollout_colocate_teacher_colocate").dag
+    assert "handover" not in {n.name for n in colocated.nodes}
