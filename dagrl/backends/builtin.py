@@ -59,3 +59,11 @@ def _vllm(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
     return VLLMRolloutBackend(cfg, ctx)
+
+
+@register_backend(RoleKind.teacher, "vllm")
+def _vllm_teacher(cfg, spec: RoleSpec, ctx):
+    # teacher.placement=standalone; config/validate_teacher.py refuses it off the GPU, dry runs aside
+    from dagrl.backends.vllm.teacher import VLLMTeacherBackend
+
+    return VLLMTeacherBackend(cfg, spec, ctx)

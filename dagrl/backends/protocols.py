@@ -1,4 +1,5 @@
-"""What the engine asks of backends. Implementations: train `torch` (and `megatron`), rollout `hf` (and `vllm`).
+"""What the engine asks of backends. Implementations: train `torch` (and `megatron`), rollout `hf`
+(and `vllm`), standalone teacher `vllm`.
 
 Batch-taking methods receive this worker's DP shard and return (output Batch, metrics). How each
 call is spread over the pool is declared here with `@role_method` (dagrl/core/calls.py);
@@ -93,4 +94,14 @@ class RolloutBackend(DeviceTenant, Protocol):
 
     def finish_weight_update(self) -> None:
         """After the trainer has left the device: take the rest (KV cache); drop stale caches."""
+        ...
+
+
+class TeacherBackend(DeviceTenant, Protocol):
+    """A standalone teacher (teacher.placement=standalone): replicas on devices of their own."""
+
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
+    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
+        """As TrainBackend.teacher_topk; the teacher reads `teacher_prompts` instead of `prompts`
+        when the batch has them (OPSD)."""
         ...

@@ -25,6 +25,7 @@ from dagrl.config.validate_megatron import (
     inherit_ref_megatron,
 )
 from dagrl.config.validate_rollout import check_overlap_placement, check_rollout_engine
+from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
 from dagrl.objectives import check_algorithm
 
@@ -87,7 +88,10 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
     """Rules that need the DP sizes of the placement plan."""
     a, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     rows = cfg.data.train_batch_size * n
-    for role in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF):
+    if ROLE_TEACHER in plan.roles:
+        layout = plan.roles[ROLE_TEACHER]
+        check_teacher_group(cfg, list(plan.groups[layout.group].roles), layout.workers)
+    for role in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER):
         if role not in plan.roles:
             continue
         dp = plan.roles[role].dp
@@ -241,6 +245,7 @@ def _check_teacher(cfg: DagrlConfig) -> None:
         raise ConfigError(
             "teacher.log_prob_micro_batch_size_per_gpu", t.log_prob_micro_batch_size_per_gpu, "must be >= 1"
         )
+    check_teacher_placement(cfg)
 
 
 def resolve_device(cfg: DagrlConfig) -> str:

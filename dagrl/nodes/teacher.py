@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from dagrl.backends.handles import train_role
-from dagrl.config.schema import Algorithm
+from dagrl.backends.handles import teacher_role
+from dagrl.config.schema import Algorithm, TeacherPlacement
+from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.objectives.distill import distill_topk
 
 
 @register_node_kind("teacher_logprob")
 class TeacherLogprobNode:
-    """Runs the teacher forward on prompt + response; outputs [B, R, K] ids and log-probs over the
-    whole vocabulary at algorithm.gkd.temperature (K = gkd_logits_topk, or the vocabulary size)."""
+    """Runs the teacher on prompt + response; outputs [B, R, K] ids and log-probs over the whole
+    vocabulary at algorithm.gkd.temperature (K = gkd_logits_topk, or the vocabulary size).
+
+    The teacher is colocated (a forward-only train backend) or standalone (vLLM replicas on GPUs of
+    their own, teacher.placement=standalone); the latter reads `teacher_prompts` when the DAG
+    passes them (OPSD). On its own pool it runs alongside the driver's reward node."""
 
     required_inputs = ("prompts", "prompt_mask", "responses", "response_mask")
-    optional_inputs = ()
+    optional_inputs = ("teacher_prompts", "teacher_prompt_mask")
     outputs = ("teacher_topk_ids", "teacher_topk_logprobs")
     remote = True
 
@@ -28,7 +33,50 @@ class TeacherLogprobNode:
         return cfg.algorithm.name == Algorithm.gkd
 
     def run(self, runtime, batch):
-        out, _ = train_role(runtime, self.spec.role).teacher_topk(
+        out, per_replica = teacher_role(runtime, self.spec.role).teacher_topk(
             batch, k=self.k, temperature=self.temperature
         )
-        return NodeResult(out, {})
+        return NodeResult(out, replica_metrics(per_replica))
+
+
+def replica_metrics(per_replica: list[dict]) -> dict[str, float]:
+    """Replicas run in parallel: seconds are the slowest one's, throughput and counts add up."""
+    out: dict[str, float] = {}
+    for metrics in per_replica:
+        for key, value in metrics.items():
+            add = key.endswith(("per_s", "positions"))
+            out[key] = out.get(key, 0.0) + value if add else max(out.get(key, value), value)
+    return out
+
+
+def _take_device(worker, role: str) -> None:
+    worker.activate(role)
+
+
+@register_node_kind("handover")
+class HandoverNode:
+    """Gives the devices of the role's colocate group to the role ahead of its next call.
+
+    With a standalone teacher, the GKD step's actor update waits for the teacher's scores; the
+    train GPUs meanwhile hold the sleeping-to-be rollout engine. Handing them to the trainer right
+    after the rollout (engine asleep, trainer state back on the GPU) runs that switch while the
+    teacher scores, instead of at the start of the update. Disabled with a colocated teacher: it
+    needs the same devices next, and an early switch would be undone."""
+
+    required_inputs = ()
+    optional_inputs = ()
+    outputs = ()
+    remote = True
+
+    def __init__(self, spec, cfg):
+        self.spec = spec
+
+    @staticmethod
+    def enabled(cfg) -> bool:
+        return cfg.teacher.placement == TeacherPlacement.standalone
+
+    def run(self, runtime, batch):
+        pool = runtime.role(self.spec.role).pool
+        with pool.lock:  # calls into one pool reach its workers in one order
+            pool.get([a.run.remote(_take_device, self.spec.role) for a in pool.actors])
+        return NodeResult(Batch(), {})

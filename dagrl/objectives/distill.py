@@ -18,7 +18,7 @@ from torch import Tensor
 
 from dagrl.algos import LossAggMode, agg_loss
 from dagrl.algos.distillation import topk_divergence
-from dagrl.config.schema import Algorithm, DagrlConfig, TeacherPlacement, TrainStrategy
+from dagrl.config.schema import Algorithm, DagrlConfig, TrainStrategy
 from dagrl.core.batch import Batch
 from dagrl.data.builtin import tiny_model_path
 from dagrl.errors import ConfigError
@@ -105,10 +105,6 @@ def _check_gkd(cfg: DagrlConfig) -> None:
             "actor_rollout_ref.actor.strategy",
             cfg.actor_rollout_ref.actor.strategy,
             "algorithm=gkd runs on the torch train backend only for now: set it to torch",
-        )
-    if cfg.teacher.placement != TeacherPlacement.colocate:
-        raise ConfigError(
-            "teacher.placement", cfg.teacher.placement, "algorithm=gkd needs a colocated teacher (colocate)"
         )
     if g.gkd_logits_topk is not None and g.gkd_logits_topk < 1:
         raise ConfigError(

@@ -24,6 +24,7 @@ from dagrl.config.validate import (
     validate_with_plan,
 )
 from dagrl.config.validate_rollout import check_rollout_device
+from dagrl.config.validate_teacher import check_teacher_device
 from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
@@ -47,6 +48,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     validate(cfg)
     device = resolve_device(cfg)
     check_rollout_device(cfg, device)
+    check_teacher_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
     validate_roles(cfg, {s.role for s in specs if s.role})
@@ -79,14 +81,19 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
     """GiB per device each role keeps on its GPU for weights, gradients and optimizer state.
 
     Activations and the KV cache are not included. What megatron's offload flags keep in host
-    memory between phases is left out of the figure and recorded in `plan.offloaded_gib`.
+    memory between phases is left out of the figure and recorded in `plan.offloaded_gib`. A
+    teacher is counted with its own model (weights only, over its TP size) when its directory
+    is local; a plugin role's model is not counted.
     """
     params, expert_params = _count_params(cfg, model_path)
     out = {}
     for role, layout in plan.roles.items():
         spec = plan.specs[role]
         if spec.model.path != cfg.actor_rollout_ref.model.path:
-            continue  # another model (a teacher, a plugin's): not counted here
+            teacher = _teacher_weights_gib(cfg, spec, layout)
+            if teacher is not None:
+                out[role] = teacher
+            continue
         width = torch_dtype(spec.model.dtype).itemsize
         if spec.megatron is not None:
             gpu, host = _megatron_bytes(
@@ -100,6 +107,20 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
         else:
             out[role] = params / (layout.tp * layout.pp) * width / 2**30
     return out
+
+
+def _teacher_weights_gib(cfg: DagrlConfig, spec, layout: RoleLayout) -> float | None:
+    """GiB of a teacher's weights per device; None for other roles or a model not on this disk."""
+    from dagrl.config.roles import ROLE_TEACHER
+
+    path = spec.model.path
+    if spec.kind != ROLE_TEACHER or path is None:
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    params, _ = _count_params(cfg, path)
+    return params / (layout.tp * layout.pp) * torch_dtype(spec.model.dtype).itemsize / 2**30
 
 
 def _count_params(cfg: DagrlConfig, model_path: str) -> tuple[int, int]:
