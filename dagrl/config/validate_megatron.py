@@ -114,20 +114,7 @@ def _hf_config(cfg: DagrlConfig):
 
 
 def _check_megatron_sizes(prefix: str, m: MegatronConfig) -> None:
-    for key in (
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-    ):
-        if getattr(m, key) < 1:
-            raise ConfigError(f"{prefix}.{key}", getattr(m, key), "must be >= 1 (1 = not split)")
-    for key, null in (
-        ("virtual_pipeline_model_parallel_size", "null = no interleaving"),
-        ("expert_tensor_parallel_size", "null = the same as tensor_model_parallel_size"),
-    ):
-        if getattr(m, key) is not None and getattr(m, key) < 1:
-            raise ConfigError(f"{prefix}.{key}", getattr(m, key), f"must be >= 1 or null ({null})")
+    # each size's own range (>= 1) is declared on MegatronConfig and checked before this
     vpp = m.virtual_pipeline_model_parallel_size
     if vpp is not None and m.pipeline_model_parallel_size == 1:
         raise ConfigError(

@@ -80,7 +80,8 @@ class RewardComposer:
         """Score a batch: (weighted sums, {reward name: raw scores}), every list aligned with rows.
 
         With explicit terms every row has every term. In default routing a batch mixing sources
-        has rows a reward did not score; those entries are NaN so indices stay aligned.
+        has rows a reward did not score; those entries are NaN so indices stay aligned. A reward
+        that raises is a DataError naming the row (`describe_row`), its data_source and the error.
         """
         lengths = {len(data_sources), len(solutions), len(ground_truths), len(extra_infos)}
         assert len(lengths) == 1, f"score_batch got lists of different lengths: {sorted(lengths)}"
@@ -89,11 +90,36 @@ class RewardComposer:
         for row, (source, solution, truth, extra) in enumerate(
             zip(data_sources, solutions, ground_truths, extra_infos)
         ):
-            total, raw_scores = self.score(source, solution, truth, extra)
+            try:
+                total, raw_scores = self.score(source, solution, truth, extra)
+            except DataError as exc:
+                raise DataError(f"{describe_row(row, extra)}: {exc}") from exc.__cause__
             totals.append(total)
             for name, raw in raw_scores.items():
                 raw_by_name.setdefault(name, [math.nan] * len(data_sources))[row] = raw
         return totals, raw_by_name
+
+
+def describe_row(row: int, extra_info: dict | None) -> str:
+    """'batch row 3 (extra_info.index=17)': the data row when the file recorded its index (the
+    examples/data_preprocess scripts and the built-in task do), else the row's place in the batch."""
+    index = (extra_info or {}).get("index")
+    return f"batch row {row}" + (f" (extra_info.index={index})" if index is not None else "")
+
+
+def nonfinite_rows(
+    scores: list[float], data_sources: list[str], extra_infos: list[dict | None], limit: int = 5
+) -> str | None:
+    """None when every score is finite, else which rows are not (the first `limit` of them)."""
+    bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
+    if not bad:
+        return None
+    named = ", ".join(
+        f"data_source {data_sources[i]!r} {describe_row(i, extra_infos[i])} = {scores[i]}"
+        for i in bad[:limit]
+    )
+    more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
+    return f"{len(bad)} of {len(scores)} responses: {named}{more}"
 
 
 def mean_by_source(scores: list[float], data_sources: list[str]) -> dict[str, float]:

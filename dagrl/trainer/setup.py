@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from dagrl.backends.hf_model import load_tokenizer, resolve_model_path, torch_dtype
+from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_model_path, torch_dtype
 from dagrl.backends.registry import check_backends
 from dagrl.config.placement import Plan, RoleLayout, make_plan
 from dagrl.config.roles import build_role_specs
@@ -45,7 +45,9 @@ class Prepared:
 def prepare(cfg: DagrlConfig) -> Prepared:
     load_plugins(list(cfg.external_plugins))
     resolve_defaults(cfg)
+    check_models(cfg)
     validate(cfg)
+    check_rewards_for_data(cfg)
     device = resolve_device(cfg)
     check_rollout_device(cfg, device)
     check_teacher_device(cfg, device)
@@ -61,6 +63,46 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)))
+
+
+def check_models(cfg: DagrlConfig) -> None:
+    """The model directories (actor, teacher) have a readable config.json and whole weights; a
+    dry run needs the config only (a plan for a large model, made before its weights are fetched)."""
+    weights = not cfg.trainer.dry_run
+    if cfg.actor_rollout_ref.model.path is not None:
+        check_model_dir(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path", weights)
+    if cfg.teacher.model is not None:
+        check_model_dir(cfg.teacher.model, "teacher.model", weights)
+
+
+def check_rewards_for_data(cfg: DagrlConfig) -> None:
+    """Every data_source in the parquet files has a reward, before any step samples it: only the
+    data_source column is read; the first row of each source without one is named. With
+    reward.functions set every row gets those (their names are checked by the composer)."""
+    import pyarrow.parquet as pq
+
+    from dagrl.errors import DataError
+    from dagrl.rewards import default_reward_name
+
+    rewarder_for(cfg)  # unknown reward names in reward.functions
+    if cfg.reward.functions:
+        return
+    for key in ("data.train_files", "data.val_files"):
+        for path in data_files(getattr(cfg.data, key.split(".")[1])):
+            path = os.path.expanduser(path)
+            try:
+                sources = pq.read_table(path, columns=["data_source"]).column("data_source").to_pylist()
+            except Exception:  # unreadable or no such column: reading the rows reports it, before Ray
+                continue
+            seen: set = set()
+            for row, source in enumerate(sources):
+                if source in seen:
+                    continue
+                seen.add(source)
+                try:
+                    default_reward_name(str(source))
+                except DataError as exc:
+                    raise DataError(f"{key}: {path} row {row}: {exc}") from None
 
 
 def validation_dags(roles: set[str]) -> tuple[Dag, Dag] | None:

@@ -10,6 +10,7 @@ Used for the actor and, with forward_only=True, for the reference model (no DDP,
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ import torch
 from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from dagrl.algos import logprob_temperature
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron.logprobs import response_logprobs
@@ -59,7 +61,7 @@ class MegatronTrainBackend:
         self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
         self.m = arr.ref.megatron if forward_only else arr.actor.megatron
         self.path = resolve_model_path(arr.model.path)
-        self.temperature = arr.rollout.temperature
+        self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
         self.micro = (
             arr.ref.log_prob_micro_batch_size_per_gpu
             if forward_only
@@ -352,8 +354,21 @@ class MegatronTrainBackend:
         return self._run_schedule(micros, partial(self._loss, len(micros)), forward_only=False)
 
     def optimizer_step(self) -> float | None:
-        _, grad_norm, _ = self.optimizer.step()  # clips to actor.grad_clip (OptimizerConfig)
-        return grad_norm
+        """Clip to actor.grad_clip and step, unless the gradients are not finite.
+
+        megatron checks for inf/NaN only under fp16's loss scaler (which then skips the step itself
+        and lowers the scale: reported as None, not as a non-finite update); with bf16/fp32 it would
+        step on NaN gradients and ruin the weights. So the global norm (all-reduced over the ranks:
+        all skip together) is taken first; a finite one costs one more grad copy and norm, since
+        `step` prepares the (unchanged) gradients again.
+        """
+        if self.dtype != torch.float16:
+            self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.get_grad_norm())
+            if not math.isfinite(grad_norm):
+                return grad_norm
+        applied, grad_norm, _ = self.optimizer.step()
+        return grad_norm if applied else None
 
     def _loss(self, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
         request = self.objective.request

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from dagrl.algos import entropy_from_logits, logprobs_from_logits
+from dagrl.algos import entropy_from_logits, logprob_temperature, logprobs_from_logits
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.backends.torch.distill import final_hidden, grid_logprobs_at, output_layer, teacher_topk
 from dagrl.backends.update_loop import run_update
@@ -30,7 +30,7 @@ class TorchTrainBackend:
         self.path = resolve_model_path(arr.model.path)
         torch.manual_seed(cfg.trainer.seed)
         self.model = load_causal_lm(self.path, arr.model.dtype, ctx.device, arr.model.trust_remote_code)
-        self.temperature = arr.rollout.temperature
+        self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
         self.optimizer = None
         self.ddp = None
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
