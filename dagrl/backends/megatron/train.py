@@ -351,6 +351,8 @@ class MegatronTrainBackend:
         def loss_fn(mi: MicroInputs, hidden: torch.Tensor):
             return hidden.new_zeros(()), per_micro(mi, hidden)
 
+        if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         micros = [
             self._micro_inputs(mb, 1.0)

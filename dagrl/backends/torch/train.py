@@ -220,7 +220,7 @@ class TorchTrainBackend:
     def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
         """The K most likely next tokens at every response position and their log-probs over the
         whole vocabulary at `temperature`: teacher_topk_ids / teacher_topk_logprobs [B, R, K]."""
-        start = time.perf_counter()
+        start = self._teacher_phase_start()
         head = output_layer(self.model)
         ids_out, logprobs_out = [], []
         for rows, resp_len, hidden, grid in self._teacher_micro_batches(batch):
@@ -233,12 +233,17 @@ class TorchTrainBackend:
     @torch.no_grad()
     def teacher_hidden(self, batch: Batch) -> tuple[Batch, dict]:
         """Final hidden states [B, R, H] at the positions predicting each response token."""
-        start = time.perf_counter()
+        start = self._teacher_phase_start()
         out = [
             hidden[grid].view(rows, resp_len, -1).cpu()
             for rows, resp_len, hidden, grid in self._teacher_micro_batches(batch)
         ]
         return Batch({"teacher_hidden": torch.cat(out)}), self._teacher_metrics(start)
+
+    def _teacher_phase_start(self) -> float:
+        if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
+            torch.cuda.reset_peak_memory_stats()
+        return time.perf_counter()
 
     def _teacher_metrics(self, start: float) -> dict:
         metrics = {"teacher/seconds": time.perf_counter() - start}
