@@ -1,8 +1,9 @@
 """GKD on the megatron backend: a forward-only megatron teacher (top-k and final hidden states) and
 one student update per mode (top-k 5 with the tail bucket, and the full vocabulary), under TP1,
-TP2 and TP2 with sequence parallel, against the torch backend on the same shipped tiny student and
+TP2, TP2 with sequence parallel and PP2, against the torch backend on the same shipped tiny student and
 teacher: teacher outputs, divergence, gradient norm and updated weights agree to fp32 rounding, so
-TP2 equals TP1. Everything runs megatron-core's real code on CPU under gloo
+TP2 equals TP1. The teacher's offload (teacher.offload=true) empties every parameter's storage
+and restores it exactly. Everything runs megatron-core's real code on CPU under gloo
 (tests/megatron_cpu_patch.py)."""
 
 from __future__ import annotations
@@ -86,6 +87,13 @@ def _gkd_rank(rank: int, world: int, overrides: tuple[str, ...], batch: Batch) -
             "metrics": metrics if returns else None,
             "weights": _weights(student),
         }
+        # teacher.offload: every parameter's storage leaves, and the teacher scores the same after
+        offloaded = teacher.offload()
+        left = sum(p.data.untyped_storage().nbytes() for p in teacher._params())
+        teacher.onload()
+        again = _teacher_outputs(teacher, batch, mode)
+        same = all(torch.equal(again[k], scored[k]) for k in scored.keys())
+        out[mode]["offload"] = (offloaded, left, same)
     return out
 
 
@@ -123,8 +131,9 @@ def _check(mode: str, got: dict, want: dict, mask: torch.Tensor) -> None:
         (1, ()),
         (2, (f"{M}.tensor_model_parallel_size=2",)),
         (2, (f"{M}.tensor_model_parallel_size=2", f"{M}.sequence_parallel=true")),
+        (2, (f"{M}.pipeline_model_parallel_size=2",)),
     ],
-    ids=["tp1", "tp2", "tp2-sp"],
+    ids=["tp1", "tp2", "tp2-sp", "pp2"],
 )
 def test_megatron_gkd_matches_torch_backend(case, world, overrides):
     """TP2's 262-column padded vocabulary (131 per rank): top-k merged over both shards (that the
@@ -139,6 +148,7 @@ def test_megatron_gkd_matches_torch_backend(case, world, overrides):
             _check(mode, r, reference[mode], batch["response_mask"])
         for r in ranks:  # every TP rank's slice of the weights agrees
             _check_weights_only(r[mode]["weights"], reference[mode]["weights"])
+            assert r[mode]["offload"] == (True, 0, True)
 
 
 def _check_weights_only(got: dict, want: dict) -> None:
