@@ -49,7 +49,7 @@ KEYS = (
     "timing_s/teacher_logprob",
     "timing_s/teacher_hidden",
     "timing_s/actor_update",
-    "teacher/seconds",
+    "timing_s/teacher_forward",
     "teacher/max_memory_allocated_gib",
     "teacher/offload_freed_gib",
     "perf/max_memory_allocated_gib",

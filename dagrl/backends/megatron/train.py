@@ -157,6 +157,7 @@ class MegatronTrainBackend:
         before = _allocated_gib()
         if self.offload_policy.params:
             self._offload_params()
+            self._move_teacher_head(torch.device("cpu"))
         if self.optimizer is not None and self.offload_policy.grads:
             for chunk in self.model:
                 chunk.offload_grad_buffers(synchronize=self.ctx.device.type == "cuda", empty_cache=False)
@@ -170,11 +171,16 @@ class MegatronTrainBackend:
     def onload(self) -> None:
         if self.offload_policy.params:
             self._onload_params()
+            self._move_teacher_head(self.ctx.device)
         if self.optimizer is not None and self.offload_policy.grads:
             for chunk in self.model:
                 chunk.restore_grad_buffers(synchronize=self.ctx.device.type == "cuda")
         if self._offloads_optimizer():
             self.optimizer.restore_from_cpu()
+
+    def _move_teacher_head(self, device: torch.device) -> None:
+        if self._teacher_head is not None:  # full-vocabulary GKD: the student's copy of it
+            self._teacher_head = tuple(t if t is None else t.to(device) for t in self._teacher_head)
 
     def _offloads_optimizer(self) -> bool:
         # megatron moves the optimizer state back with .cuda(): on a CPU device there is nowhere
@@ -360,7 +366,8 @@ class MegatronTrainBackend:
         ]
         with distill_steps.hidden_instead_of_logits(self.chunks, self.m.sequence_parallel):
             outputs = self._run_schedule(micros, loss_fn, forward_only=True)
-        metrics = {"teacher/seconds": time.perf_counter() - start}
+        # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
+        metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
         if self.ctx.device.type == "cuda":
             metrics["teacher/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload

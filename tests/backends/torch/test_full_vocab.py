@@ -90,7 +90,7 @@ def test_full_vocab_gkd_equals_unchunked_reference(models, beta, monkeypatch):
     student = TorchTrainBackend(cfg, ctx)
     b = batch()
     out, metrics = teacher.teacher_hidden(b)
-    assert out["teacher_hidden"].shape == (3, 4, 24) and metrics["teacher/seconds"] > 0
+    assert out["teacher_hidden"].shape == (3, 4, 24) and metrics["timing_s/teacher_forward"] > 0
     b = Batch({**b.tensors, "teacher_hidden": out["teacher_hidden"]})
 
     objective = build_objective(cfg)
