@@ -73,9 +73,8 @@ def _gkd_rank(rank: int, world: int, overrides: tuple[str, ...], batch: Batch) -
     ctx = ParallelContext(rank, world, torch.device("cpu"))
     out = {}
     for mode in MODES:
-        cfg = gkd_config(
-            mode, "actor_rollout_ref.actor.strategy=megatron", f"{M}.param_dtype=float32", *overrides
-        )
+        megatron = ("actor_rollout_ref.actor.strategy=megatron", f"{M}.param_dtype=float32")
+        cfg = gkd_config(mode, *megatron, "teacher.offload=true", *overrides)
         spec = role_spec(cfg, "teacher")
         teacher = MegatronTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=True, offload=spec.offload)
         student = MegatronTrainBackend(cfg, ctx)
