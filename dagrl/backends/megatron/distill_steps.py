@@ -25,7 +25,11 @@ import torch
 from megatron.core import parallel_state as mpu
 from torch import Tensor
 
-from dagrl.backends.megatron.distillation import vocab_parallel_hidden_divergence, vocab_parallel_logprobs_at
+from dagrl.backends.megatron.distillation import (
+    vocab_parallel_hidden_divergence,
+    vocab_parallel_logprobs_at,
+    vocab_parallel_topk_from_hidden,
+)
 from dagrl.backends.torch.distill import load_output_layer
 from dagrl.objectives import TokenRequest
 
@@ -73,6 +77,23 @@ def to_response_grid(mi, values: Tensor) -> Tensor:
     rows, resp_len = mi.response_shape
     grid = values.new_zeros(rows * resp_len, *values.shape[1:]).index_copy(0, mi.token_index, values)
     return grid.view(rows, resp_len, *values.shape[1:])
+
+
+def teacher_topk_step(head, k: int, temperature: float, vocab_size: int, mi, hidden: Tensor) -> dict:
+    """One teacher micro-batch's top-K ids and log-probs ``[B, R, K]`` from its hidden states ``[S, B, H]``."""
+    group = mpu.get_tensor_model_parallel_group()
+    ids, logprobs = vocab_parallel_topk_from_hidden(
+        response_rows(mi, hidden), head, k, temperature, vocab_size, group
+    )
+    return {
+        "teacher_topk_ids": to_response_grid(mi, ids),
+        "teacher_topk_logprobs": to_response_grid(mi, logprobs),
+    }
+
+
+def teacher_hidden_step(mi, hidden: Tensor) -> dict:
+    """One teacher micro-batch's hidden states on the response grid ``[B, R, H]``."""
+    return {"teacher_hidden": to_response_grid(mi, response_rows(mi, hidden))}
 
 
 def teacher_head_shard(

@@ -25,7 +25,6 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
-from dagrl.backends.megatron.distillation import vocab_parallel_topk_from_hidden
 from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.model import build_model, transformer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
@@ -324,28 +323,13 @@ class MegatronTrainBackend:
         """The K most likely next tokens at every response position, log-probs over the whole
         vocabulary at `temperature`: per TP shard from the final hidden states, merged over K·TP."""
         head = distill_steps.output_head(self.chunks) if self._is_last_stage() else None
-        group = mpu.get_tensor_model_parallel_group()
-
-        def topk(mi: MicroInputs, hidden: torch.Tensor) -> dict:
-            rows = distill_steps.response_rows(mi, hidden)
-            ids, logprobs = vocab_parallel_topk_from_hidden(
-                rows, head, k, temperature, self.hf_config.vocab_size, group
-            )
-            grid = distill_steps.to_response_grid
-            return {"teacher_topk_ids": grid(mi, ids), "teacher_topk_logprobs": grid(mi, logprobs)}
-
-        return self._teacher_forward(batch, topk)
+        per_micro = partial(distill_steps.teacher_topk_step, head, k, temperature, self.hf_config.vocab_size)
+        return self._teacher_forward(batch, per_micro)
 
     @torch.no_grad()
     def teacher_hidden(self, batch: Batch) -> tuple[Batch, dict]:
         """Final hidden states [B, R, H] at the positions predicting each response token."""
-
-        def hidden_grid(mi: MicroInputs, hidden: torch.Tensor) -> dict:
-            return {
-                "teacher_hidden": distill_steps.to_response_grid(mi, distill_steps.response_rows(mi, hidden))
-            }
-
-        return self._teacher_forward(batch, hidden_grid)
+        return self._teacher_forward(batch, distill_steps.teacher_hidden_step)
 
     def _teacher_forward(self, batch: Batch, per_micro: Callable) -> tuple[Batch, dict]:
         """Forward-only schedule over teacher micro-batches ending at the final hidden states
