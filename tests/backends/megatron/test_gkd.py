@@ -65,11 +65,13 @@ def _torch_reference(batch: Batch) -> dict:
 
 def _gkd_rank(rank: int, world: int, overrides: tuple[str, ...], batch: Batch) -> dict:
     """Per mode: the megatron teacher scores the batch, a fresh megatron student takes one step."""
+    import dagrl.algos.distillation as distillation
     from dagrl.backends.builtin import _train_cfg
     from dagrl.backends.megatron.train import MegatronTrainBackend
     from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
 
+    distillation._CHUNK_ELEMENTS = 1000  # 3-7 tokens per chunk: collectives inside chunks, in the schedule
     ctx = ParallelContext(rank, world, torch.device("cpu"))
     out = {}
     for mode in MODES:
