@@ -26,13 +26,15 @@ def _train_cfg(cfg, spec: RoleSpec):
 def _torch(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    return TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains)
+    return TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains, offload=spec.offload)
 
 
 def _megatron(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains)
+    return MegatronTrainBackend(
+        _train_cfg(cfg, spec), ctx, forward_only=not spec.trains, offload=spec.offload
+    )
 
 
 for _kind in (RoleKind.train, RoleKind.ref, RoleKind.teacher):

@@ -24,6 +24,9 @@ class TrainRole(RoleHandle):
     def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, list[dict]]:
         return self.call(TrainBackend.teacher_topk, batch, k=k, temperature=temperature)
 
+    def teacher_hidden(self, batch: Batch) -> tuple[Batch, list[dict]]:
+        return self.call(TrainBackend.teacher_hidden, batch)
+
     def train_step(self, batch: Batch) -> tuple[Batch, list[dict]]:
         return self.call(TrainBackend.train_step, batch)
 

@@ -51,6 +51,13 @@ class TrainBackend(DeviceTenant, Protocol):
         ...
 
     @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
+    def teacher_hidden(self, batch: Batch) -> tuple[Batch, dict]:
+        """A forward-only teacher's final hidden states (after the final norm, what its output
+        layer maps to logits) at the positions predicting each response token: teacher_hidden
+        [B, R, H'] in the model's dtype. Full-vocabulary distillation: H' ≪ V."""
+        ...
+
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         """PPO epochs × mini-batches × micro-batches on this shard; returns metrics."""
         ...

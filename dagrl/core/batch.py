@@ -28,6 +28,7 @@ KEYS: dict[str, str] = {
     "teacher_topk_ids": "[B, R, K] teacher's top-k token ids",
     "teacher_topk_logprobs": "[B, R, K] teacher's top-k log-probs",
     "teacher_logprobs": "[B, R] teacher log-probs of the sampled tokens",
+    "teacher_hidden": "[B, R, H'] teacher final hidden states predicting each response token (full vocabulary)",
     "scores": "[B] sequence reward (weighted sum of reward functions)",
     "token_rewards": "[B, R] per-token reward (score on the last token, minus KL in reward)",
     "advantages": "[B, R] advantages",

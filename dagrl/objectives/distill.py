@@ -2,11 +2,15 @@
 
 Generalized knowledge distillation (Agarwal et al. 2024, "On-Policy Distillation of Language
 Models: Learning from Self-Generated Mistakes", ICLR 2024), on-policy only (ms-swift's
-``lmbda=1``): the rollout samples responses from the student, the teacher_logprob node gives the
-teacher's top-k next tokens at every response position ([B, R, K]), and the loss is the
-per-token divergence on that support (dagrl/algos/distillation.py ``topk_divergence``),
-aggregated by actor.loss_agg_mode. The full vocabulary is the same path with K = V (exact with
-the tail bucket, which is then empty), allowed for small vocabularies only.
+``lmbda=1``): the rollout samples responses from the student, the teacher scores every response
+position, and the loss is the per-token divergence, aggregated by actor.loss_agg_mode.
+
+- top-k (``gkd_logits_topk`` set): the teacher_logprob node gives the teacher's top-k next tokens
+  ([B, R, K]) and the loss is ``topk_divergence`` on that support (dagrl/algos/distillation.py);
+- full vocabulary (unset): the teacher_hidden node gives the teacher's final hidden states at the
+  response positions ([B, R, H'], H' ≪ V), and the train backend recomputes the teacher's logits
+  chunk by chunk with the teacher's output layer inside the loss, so neither the teacher's nor the
+  student's [tokens, V] distributions are ever held for more than one chunk (docs/distillation.md).
 """
 
 from __future__ import annotations
@@ -22,27 +26,44 @@ from dagrl.config.schema import Algorithm, DagrlConfig, TrainStrategy
 from dagrl.core.batch import Batch
 from dagrl.data.builtin import tiny_model_path
 from dagrl.errors import ConfigError
-from dagrl.objectives.base import TokenOutputs, TokenRequest, micro_batch_weights, register_objective
+from dagrl.objectives.base import (
+    FullVocabRequest,
+    TokenOutputs,
+    TokenRequest,
+    micro_batch_weights,
+    register_objective,
+)
 
 G = "algorithm.gkd"
-# Full vocabulary goes through the top-k path with K = V: [B, R, V] teacher tensors per batch.
-# Above this the teacher's output would be a [B, R, V] tensor per step (151,936 words for Qwen).
-FULL_VOCAB_LIMIT = 4096
+TOPK_KEYS = ("teacher_topk_ids", "teacher_topk_logprobs")
+HIDDEN_KEY = "teacher_hidden"
 
 
 class GKDObjective:
-    """``agg(JSD_beta(student || teacher) on the teacher's top-k)``; entropy reported, not in the loss."""
+    """``agg(JSD_beta(student || teacher))`` on the teacher's top-k or over the full vocabulary;
+    entropy reported (top-k), not in the loss."""
 
-    required_keys = ("response_mask", "teacher_topk_ids", "teacher_topk_logprobs")
     # the GRPO DAG's keys, should a custom DAG hand them over
-    optional_keys = ("old_logprobs", "rollout_logprobs", "advantages", "ref_logprobs")
+    _GRPO_KEYS = ("old_logprobs", "rollout_logprobs", "advantages", "ref_logprobs")
 
     def __init__(self, cfg: DagrlConfig):
         g = cfg.algorithm.gkd
         self.beta, self.tail_bucket = g.beta, g.tail_bucket
         self.mode = LossAggMode(cfg.actor_rollout_ref.actor.loss_agg_mode)
         self.norm_length = cfg.data.max_response_length
-        # the sampled tokens' log-probs are not needed; entropy is a cheap metric on the CPU path
+        self.full_vocab = g.gkd_logits_topk is None
+        # one DAG serves both modes: the other mode's teacher keys are optional (its node is off)
+        teacher_keys, other_keys = (
+            ((HIDDEN_KEY,), TOPK_KEYS) if self.full_vocab else (TOPK_KEYS, (HIDDEN_KEY,))
+        )
+        self.required_keys = ("response_mask", *teacher_keys)
+        self.optional_keys = (*self._GRPO_KEYS, *other_keys)
+        if self.full_vocab:
+            # entropy would cost another pass over [tokens, V]: the divergence is the metric
+            full = FullVocabRequest(HIDDEN_KEY, cfg.teacher.model or "", g.beta, g.temperature)
+            self.request = TokenRequest(logprobs=False, full_vocab=full)
+            return
+        # the sampled tokens' log-probs are not needed; entropy is a cheap metric
         self.request = TokenRequest(
             logprobs=False,
             entropy=True,
@@ -55,9 +76,12 @@ class GKDObjective:
 
     def loss(self, mb: Batch, out: TokenOutputs) -> tuple[Tensor, dict[str, Tensor]]:
         mask = mb["response_mask"].float()
-        per_token = topk_divergence(
-            out.logprobs_at, mb["teacher_topk_logprobs"], mask, self.beta, self.tail_bucket
-        )
+        if self.full_vocab:
+            per_token = out.divergence * mask
+        else:
+            per_token = topk_divergence(
+                out.logprobs_at, mb["teacher_topk_logprobs"], mask, self.beta, self.tail_bucket
+            )
         loss = agg_loss(per_token, mask, self.mode, self.norm_length)
         metrics = {"distill/divergence": loss.detach()}
         if out.entropy is not None:
@@ -100,12 +124,8 @@ def _check_gkd(cfg: DagrlConfig) -> None:
         )
     if cfg.teacher.model is None:
         raise ConfigError("teacher.model", None, "algorithm=gkd distils from a teacher: set its model path")
-    if cfg.actor_rollout_ref.actor.strategy != TrainStrategy.torch:
-        raise ConfigError(
-            "actor_rollout_ref.actor.strategy",
-            cfg.actor_rollout_ref.actor.strategy,
-            "algorithm=gkd runs on the torch train backend only for now: set it to torch",
-        )
+    if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
+        _check_megatron_teacher_layout(cfg)
     if g.gkd_logits_topk is not None and g.gkd_logits_topk < 1:
         raise ConfigError(
             f"{G}.gkd_logits_topk", g.gkd_logits_topk, "must be >= 1, or unset for full vocabulary"
@@ -127,29 +147,35 @@ def _check_vocabularies(cfg: DagrlConfig) -> None:
             "distributions over the same token ids; use a teacher with the student's tokenizer",
         )
     vocab = teacher or student
-    if g.gkd_logits_topk is None:
-        if vocab is None or vocab > FULL_VOCAB_LIMIT:
-            raise ConfigError(
-                f"{G}.gkd_logits_topk",
-                None,
-                f"full-vocabulary distillation is wired for vocabularies up to {FULL_VOCAB_LIMIT} words "
-                f"(this one: {vocab or 'unknown'}); set algorithm.gkd.gkd_logits_topk=64 "
-                "(with algorithm.gkd.tail_bucket=true to keep the mass outside the top-k)",
-            )
-    elif vocab is not None and g.gkd_logits_topk > vocab:
+    # full vocabulary (gkd_logits_topk unset) has no size limit: the teacher's logits are
+    # recomputed chunk by chunk from its hidden states (docs/distillation.md)
+    if g.gkd_logits_topk is not None and vocab is not None and g.gkd_logits_topk > vocab:
         raise ConfigError(
             f"{G}.gkd_logits_topk", g.gkd_logits_topk, f"must be <= the vocabulary size {vocab}"
         )
 
 
+def _check_megatron_teacher_layout(cfg: DagrlConfig) -> None:
+    """A colocated megatron teacher runs in the student's processes, so in its parallel groups
+    (megatron's are per process): it uses ref.megatron, which must match the actor's layout."""
+    from dagrl.config.validate_megatron import PARALLEL_KNOBS
+
+    actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
+    for key in PARALLEL_KNOBS:
+        if getattr(ref, key) != getattr(actor, key):
+            raise ConfigError(
+                f"actor_rollout_ref.ref.megatron.{key}",
+                getattr(ref, key),
+                f"the colocated teacher runs with ref.megatron in the actor's processes, whose {key} is "
+                f"{getattr(actor, key)}: use the same value (or leave ref.megatron's parallel settings unset)",
+            )
+
+
 def distill_topk(cfg: DagrlConfig) -> int:
-    """K of the teacher's top-k: gkd_logits_topk, or the whole vocabulary when it is unset."""
+    """K of the teacher's top-k (top-k mode only: full vocabulary goes through teacher_hidden)."""
     k = cfg.algorithm.gkd.gkd_logits_topk
-    if k is not None:
-        return k
-    vocab = model_vocab_size(cfg.teacher.model) or model_vocab_size(_student_path(cfg))
-    assert vocab is not None, "validate refuses full vocabulary when the vocabulary size is unknown"
-    return vocab
+    assert k is not None, "full-vocabulary distillation runs the teacher_hidden node, not teacher_logprob"
+    return k
 
 
 @register_objective(Algorithm.gkd, validate=_check_gkd)

@@ -5,7 +5,9 @@ Every rank of a DP group receives the same DP shard (the pool shards by `dp_info
 go through megatron's forward-backward schedule (pipelined when PP > 1), the last stage turns
 vocab-parallel logits into what the objective requests (log-probs, entropy), and the loss is the
 objective's, in the update loop every train backend shares (backends/update_loop.py).
-Used for the actor and, with forward_only=True, for the reference model (no DDP, no optimizer).
+Used for the actor and, with forward_only=True, for the reference model and a colocated
+distillation teacher (no DDP, no optimizer; distill_steps.py has the teacher's forward and the
+student's GKD quantities).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from dagrl.algos import logprob_temperature
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.megatron import checkpoint as ckpt
+from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.model import build_model, transformer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
@@ -31,6 +34,7 @@ from dagrl.backends.megatron.spec import get_sdpa_block_spec
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
+from dagrl.config.roles import OffloadPolicy
 from dagrl.config.schema import LayerSpec
 from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs
@@ -54,12 +58,18 @@ class MicroInputs:
 
 
 class MegatronTrainBackend:
-    def __init__(self, cfg, ctx, forward_only: bool = False):
+    def __init__(self, cfg, ctx, forward_only: bool = False, offload: OffloadPolicy | None = None):
+        """`offload`: what the role keeps in host memory between its turns (teacher.offload for a
+        teacher); None = the megatron.*_offload flags."""
         from transformers import AutoConfig
 
         arr = cfg.actor_rollout_ref
         self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
         self.m = arr.ref.megatron if forward_only else arr.actor.megatron
+        self.offload_policy = offload or OffloadPolicy(
+            self.m.param_offload, self.m.grad_offload, self.m.optimizer_offload
+        )
+        self._teacher_head = None  # the teacher's output-layer shard (full-vocabulary GKD), lazily
         self.path = resolve_model_path(arr.model.path)
         self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
         self.micro = (
@@ -141,12 +151,15 @@ class MegatronTrainBackend:
     def dp_info(self) -> tuple[int, int, bool]:
         return dp_info()
 
-    def offload(self) -> None:
-        """Move what the megatron.*_offload flags name to CPU; the freed GiB is reported."""
+    def offload(self) -> bool:
+        """Move what the offload policy names to CPU; the freed GiB is reported."""
+        if not any(vars(self.offload_policy).values()):
+            return False  # resident: the worker keeps the allocator's cache for the next phase
         before = _allocated_gib()
-        if self.m.param_offload:
+        if self.offload_policy.params:
             self._offload_params()
-        if self.optimizer is not None and self.m.grad_offload:
+            self._move_teacher_head(torch.device("cpu"))
+        if self.optimizer is not None and self.offload_policy.grads:
             for chunk in self.model:
                 chunk.offload_grad_buffers(synchronize=self.ctx.device.type == "cuda", empty_cache=False)
         if self._offloads_optimizer():
@@ -154,20 +167,26 @@ class MegatronTrainBackend:
         if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
         self.offload_freed_gib = before - _allocated_gib()
+        return True
 
     def onload(self) -> None:
-        if self.m.param_offload:
+        if self.offload_policy.params:
             self._onload_params()
-        if self.optimizer is not None and self.m.grad_offload:
+            self._move_teacher_head(self.ctx.device)
+        if self.optimizer is not None and self.offload_policy.grads:
             for chunk in self.model:
                 chunk.restore_grad_buffers(synchronize=self.ctx.device.type == "cuda")
         if self._offloads_optimizer():
             self.optimizer.restore_from_cpu()
 
+    def _move_teacher_head(self, device: torch.device) -> None:
+        if self._teacher_head is not None:  # full-vocabulary GKD: the student's copy of it
+            self._teacher_head = tuple(t if t is None else t.to(device) for t in self._teacher_head)
+
     def _offloads_optimizer(self) -> bool:
         # megatron moves the optimizer state back with .cuda(): on a CPU device there is nowhere
         # to offload from, so the flag is a no-op there
-        return self.optimizer is not None and self.m.optimizer_offload and self.ctx.device.type == "cuda"
+        return self.optimizer is not None and self.offload_policy.optimizer and self.ctx.device.type == "cuda"
 
     def _offload_params(self) -> None:
         # Parameters stay the same objects (the optimizer and DDP keep pointing at them); only
@@ -300,6 +319,51 @@ class MegatronTrainBackend:
         metrics = self._throughput("logprob", micros, time.perf_counter() - start, 1)
         return Batch({output_key: torch.cat([o["logprobs"] for o in outputs]).cpu()}), metrics
 
+    # ---- teacher (forward-only, distillation) ----------------------------------------------------
+    @torch.no_grad()
+    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
+        """The K most likely next tokens at every response position, log-probs over the whole
+        vocabulary at `temperature`: per TP shard from the final hidden states, merged over K·TP."""
+        head = distill_steps.output_head(self.chunks) if self._is_last_stage() else None
+        per_micro = partial(distill_steps.teacher_topk_step, head, k, temperature, self.hf_config.vocab_size)
+        return self._teacher_forward(batch, per_micro)
+
+    @torch.no_grad()
+    def teacher_hidden(self, batch: Batch) -> tuple[Batch, dict]:
+        """Final hidden states [B, R, H] at the positions predicting each response token."""
+        return self._teacher_forward(batch, distill_steps.teacher_hidden_step)
+
+    def _teacher_forward(self, batch: Batch, per_micro: Callable) -> tuple[Batch, dict]:
+        """Forward-only schedule over teacher micro-batches ending at the final hidden states
+        (no logits); `per_micro(mi, hidden [S, B, H])` runs on the last stage, one micro-batch's
+        hidden states alive at a time, and returns CPU-bound tensors on the [B, R] grid."""
+        for chunk in self.model:
+            chunk.eval()
+
+        def loss_fn(mi: MicroInputs, hidden: torch.Tensor):
+            return hidden.new_zeros(()), per_micro(mi, hidden)
+
+        if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        micros = [
+            self._micro_inputs(mb, 1.0)
+            for mb in batch.chunks(self.cfg.teacher.log_prob_micro_batch_size_per_gpu)
+        ]
+        with distill_steps.hidden_instead_of_logits(self.chunks, self.m.sequence_parallel):
+            outputs = self._run_schedule(micros, loss_fn, forward_only=True)
+        # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
+        metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
+        if self.ctx.device.type == "cuda":
+            metrics["teacher/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload
+        if not outputs:  # not the last pipeline stage: nothing to return
+            return Batch(), metrics
+        return Batch({k: torch.cat([o[k] for o in outputs]).cpu() for k in outputs[0]}), metrics
+
+    def _is_last_stage(self) -> bool:
+        return mpu.is_pipeline_last_stage(ignore_virtual=True)
+
     def _throughput(self, phase: str, micros: list[MicroInputs], seconds: float, passes: int) -> dict:
         """Tokens/s of this DP shard (the tokens run through the model, padding included) and
         model TFLOP/s per GPU (`passes` forward-equivalents; fwd+bwd = 3). Flops per token:
@@ -372,19 +436,32 @@ class MegatronTrainBackend:
 
     def _loss(self, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
         request = self.objective.request
-        # log-probs at the teacher's top-k ids are not wired here (backends/megatron/distillation.py
-        # has the vocabulary-parallel pieces); refuse rather than train on something else
-        assert request.logprobs_at is None, (
-            "the megatron backend cannot serve student log-probs at given ids (algorithm=gkd): "
-            "train it with actor_rollout_ref.actor.strategy=torch"
-        )
-        logprobs, entropy = self._response_logprobs(mi, logits, entropy=request.entropy)
-        if entropy is not None and not request.entropy_grad:  # a metric only: no entropy backward pass
-            entropy = entropy.detach()
-        out = TokenOutputs(logprobs=logprobs if request.logprobs else None, entropy=entropy)
+        out = TokenOutputs()
+        if request.logprobs or request.entropy:
+            logprobs, entropy = self._response_logprobs(mi, logits, entropy=request.entropy)
+            if entropy is not None and not request.entropy_grad:  # a metric only: no entropy backward
+                entropy = entropy.detach()
+            out = TokenOutputs(logprobs=logprobs if request.logprobs else None, entropy=entropy)
+        if request.logprobs_at is not None or request.full_vocab is not None:  # distillation (GKD)
+            distilled = distill_steps.student_distill_outputs(
+                mi, logits, request, self.hf_config.vocab_size, partial(self._teacher_output_layer, logits)
+            )
+            out.logprobs_at, out.divergence = distilled.get("logprobs_at"), distilled.get("divergence")
         loss, metrics = self.objective.loss(mi.batch, out)
         # megatron divides each micro-batch's loss by their number; the weight already averages
         return loss * (mi.weight * n_micro), metrics
+
+    def _teacher_output_layer(self, logits: torch.Tensor, dtype: torch.dtype):
+        """The teacher's output-layer rows of this rank's vocabulary shard, read once (frozen)."""
+        if self._teacher_head is None:
+            self._teacher_head = distill_steps.teacher_head_shard(
+                self.objective.request.full_vocab.teacher_model,
+                self.cfg.actor_rollout_ref.model.trust_remote_code,
+                logits.shape[-1],
+                dtype,
+                logits.device,
+            )
+        return self._teacher_head
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
