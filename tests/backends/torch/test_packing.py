@@ -136,3 +136,17 @@ def test_packed_update_matches_padded_update(model_dir):
     assert m_a["perf/pad_fraction"] == m_b["perf/pad_fraction"] > 0.3
     assert "perf/packed_pad_fraction" not in m_a
     assert m_b["perf/packed_pad_fraction"] < m_b["perf/pad_fraction"]
+
+
+def test_gpu_logprob_pass_indexes_the_gathered_logits():
+    """The GPU branch's fused pass (here its torch implementation) over [N, V] gathered logits."""
+    from dagrl.algos import entropy_from_logits, logprobs_from_logits
+    from dagrl.backends.torch.packed import _fused
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, VOCAB, generator=g)
+    targets = torch.randint(0, VOCAB, (7,), generator=g)
+    logprobs, entropy = _fused(logits, targets, 0.7, entropy=True)
+    scaled = logits[None] / 0.7
+    torch.testing.assert_close(logprobs, logprobs_from_logits(scaled, targets[None])[0])
+    torch.testing.assert_close(entropy, entropy_from_logits(scaled)[0])
