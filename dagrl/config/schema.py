@@ -71,6 +71,8 @@ class ModelConfig:
     """Let transformers run the model repository's own code."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (torch backend): less memory, more time."""
+    use_remove_padding: bool = False
+    """Pack sequences without padding in the train and log-prob passes (docs/packing.md)."""
 
 
 @dataclass

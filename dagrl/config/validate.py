@@ -154,6 +154,16 @@ def _check_actor(cfg: DagrlConfig) -> None:
         )
     if a.strategy == TrainStrategy.torch:
         check_no_megatron_knobs(cfg)
+    model = cfg.actor_rollout_ref.model
+    if a.strategy == TrainStrategy.torch and model.use_remove_padding and model.trust_remote_code:
+        # packing relies on transformers' own masks reading sequence starts from the position ids
+        # (docs/packing.md); a repository's own modelling code may ignore them and mix sequences
+        raise ConfigError(
+            "actor_rollout_ref.model.use_remove_padding",
+            True,
+            "the torch backend packs for models transformers implements itself; with"
+            " trust_remote_code=true set use_remove_padding=false (or use actor.strategy=megatron)",
+        )
 
 
 def _check_rollout(cfg: DagrlConfig) -> None:

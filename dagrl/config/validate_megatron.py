@@ -98,6 +98,7 @@ def check_megatron(cfg: DagrlConfig) -> None:
         _check_layer_split(prefix, m, hf)
         _check_expert_split(prefix, m, hf)
         _check_megatron_kernels(prefix, m)
+        _check_packing(prefix, m, arr.model.use_remove_padding)
         _check_recompute(prefix, m, hf)
     _check_ref_shares_actor_groups(cfg)
 
@@ -245,6 +246,20 @@ def _check_megatron_kernels(prefix: str, m: MegatronConfig) -> None:
             True,
             "megatron-core's local layer spec has no sequence-parallel norm: use layer_spec=sdpa, te or"
             " auto, or sequence_parallel=false",
+        )
+
+
+def _check_packing(prefix: str, m: MegatronConfig, packing: bool) -> None:
+    """Packed rows carry an explicit block-diagonal attention mask (docs/packing.md): the sdpa and
+    local specs apply it; the TE spec's causal attention would not (it needs thd packed-sequence
+    parameters, not wired here). auto picks sdpa when packing is on. Context parallel, which
+    would split packed rows, is refused for every layout in _check_megatron_kernels."""
+    if packing and LayerSpec(m.layer_spec) == LayerSpec.te:
+        raise ConfigError(
+            f"{prefix}.layer_spec",
+            "te",
+            "actor_rollout_ref.model.use_remove_padding packs sequences behind a block-diagonal mask that"
+            " the TE spec does not apply: use layer_spec=sdpa (or auto), or use_remove_padding=false",
         )
 
 

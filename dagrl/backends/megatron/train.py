@@ -38,6 +38,7 @@ from dagrl.config.roles import OffloadPolicy
 from dagrl.config.schema import LayerSpec
 from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.packing import PaddingStats, pack_sequences
 from dagrl.objectives import TokenOutputs, build_objective
 
 
@@ -55,6 +56,11 @@ class MicroInputs:
     token_targets: torch.Tensor  # [N] the token id
     response_shape: tuple[int, int]  # (B, R)
     weight: float  # share of the mini-batch loss this micro-batch carries
+    real_tokens: int  # prompt + response tokens of the B rows
+    padded_tokens: int  # B x S: what the unpacked layout runs
+    # packed rows (use_remove_padding): [n, 1, S, S] bool block-diagonal causal, True = masked
+    # out; the position ids restart at every sequence and drive the rotary embedding
+    attention_mask: torch.Tensor | None = None
 
 
 class MegatronTrainBackend:
@@ -84,7 +90,10 @@ class MegatronTrainBackend:
             self.hf_config, self.m, params_dtype=self.dtype, use_cpu_initialization=ctx.device.type == "cpu"
         )
         self.tcfg.pipeline_dtype = self.dtype
-        spec = layer_spec_for(self.m.layer_spec, self.tcfg)  # a spec or a vp_stage -> spec callable
+        self.packing = arr.model.use_remove_padding
+        spec = layer_spec_for(
+            self.m.layer_spec, self.tcfg, self.packing
+        )  # a spec or a vp_stage -> spec callable
         self.chunks = build_model(
             self.hf_config, self.tcfg, spec, vp_size=self.m.virtual_pipeline_model_parallel_size
         )
@@ -229,6 +238,8 @@ class MegatronTrainBackend:
 
         Everything the schedule and the loss read goes to the device here, before the schedule
         runs: a copy from pageable memory inside it would wait for the GPU to drain."""
+        if self.packing:
+            return self._packed_micro_inputs(mb, weight, loss_keys)
         ids, _, _ = sequence_inputs(mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"])
         width = ids.shape[1]
         prompt_lens = mb["prompt_mask"].sum(dim=1)
@@ -255,6 +266,33 @@ class MegatronTrainBackend:
             token_targets=mb["responses"].flatten()[inside].to(dev),
             response_shape=(rows, resp_len),
             weight=weight,
+            real_tokens=int(prompt_lens.sum() + mb["response_mask"].sum()),
+            padded_tokens=ids.numel(),
+        )
+
+    def _packed_micro_inputs(self, mb: Batch, weight: float, loss_keys: tuple[str, ...]) -> MicroInputs:
+        """The rows' sequences packed into rows as long as the longest (core/packing.py): the
+        transformer and the output layer run over about the real tokens only; attention is kept
+        inside each sequence by an explicit block-diagonal causal mask (sdpa and local specs)."""
+        multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
+        packed = pack_sequences(
+            mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"], multiple
+        )
+        dev = self.ctx.device
+        return MicroInputs(
+            batch=Batch({k: mb[k].to(dev) for k in loss_keys if k in mb}),
+            input_ids=packed.input_ids.to(dev),
+            position_ids=packed.position_ids.to(dev),
+            token_index=packed.token_index.to(dev),
+            token_rows=packed.token_rows.to(dev),
+            token_positions=packed.token_columns.to(dev),
+            token_targets=packed.token_targets.to(dev),
+            response_shape=packed.response_shape,
+            weight=weight,
+            real_tokens=packed.real_tokens,
+            # the unpacked layout: every row as long as the longest sequence (the packed row length)
+            padded_tokens=len(mb) * packed.input_ids.shape[1],
+            attention_mask=packed.attention_mask().to(dev),
         )
 
     def _run_schedule(self, micros: list[MicroInputs], loss_fn: Callable, forward_only: bool) -> list[dict]:
@@ -264,7 +302,11 @@ class MegatronTrainBackend:
             mi = next(data_iterator)
             # labels make GPTLogitsModel return the [S, B, V/TP] logits as they are (model.py)
             logits = model(
-                input_ids=mi.input_ids, position_ids=mi.position_ids, attention_mask=None, labels=mi.input_ids
+                input_ids=mi.input_ids,
+                position_ids=mi.position_ids,
+                attention_mask=mi.attention_mask,
+                labels=mi.input_ids,
+                rope_from_position_ids=mi.attention_mask is not None,
             )
             return logits, partial(loss_fn, mi)
 
@@ -397,6 +439,7 @@ class MegatronTrainBackend:
         metrics = run_update(self, self.objective, batch, self.cfg, dp_size, self.steps)
         self.steps += 1
         metrics.update(self._throughput("update", self._step_micros, time.perf_counter() - start, 3))
+        metrics.update(_padding_stats(self._step_micros).metrics())
         if self.ctx.device.type == "cuda":
             metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
@@ -484,6 +527,14 @@ class MegatronTrainBackend:
             load_tokenizer(self.path).save_pretrained(path)
 
 
+def _padding_stats(micros: list[MicroInputs]) -> PaddingStats:
+    stats = PaddingStats()
+    for mi in micros:
+        packed = mi.input_ids.numel() if mi.attention_mask is not None else 0
+        stats.add(mi.real_tokens, mi.padded_tokens, packed)
+    return stats
+
+
 def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
     """A uint8 tensor over a whole storage (to copy it regardless of the params viewing it)."""
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),))
@@ -493,10 +544,11 @@ def _allocated_gib() -> float:
     return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
-def layer_spec_for(choice: LayerSpec, tcfg):
-    """The megatron layer spec for `megatron.layer_spec` (auto: TE when installed, else sdpa)."""
+def layer_spec_for(choice: LayerSpec, tcfg, packing: bool = False):
+    """The megatron layer spec for `megatron.layer_spec` (auto: TE when installed, else sdpa;
+    sdpa with packing, whose block-diagonal mask the TE spec's causal attention would ignore)."""
     if choice == LayerSpec.auto:
-        choice = LayerSpec.te if transformer_engine_available() else LayerSpec.sdpa
+        choice = LayerSpec.te if transformer_engine_available() and not packing else LayerSpec.sdpa
     if tcfg.num_moe_experts and not transformer_engine_available():
         import megatron.core.transformer.moe.moe_utils as moe_utils
 

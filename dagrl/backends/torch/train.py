@@ -26,10 +26,12 @@ from dagrl.backends.torch.distill import (
     output_layer,
     teacher_topk,
 )
+from dagrl.backends.torch.packed import packed_token_outputs
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import OffloadPolicy
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.packing import PaddingStats, sequence_lengths
 from dagrl.objectives import TokenOutputs, TokenRequest, build_objective
 from dagrl.objectives.base import FullVocabRequest
 
@@ -46,6 +48,8 @@ class TorchTrainBackend:
         torch.manual_seed(cfg.trainer.seed)
         self.model = load_causal_lm(self.path, arr.model.dtype, ctx.device, arr.model.trust_remote_code)
         self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
+        self.packing = arr.model.use_remove_padding
+        self.padding = PaddingStats()  # token counts of this step's update, for the perf metrics
         self.optimizer = None
         self.ddp = None
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
@@ -93,6 +97,14 @@ class TorchTrainBackend:
     # ---- forward -------------------------------------------------------------------------------
     def _token_outputs(self, module, mb: Batch, request: TokenRequest) -> TokenOutputs:
         dev = self.ctx.device
+        if self.packing:
+            out, packed = packed_token_outputs(module, mb, request, self.temperature, dev)
+            self.padding.add(packed.real_tokens, packed.padded_tokens, packed.packed_tokens)
+            return out
+        self.padding.add(
+            sequence_lengths(mb["prompt_mask"], mb["response_mask"]),
+            mb["prompts"].numel() + mb["responses"].numel(),
+        )
         ids, attn, pos = sequence_inputs(
             mb["prompts"].to(dev),
             mb["prompt_mask"].to(dev),
@@ -257,8 +269,10 @@ class TorchTrainBackend:
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         assert not self.forward_only, "the reference model is not trained"
         (self.ddp or self.model).train()
+        self.padding = PaddingStats()
         metrics = run_update(self, self.objective, batch, self.cfg, self.ctx.world_size, self.steps)
         self.steps += 1
+        metrics.update(self.padding.metrics())
         if self.ctx.device.type == "cuda":
             metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return Batch(), metrics
