@@ -35,6 +35,8 @@ trainer.test_freq=-1 trainer.val_before_train=false trainer.save_freq=-1 trainer
 trainer.logger=[console] data.train_batch_size=16 $A.ppo_mini_batch_size=16 $R.n=4 \
 data.max_response_length=256 $R.ignore_eos=true $A.ppo_micro_batch_size_per_gpu=8 \
 teacher.log_prob_micro_batch_size_per_gpu=8 algorithm.gkd.gkd_logits_topk=64"
+# EAGER=1: vLLM without CUDA graphs (engine start ~20 s instead of ~100 s; slower decoding)
+[ "${EAGER:-0}" = 1 ] && COMMON="$COMMON $R.enforce_eager=true"
 declare -a SUMMARY
 EXTRA=""
 if [ "$1" = four ]; then
