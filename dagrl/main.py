@@ -34,6 +34,8 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
 
     prepared = prepare(cfg)
     log(format_plan(prepared.plan))
+    for warning in prepared.warnings:
+        log(f"warning: {warning}")
     if cfg.trainer.dry_run:
         log("dry run: plan printed, no workers started")
         return {}

@@ -19,8 +19,14 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
     """Scores [B] and reward metrics; shared by the reward node and validation."""
     texts = decode_responses(runtime.tokenizer, batch["responses"], batch["response_mask"])
     sources = list(batch["data_source"])
+    trl = {}
+    if runtime.rewarder.wants_prompts and "prompts" in batch:  # TRL-form rewards read prompts and ids
+        trl["prompts"] = decode_responses(runtime.tokenizer, batch["prompts"], batch["prompt_mask"])
+        trl["completion_ids"] = [
+            r[m.bool()].tolist() for r, m in zip(batch["responses"], batch["response_mask"])
+        ]
     scores, per_fn = runtime.rewarder.score_batch(
-        sources, texts, list(batch["ground_truth"]), list(batch["extra_info"])
+        sources, texts, list(batch["ground_truth"]), list(batch["extra_info"]), **trl
     )
     lengths = batch["response_mask"].sum(1).float()
     max_len = batch["responses"].shape[1]
@@ -42,7 +48,7 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
 @register_node_kind("reward")
 class RewardNode:
     required_inputs = ("responses", "response_mask", "data_source", "ground_truth", "extra_info")
-    optional_inputs = ()
+    optional_inputs = ("prompts", "prompt_mask")  # decoded for TRL-form rewards
     outputs = ("scores",)
     remote = False
 
