@@ -148,3 +148,8 @@ def test_cfg_job_is_resolved_and_hydra_writes_no_folder(tmp_path):
 
 def test_help_text_groups_come_from_the_conf_dir():
     assert keys.config_groups(CONF_DIR)["placement"] == ["colocate", "separate"]
+
+
+def test_docs_table_lists_every_entry():
+    text = (REPO / "docs" / "compat.md").read_text()
+    assert [key for key in compat.TABLE if f"| `{key}" not in text] == []
