@@ -179,6 +179,8 @@ def help_text(conf_dir: str) -> str:
         "With no arguments: GRPO on the built-in arithmetic task with the shipped tiny model, on the CPU.",
         "trainer.dry_run=true prints the placement plan and stops before Ray starts; --cfg job prints the",
         "resolved config that would run. verl / siiRL / ms-swift key names: docs/compat.md.",
+        "Defaults below are the schema's; the default job (conf/config.yaml) also sets",
+        "trainer.total_training_steps=40 unless trainer.total_epochs is given.",
         "",
         "config groups:",
     ]
