@@ -89,7 +89,7 @@ def compose(overrides: list[str]) -> DictConfig:
             log(f"note: {text} has no effect: dagrl writes no Hydra output folder")
             continue
         if not o.is_delete():
-            keys.check_key(o.key_or_group, o.value(), o.is_add() or o.is_force_add(), open_defaults)
+            keys.check_key(o.key_or_group, o.value(), open_defaults)
         if o.is_add() and o.key_or_group in keys.schema_keys():
             text = text[1:]  # `+` on a key the schema has: an ordinary override
         elif o.type.name == "CHANGE" and keys.is_new_entry(o.key_or_group, open_defaults):

@@ -120,7 +120,7 @@ def suggest(key: str) -> str:
     return f"; did you mean '{match[0]}'?" if match else ""
 
 
-def check_key(key: str, value: object, add: bool, defaults: dict[str, object]) -> None:
+def check_key(key: str, value: object, defaults: dict[str, object]) -> None:
     """Refuse an override of a key the schema lacks (with or without `+`), naming the nearest one.
 
     `defaults` maps open dict keys to their default contents: a plain override inside them must name
