@@ -406,13 +406,16 @@ class TrainerConfig:
     n_gpus_per_node: int = ranged(1, ge=1)
     """Devices per node of the cluster the plan is made for."""
     device: Device = Device.auto
-    """auto (cuda when a GPU is visible), cpu or cuda."""
-    total_epochs: int = ranged(1000, ge=1)
-    """Passes over the training rows (total_training_steps stops earlier)."""
-    total_training_steps: Optional[int] = ranged(40, ge=1, hint="or null = total_epochs")
-    """Steps to train; None = total_epochs."""
+    """auto, cpu or cuda. auto = cuda when a GPU is visible; on a machine without one a real run uses
+    CPU slots, and a dry run plans GPUs when the declared cluster has more than one device
+    (trainer.nnodes × trainer.n_gpus_per_node > 1): the plan is for the cluster named."""
+    total_epochs: int = ranged(30, ge=1)
+    """Passes over the training rows (as in verl; total_training_steps, when set, stops earlier)."""
+    total_training_steps: Optional[int] = ranged(None, ge=1, hint="or null = total_epochs")
+    """Steps to train; None = total_epochs decide (verl's default). The default job sets 40."""
     logger: list[LoggerName] = field(default_factory=lambda: [LoggerName.console, LoggerName.tensorboard])
-    """Metric sinks: console, tensorboard (metrics.jsonl is always written)."""
+    """Metric sinks: console, tensorboard, wandb (WANDB_MODE=offline works without a network);
+    metrics.jsonl is always written. Same metric names in each."""
     project_name: str = "dagrl"
     """Project name (checkpoint and log directories)."""
     experiment_name: str = "default"
@@ -442,6 +445,9 @@ class TrainerConfig:
     """None = start a local Ray; auto = join the running cluster; or its address."""
     progress_bar: bool = True
     """Show a progress bar over the steps."""
+    gpu_memory_gib: Optional[float] = ranged(None, gt=0, hint="or null = detected")
+    """GPU memory per device the plan's estimate is checked against (a dry run warns, a run refuses
+    before Ray starts); None = the visible GPU's, or 80 in a dry run on a machine without one."""
 
 
 @dataclass

@@ -218,11 +218,16 @@ def _check_teacher(cfg: DagrlConfig) -> None:
 
 
 def resolve_device(cfg: DagrlConfig) -> str:
-    """'cpu' or 'cuda'. auto = cuda when this machine sees a GPU, else cpu; never fails a dry run."""
+    """'cpu' or 'cuda'. auto = cuda when this machine sees a GPU; else cpu, except that a dry run
+    plans GPUs for a declared cluster of more than one device (the plan is for that cluster).
+    Never fails a dry run."""
     import torch
 
     if cfg.trainer.device == Device.auto:
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if torch.cuda.is_available():
+            return "cuda"
+        declared = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node > 1
+        return "cuda" if cfg.trainer.dry_run and declared else "cpu"
     if cfg.trainer.device == Device.cuda and not torch.cuda.is_available() and not cfg.trainer.dry_run:
         if cfg.trainer.ray_address is None:
             raise ConfigError(

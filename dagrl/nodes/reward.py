@@ -29,7 +29,13 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
     """
     texts = decode_responses(runtime.tokenizer, batch["responses"], batch["response_mask"])
     sources, extras = list(batch["data_source"]), list(batch["extra_info"])
-    scores, per_fn = runtime.rewarder.score_batch(sources, texts, list(batch["ground_truth"]), extras)
+    trl = {}
+    if runtime.rewarder.wants_prompts and "prompts" in batch:  # TRL-form rewards read prompts and ids
+        trl["prompts"] = decode_responses(runtime.tokenizer, batch["prompts"], batch["prompt_mask"])
+        trl["completion_ids"] = [
+            r[m.bool()].tolist() for r, m in zip(batch["responses"], batch["response_mask"])
+        ]
+    scores, per_fn = runtime.rewarder.score_batch(sources, texts, list(batch["ground_truth"]), extras, **trl)
     bad = nonfinite_rows(scores, sources, extras)
     if bad:
         log(f"warning: non-finite reward for {bad}; the update on them is skipped")
@@ -54,7 +60,7 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
 @register_node_kind("reward")
 class RewardNode:
     required_inputs = ("responses", "response_mask", "data_source", "ground_truth", "extra_info")
-    optional_inputs = ()
+    optional_inputs = ("prompts", "prompt_mask")  # decoded for TRL-form rewards
     outputs = ("scores",)
     remote = False
 

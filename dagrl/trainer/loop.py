@@ -49,13 +49,22 @@ def _teacher_ids(example) -> list[int]:
     return example.teacher_prompt_ids
 
 
+def run_config(cfg) -> dict:
+    """The typed config as plain values (the run's config in wandb)."""
+    import dataclasses
+    import json
+
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=lambda v: getattr(v, "value", str(v))))
+
+
 class Trainer:
     def __init__(self, cfg, runtime, scheduler, train_loader, val_dataset, out_dir: str, validators=None):
         """validators: the validation DAG's schedulers (before the first update, after it)."""
         self.cfg, self.runtime, self.scheduler, self.validators = cfg, runtime, scheduler, validators
         self.loader, self.val_dataset = train_loader, val_dataset
         self.ckpt_root = os.path.expanduser(cfg.trainer.default_local_dir)
-        self.metrics = MetricsLogger(out_dir, list(cfg.trainer.logger), cfg.trainer.experiment_name)
+        self.out_dir = out_dir
+        self.metrics: MetricsLogger | None = None  # opened in fit, once resume has set the first step
         self.step = 0
         self.saved_step = 0  # the step of the last checkpoint written or resumed from
         self.skipped_steps = self.skipped_in_a_row = 0  # steps whose update was not applied
@@ -68,6 +77,10 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         self.maybe_resume()
         t = self.cfg.trainer
+        loggers = [getattr(x, "value", x) for x in t.logger]
+        self.metrics = MetricsLogger(
+            self.out_dir, loggers, t.experiment_name, t.project_name, self.step, run_config(self.cfg)
+        )
         last: dict[str, float] = {}
         if t.val_before_train and self.step == 0 and self.val_dataset is not None:
             last = self.validate()

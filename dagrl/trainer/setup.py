@@ -29,6 +29,8 @@ from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
 from dagrl.rewards import RewardComposer, RewardTerm
+from dagrl.trainer.capacity import check_dataset_size, check_memory
+from dagrl.trainer.logger import check_loggers
 from dagrl.trainer.preflight import check_run_outside
 
 
@@ -40,6 +42,7 @@ class Prepared:
     dag: Dag
     model_path: str
     val_dags: tuple[Dag, Dag] | None = None  # (before any update: no weight sync, later: with it)
+    warnings: tuple[str, ...] = ()  # printed with the plan (a dry run's memory warning)
 
 
 def prepare(cfg: DagrlConfig) -> Prepared:
@@ -61,8 +64,12 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
+    check_dataset_size(cfg)
+    check_loggers([getattr(x, "value", x) for x in cfg.trainer.logger])
+    warning = check_memory(cfg, plan)  # a real run raises instead
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
-    return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)))
+    warnings = (warning,) if warning else ()
+    return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)), warnings)
 
 
 def check_models(cfg: DagrlConfig) -> None:

@@ -175,7 +175,12 @@ DATA = [
     ("no_truth.parquet", _rows(r1={"reward_model": {"style": "rule", "ground_truth": ""}}), [], "row 1"),
     ("unknown_source.parquet", _rows(r6={"data_source": "mystery/set"}), [], "row 6: no default reward"),
     ("null_data_source.parquet", _rows(r4={"data_source": None}), [], "row 4"),
-    ("too_few_rows.parquet", _rows(3), [], "data.train_batch_size=16 is larger than the dataset"),
+    (
+        "too_few_rows.parquet",
+        _rows(3),
+        ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
+        "larger than the 3 rows",
+    ),
     (
         "overlong.parquet",
         _rows(r0={"prompt": [{"role": "user", "content": "9 " * 200}]}),
@@ -275,11 +280,17 @@ def test_bad_command_line_stops_before_workers(overrides, named, corpus, monkeyp
     assert seconds < 15, seconds
 
 
+MINI4 = "actor_rollout_ref.actor.ppo_mini_batch_size=4"
+
+
 @pytest.mark.parametrize("name, content, extra, named", DATA, ids=[d[0] for d in DATA])
 def test_bad_data_file_stops_before_workers(name, content, extra, named, corpus, monkeypatch, tmp_path):
     path = str(corpus / name)
+    # a batch the 8-row files hold, so that each file's own fault is what stops the run
     error, _ = stop_before_workers(
-        [f"data.train_files={path}", f"data.val_files={path}", *extra], monkeypatch, tmp_path / "out"
+        [f"data.train_files={path}", f"data.val_files={path}", "data.train_batch_size=4", MINI4, *extra],
+        monkeypatch,
+        tmp_path / "out",
     )
     message = str(error)
     assert named in message and isinstance(error, DagrlError), message
