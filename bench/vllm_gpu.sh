@@ -7,8 +7,9 @@
 #                                      #   bench/rollout_vs_vllm.py on the side-by-side model
 #   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf]   # 1 GPU: the side-by-side, TRL and the
 #                                      #   chosen dagrl presets (default: trl fast lean), one command
-#   bash bench/vllm_gpu.sh two OUT     # 2 GPUs: separate placement with and without overlap,
-#                                      #   rollout TP=2 colocated with a TP=2 megatron trainer
+#   bash bench/vllm_gpu.sh two OUT [sync] [loader] [overlap] [tp2]   # 2 GPUs: separate placement
+#                                      #   (direct weight sync; `loader`: through vLLM's load_weights),
+#                                      #   with overlap, rollout TP=2 colocated with a TP=2 megatron trainer
 #
 # Every step writes OUT/<name>.log and goes on when one fails (the summary lists exit codes).
 set -uo pipefail
@@ -38,6 +39,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...
     SUMMARY+=("$name rc=$rc $((SECONDS - start))s")
     echo "== $name rc=$rc $((SECONDS - start))s"
     grep -E "^(ROLLOUT_VS_VLLM|SIDE|FLOOR)|passed|failed|rror" "$OUT/$name.log" | tail -n 6
+    return $rc
 }
 
 side() {  # side NAME EXTRA...
@@ -45,6 +47,15 @@ side() {  # side NAME EXTRA...
     shift
     mkdir -p "$OUT/$name"
     step "$name" 420 env OUT="$OUT/$name" EXTRA="$*" bash .anchors/side_by_side.sh dagrl
+    cp /tmp/dagrl_side/metrics.jsonl "$OUT/$name/metrics.jsonl" 2>/dev/null && python3 - "$OUT/$name/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+keys = ["weight_sync/s", "weight_sync/bytes", "weight_sync/direct", "weight_sync/broadcast_GBps",
+        "weight_sync/broadcast_floor_GBps", "weight_sync/broadcast_vs_floor"]
+for r in rows:
+    if "weight_sync/broadcast_GBps" in r:
+        print("SYNC", r["step"], " ".join(f"{k.split('/')[1]}={r[k]:.4g}" for k in keys if k in r))
+PY
 }
 
 python3 .anchors/build_anchor.py $M $D >/dev/null
@@ -70,13 +81,21 @@ side)
     done
     ;;
 two)
+    shift 2
+    [ $# -gt 0 ] || set -- sync overlap tp2
     SEP="placement=separate trainer.n_gpus_per_node=2 $R.name=vllm $R.gpu_memory_utilization=0.8 \
 $A.offload=false $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true"
-    side sep_sync $SEP
-    side sep_overlap $SEP $R.overlap_steps=1
-    side tp2_colocated trainer.n_gpus_per_node=2 $A.strategy=megatron $A.megatron.tensor_model_parallel_size=2 \
-        $R.tensor_model_parallel_size=2 $R.name=vllm $R.gpu_memory_utilization=0.4 $R.free_cache_engine=false \
-        $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true
+    for what in "$@"; do
+        case $what in
+        sync) side sep_sync $SEP ;;
+        loader) side sep_loader $SEP $R.weight_sync_direct=false ;;
+        overlap) side sep_overlap $SEP $R.overlap_steps=1 ;;
+        tp2) side tp2_colocated trainer.n_gpus_per_node=2 $A.strategy=megatron $A.megatron.tensor_model_parallel_size=2 \
+            $R.tensor_model_parallel_size=2 $R.name=vllm $R.gpu_memory_utilization=0.4 $R.free_cache_engine=false \
+            $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true ;;
+        *) echo "unknown two run $what" ;;
+        esac
+    done
     ;;
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac

@@ -31,6 +31,11 @@ class CheckpointError(DagrlError):
     """A checkpoint could not be written, or none that resume may use is intact."""
 
 
+class NonFiniteError(DagrlError):
+    """More steps in a row than trainer.max_consecutive_skipped_steps skipped their update for a
+    non-finite loss, gradient or reward."""
+
+
 class WorkerDiedError(DagrlError):
     """A Ray worker process died: the message names its role, rank, node and last error."""
 

@@ -218,6 +218,20 @@ def compute_policy_loss(
     return loss, metrics
 
 
+def logprob_temperature(sampling_temperature: float) -> float:
+    """The temperature the trainer divides logits by when it scores the rollout's tokens.
+
+    Sampling at T > 0 draws from softmax(z / T): the policy being optimised is that distribution,
+    so the log-probs (old, current, reference) use the same T. T = 0 is greedy decoding (argmax):
+    the rollout is a deterministic function of the policy and there is no sampling distribution to
+    match, so the log-probs are those of the model itself, softmax(z) (T = 1). The PPO/GRPO ratio
+    compares two log-probs taken at that same T, so it stays exact; the hf and vLLM rollouts report
+    greedy tokens' log-probs at T = 1 too (vLLM's processed log-probs skip the temperature for
+    greedy requests), so the rollout-vs-trainer mismatch metrics compare like with like.
+    """
+    return sampling_temperature if sampling_temperature > 0 else 1.0
+
+
 def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
     """Log-prob of ``labels`` under ``softmax(logits)``: ``logits[label] - logsumexp(logits)``.
 

@@ -26,13 +26,15 @@ def _train_cfg(cfg, spec: RoleSpec):
 def _torch(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    return TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains)
+    return TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains, offload=spec.offload)
 
 
 def _megatron(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains)
+    return MegatronTrainBackend(
+        _train_cfg(cfg, spec), ctx, forward_only=not spec.trains, offload=spec.offload
+    )
 
 
 for _kind in (RoleKind.train, RoleKind.ref, RoleKind.teacher):
@@ -59,3 +61,11 @@ def _vllm(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
     return VLLMRolloutBackend(cfg, ctx)
+
+
+@register_backend(RoleKind.teacher, "vllm")
+def _vllm_teacher(cfg, spec: RoleSpec, ctx):
+    # teacher.placement=standalone; config/validate_teacher.py refuses it off the GPU, dry runs aside
+    from dagrl.backends.vllm.teacher import VLLMTeacherBackend
+
+    return VLLMTeacherBackend(cfg, spec, ctx)

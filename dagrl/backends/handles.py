@@ -7,7 +7,7 @@ with its own `@role_method`-declared methods.
 
 from __future__ import annotations
 
-from dagrl.backends.protocols import RolloutBackend, TrainBackend
+from dagrl.backends.protocols import RolloutBackend, TeacherBackend, TrainBackend
 from dagrl.config.roles import RoleKind, RoleSpec
 from dagrl.core.batch import Batch
 from dagrl.core.pools import RoleHandle, WorkerPool
@@ -23,6 +23,9 @@ class TrainRole(RoleHandle):
 
     def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, list[dict]]:
         return self.call(TrainBackend.teacher_topk, batch, k=k, temperature=temperature)
+
+    def teacher_hidden(self, batch: Batch) -> tuple[Batch, list[dict]]:
+        return self.call(TrainBackend.teacher_hidden, batch)
 
     def train_step(self, batch: Batch) -> tuple[Batch, list[dict]]:
         return self.call(TrainBackend.train_step, batch)
@@ -42,10 +45,19 @@ class RolloutRole(RoleHandle):
         return self.call(RolloutBackend.generate, batch, seed=seed, validate=validate)
 
 
+class StandaloneTeacherRole(RoleHandle):
+    """A standalone teacher's replicas (teacher.placement=standalone)."""
+
+    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, list[dict]]:
+        return self.call(TeacherBackend.teacher_topk, batch, k=k, temperature=temperature)
+
+
 def make_handle(spec: RoleSpec, pool: WorkerPool) -> RoleHandle:
     """The typed handle of a role: by kind for the built-in ones, the plain handle for plugin roles."""
     if spec.kind == RoleKind.rollout.value:
         return RolloutRole(spec.name, pool)
+    if spec.kind == RoleKind.teacher.value and spec.backend not in _TRAIN_BACKENDS:
+        return StandaloneTeacherRole(spec.name, pool)
     if spec.backend in _TRAIN_BACKENDS and spec.kind in (RoleKind.train, RoleKind.ref, RoleKind.teacher):
         return TrainRole(spec.name, pool)
     return RoleHandle(spec.name, pool)
@@ -60,4 +72,11 @@ def train_role(runtime, name: str) -> TrainRole:
 def rollout_role(runtime, name: str) -> RolloutRole:
     handle = runtime.role(name)
     assert isinstance(handle, RolloutRole), f"role {name!r} does not run a rollout backend"
+    return handle
+
+
+def teacher_role(runtime, name: str) -> TrainRole | StandaloneTeacherRole:
+    """A colocated teacher (a forward-only train backend) or a standalone one: both score top-k."""
+    handle = runtime.role(name)
+    assert isinstance(handle, (TrainRole, StandaloneTeacherRole)), f"role {name!r} is not a teacher"
     return handle

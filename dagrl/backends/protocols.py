@@ -1,4 +1,5 @@
-"""What the engine asks of backends. Implementations: train `torch` (and `megatron`), rollout `hf` (and `vllm`).
+"""What the engine asks of backends. Implementations: train `torch` (and `megatron`), rollout `hf`
+(and `vllm`), standalone teacher `vllm`.
 
 Batch-taking methods receive this worker's DP shard and return (output Batch, metrics). How each
 call is spread over the pool is declared here with `@role_method` (dagrl/core/calls.py);
@@ -50,6 +51,13 @@ class TrainBackend(DeviceTenant, Protocol):
         ...
 
     @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
+    def teacher_hidden(self, batch: Batch) -> tuple[Batch, dict]:
+        """A forward-only teacher's final hidden states (after the final norm, what its output
+        layer maps to logits) at the positions predicting each response token: teacher_hidden
+        [B, R, H'] in the model's dtype. Full-vocabulary distillation: H' ≪ V."""
+        ...
+
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         """PPO epochs × mini-batches × micro-batches on this shard; returns metrics."""
         ...
@@ -82,10 +90,25 @@ class RolloutBackend(DeviceTenant, Protocol):
         """Make room for new weights only (a sleeping engine wakes its weights, not its KV cache)."""
         ...
 
+    def engine_params(self) -> dict[str, torch.Tensor] | None:
+        """The engine's own parameters, written in place by a direct weight refresh
+        (weight_layout.py); None when a rank's parameters are not whole rows of HF tensors."""
+        ...
+
     def load_weights(self, buckets: Iterable[WeightBucket]) -> int:
         """Copy HF-named weights in; returns bytes received."""
         ...
 
     def finish_weight_update(self) -> None:
         """After the trainer has left the device: take the rest (KV cache); drop stale caches."""
+        ...
+
+
+class TeacherBackend(DeviceTenant, Protocol):
+    """A standalone teacher (teacher.placement=standalone): replicas on devices of their own."""
+
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
+    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
+        """As TrainBackend.teacher_topk; the teacher reads `teacher_prompts` instead of `prompts`
+        when the batch has them (OPSD)."""
         ...

@@ -9,10 +9,17 @@ until the mini-batch ends: one synchronisation with the device per mini-batch.
 The backend supplies the parts that differ (`UpdateEngine`): its forward-backward over the
 micro-batches (the torch backend loops over them, megatron runs its pipeline schedule) and its
 optimizer step.
+
+Non-finite updates are not applied: a backend's optimizer step skips gradients whose global norm
+is inf/NaN (every rank sees the same all-reduced norm, so all skip together) and returns that
+norm. The loop counts, per step, the mini-batch updates skipped that way (`train/nonfinite_grads`)
+and those whose objective metrics were non-finite (`train/nonfinite_losses`); the trainer warns
+and stops the run after trainer.max_consecutive_skipped_steps such steps in a row.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -35,8 +42,14 @@ class UpdateEngine(Protocol):
         ...
 
     def optimizer_step(self) -> torch.Tensor | float | None:
-        """Clip and apply the gradients; the gradient norm before clipping (None if unknown here)."""
+        """Clip and apply the gradients; the gradient norm before clipping (None if unknown here).
+        Gradients whose norm is not finite are not applied (the norm is returned all the same)."""
         ...
+
+
+NONFINITE_GRADS = "train/nonfinite_grads"  # updates skipped: gradient norm inf/NaN
+NONFINITE_LOSSES = "train/nonfinite_losses"  # updates whose loss (objective metrics) was inf/NaN
+NONFINITE_COUNTS = (NONFINITE_GRADS, NONFINITE_LOSSES)
 
 
 def lr_at(optim: OptimConfig, step: int) -> float:
@@ -55,13 +68,18 @@ def run_update(
     lr = lr_at(actor.optim, step)
     engine.set_lr(lr)
     history: dict[str, list[float]] = {}
+    counts = dict.fromkeys(NONFINITE_COUNTS, 0.0)  # summed over mini-batches, not averaged
     gen = torch.Generator().manual_seed(cfg.trainer.seed + step)
     for _ in range(actor.ppo_epochs):
         order = torch.randperm(len(batch), generator=gen) if actor.shuffle else torch.arange(len(batch))
         for mini in batch.index(order).chunks(mini_rows):
             for k, v in _update_mini_batch(engine, objective, mini, micro_rows).items():
-                history.setdefault(k, []).append(v)
+                if k in counts:
+                    counts[k] += v
+                else:
+                    history.setdefault(k, []).append(v)
     metrics = {k: reduce(k, v) for k, v in history.items()}  # _max / _min keys keep the extreme
+    metrics.update(counts)
     metrics["actor/lr"] = lr
     return metrics
 
@@ -76,6 +94,9 @@ def _update_mini_batch(
     sums: dict[str, torch.Tensor | float] = {}
     for weight, metrics in zip(weights, outputs):
         fold(sums, metrics, weight)
+    out = {k: float(v) for k, v in sums.items()}  # the mini-batch's one sync with the device
+    out[NONFINITE_LOSSES] = float(not all(math.isfinite(v) for v in out.values()))
     if grad_norm is not None:
-        sums["actor/grad_norm"] = grad_norm
-    return {k: float(v) for k, v in sums.items()}  # the mini-batch's one sync with the device
+        out["actor/grad_norm"] = float(grad_norm)
+        out[NONFINITE_GRADS] = float(not math.isfinite(out["actor/grad_norm"]))
+    return out

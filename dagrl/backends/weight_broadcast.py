@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from dagrl.backends.weight_layout import Slot, bucket_bytes, pack_into, sources_for, unpack_into
+
 _ALIGN = 16  # byte offset of every tensor in a packed bucket: any dtype's view stays aligned
 _TIMEOUT = datetime.timedelta(minutes=30)
 
@@ -39,9 +41,7 @@ class BroadcastGroup:
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, _TIMEOUT)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = 0, 0
-        self.pg.broadcast([tensor], opts).wait()
+        self._post(tensor).wait()
 
     # ---- sender (train rank 0) ---------------------------------------------------------------
     def send(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
@@ -79,6 +79,64 @@ class BroadcastGroup:
             self.transfer_s += self._synced_clock() - start
             self.transfer_bytes += total
             received += load(unpack(buffer, layout))
+
+    # ---- direct: buckets in the engine's own layout (weight_layout.py) ------------------------
+    # Both sides know the plan, so a bucket is one broadcast: no lengths, no layouts, no host
+    # synchronisation between buckets. Two buffers alternate so that copying one bucket (packing
+    # on the sender, into the parameters on the receivers) overlaps broadcasting the next: a
+    # broadcast waits for the copies queued before it, and a buffer is reused only after the
+    # broadcast that last used it has finished.
+    def _post(self, tensor: torch.Tensor):
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        return self.pg.broadcast([tensor], opts)
+
+    def _start_clock(self) -> float:
+        """Sender and receivers leave this together, so each times the same span."""
+        self._broadcast(torch.zeros(1, device=self.device))
+        return self._synced_clock()
+
+    def _buffers(self, plan: list[list[tuple[Slot, int]]]) -> list[torch.Tensor]:
+        size = max(map(bucket_bytes, plan))
+        return [torch.empty(size, dtype=torch.uint8, device=self.device) for _ in range(min(2, len(plan)))]
+
+    def send_direct(
+        self, plan: list[list[tuple[Slot, int]]], exported: Iterable[dict[str, torch.Tensor]]
+    ) -> int:
+        """Broadcast the exported weights in the engine's layout; returns the bytes sent."""
+        assert self.rank == 0
+        buffers, works = self._buffers(plan), [None, None]
+        start, sent = self._start_clock(), 0
+        for i, sources in enumerate(sources_for(plan, exported)):  # draws the whole export
+            size, slot = bucket_bytes(plan[i]), i % 2
+            if works[slot] is not None:
+                works[slot].wait()  # this buffer's previous broadcast is done before it is refilled
+            pack_into(plan[i], sources, buffers[slot][:size])
+            works[slot] = self._post(buffers[slot][:size])
+            sent += size
+        for work in works:
+            if work is not None:
+                work.wait()
+        self.transfer_s, self.transfer_bytes = self._synced_clock() - start, sent
+        return sent
+
+    def receive_direct(self, plan: list[list[tuple[Slot, int]]], params: dict[str, torch.Tensor]) -> int:
+        """Receive every bucket straight into the engine's parameters; returns the bytes taken."""
+        assert self.rank > 0
+        buffers = self._buffers(plan)
+        start = self._start_clock()
+        views = [buffers[i % 2][: bucket_bytes(bucket)] for i, bucket in enumerate(plan)]
+        work = self._post(views[0])
+        for i, bucket in enumerate(plan):
+            # the next bucket's broadcast goes out first: it waits only for the copies out of its
+            # buffer two buckets ago, while this bucket's copies wait for this bucket's broadcast
+            following = self._post(views[i + 1]) if i + 1 < len(plan) else None
+            work.wait()
+            unpack_into(bucket, views[i], params)
+            work = following
+        received = sum(slot.nbytes for bucket in plan for slot, _ in bucket)
+        self.transfer_s, self.transfer_bytes = self._synced_clock() - start, received
+        return received
 
     def _synced_clock(self) -> float:
         if self.device.type == "cuda":

@@ -9,6 +9,10 @@ Called by the `weight_sync` DAG node (and by nothing hidden). Two paths, chosen 
   collectively) and source rank 0 broadcasts each bucket to every destination worker over a
   process group of their own (weight_broadcast.py: NCCL on GPUs, gloo on CPU), set up at the
   first sync, when its plain broadcast speed is measured (`weight_sync/broadcast_floor_GBps`).
+  That first sync also learns where each HF tensor lands in the engine's parameters
+  (weight_layout.py); from then on the buckets travel in the engine's own layout and are copied
+  straight into its parameters (`rollout.weight_sync_direct`), or, when the map cannot be
+  learnt (the reason is printed once), as HF-named buckets through the engine's loader.
 Bytes and seconds are returned as metrics every time.
 """
 
@@ -19,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
+
+from dagrl.backends.weight_layout import RecipeBuilder, Slot, plan_buckets
 
 if TYPE_CHECKING:
     from dagrl.core.pools import RoleHandle
@@ -49,17 +55,27 @@ def sync_weights(src: RoleHandle, dst: RoleHandle) -> dict[str, float]:
             nbytes = dst.pool.get([a.run.remote(_copy_local, src.role, dst.role) for a in dst.pool.actors])
     else:
         with src.pool.lock, dst.pool.lock:
-            if dst.pool.broadcast_floor_gbps is None:
+            first = dst.pool.broadcast_floor_gbps is None
+            if first:
                 dst.pool.broadcast_floor_gbps = _join_broadcast_group(src, dst)
                 start = time.perf_counter()  # the set-up is not part of a step's sync
-            sends = [a.run.remote(_send, src.role) for a in src.pool.actors]
-            received = dst.pool.get([a.run.remote(_receive, dst.role) for a in dst.pool.actors] + sends)
-        nbytes = [r[0] if isinstance(r, tuple) else r for r in received]
-        wire_bytes, wire_s = received[0][1:]
-        # the payload broadcasts alone, against the group's plain broadcast speed (the rest of a sync
-        # is the export, packing, and the engine's load_weights)
+            direct = dst.pool.weight_direct
+            learn = first and _direct_enabled(src)
+            sends = [a.run.remote(_send, src.role, direct) for a in src.pool.actors]
+            receives = [a.run.remote(_receive, dst.role, direct, learn) for a in dst.pool.actors]
+            received = dst.pool.get(receives + sends)[: len(receives)]
+            if learn:
+                _adopt_layout(src, dst, [r[3] for r in received])
+        nbytes = [r[0] for r in received]
+        wire_bytes, wire_s = received[0][1:3]
+        # direct: the receiver's whole refresh (broadcasts and copies into the engine); otherwise
+        # the payload broadcasts alone. Against the group's plain broadcast speed either way.
+        metrics["weight_sync/direct"] = float(direct)
         metrics["weight_sync/broadcast_GBps"] = wire_bytes / max(wire_s, 1e-9) / 1e9
         metrics["weight_sync/broadcast_floor_GBps"] = dst.pool.broadcast_floor_gbps
+        metrics["weight_sync/broadcast_vs_floor"] = metrics["weight_sync/broadcast_GBps"] / max(
+            dst.pool.broadcast_floor_gbps, 1e-9
+        )
     seconds = time.perf_counter() - start
     metrics.update(
         {
@@ -69,6 +85,22 @@ def sync_weights(src: RoleHandle, dst: RoleHandle) -> dict[str, float]:
         }
     )
     return metrics
+
+
+def _direct_enabled(src: RoleHandle) -> bool:
+    return bool(src.pool.cfg.actor_rollout_ref.rollout.weight_sync_direct)
+
+
+def _adopt_layout(src: RoleHandle, dst: RoleHandle, learnt: list) -> None:
+    """Every receiver learnt the same slots: the sender gets the plan, later syncs go direct."""
+    reasons = [x for x in learnt if isinstance(x, str)]
+    if not reasons and any(x != learnt[0] for x in learnt):
+        reasons = ["the rollout workers' engines are laid out differently"]
+    if reasons:
+        print(f"weight sync: HF-named buckets through the engine's loader ({reasons[0]})", flush=True)
+        return
+    src.pool.get([a.run.remote(_plan_sends, learnt[0]) for a in src.pool.actors])
+    dst.pool.weight_direct = True
 
 
 def _join_broadcast_group(src: RoleHandle, dst: RoleHandle) -> float:
@@ -101,20 +133,51 @@ def _join(worker, host: str, port: int, rank: int, world_size: int) -> float:
     return worker.weight_group.bandwidth_gbps()
 
 
-def _send(worker, src: str) -> int:
+def _bucket_limit(worker) -> int:
+    return worker.cfg.actor_rollout_ref.rollout.weight_sync_bucket_mb * 2**20
+
+
+def _plan_sends(worker, slots: list[Slot]) -> None:
+    if worker.weight_group is not None:
+        worker.weight_group.plan = plan_buckets(slots, _bucket_limit(worker))
+
+
+def _send(worker, src: str, direct: bool) -> int:
     """Every source worker exports (collectively); the one in the broadcast group sends."""
     buckets = worker.activate(src).export_weights()
     if worker.weight_group is None:
         for _ in buckets:  # take part in the collective export, keep nothing
             pass
         return 0
+    if direct:
+        return worker.weight_group.send_direct(worker.weight_group.plan, buckets)
     return worker.weight_group.send(buckets)
 
 
-def _receive(worker, dst: str) -> tuple[int, int, float]:
-    """(bytes the engine loaded, payload bytes and seconds of the broadcasts)."""
+def _receive(worker, dst: str, direct: bool, learn: bool) -> tuple[int, int, float, list[Slot] | str | None]:
+    """(bytes the engine took, bytes and seconds of the wire, and when learning: the slots or why not)."""
     backend = worker.activate(dst)
+    group = worker.weight_group
     backend.begin_weight_update()
-    nbytes = worker.weight_group.receive(lambda bucket: backend.load_weights([bucket]))
+    if direct:
+        nbytes, learnt = group.receive_direct(group.plan, backend.engine_params()), None
+    else:
+        params = backend.engine_params() if learn else None
+        builder = RecipeBuilder(params) if params is not None else None
+
+        def load(bucket: dict[str, torch.Tensor]) -> int:
+            if builder is not None:
+                builder.observe(bucket, lambda probes: backend.load_weights([probes]))
+            loaded = backend.load_weights([bucket])
+            if builder is not None:
+                builder.verify(bucket)
+            return loaded
+
+        nbytes = group.receive(load)
+        learnt = "the rollout engine cannot take weights in place" if learn and builder is None else None
+        if builder is not None:
+            learnt = builder.finish() or builder.reason
+            if not isinstance(learnt, str):
+                group.plan = plan_buckets(learnt, _bucket_limit(worker))
     backend.finish_weight_update()
-    return nbytes, worker.weight_group.transfer_bytes, worker.weight_group.transfer_s
+    return nbytes, group.transfer_bytes, group.transfer_s, learnt

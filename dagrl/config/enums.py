@@ -47,6 +47,7 @@ class RecomputeMethod(str, Enum):
 class LoggerName(str, Enum):
     console = "console"
     tensorboard = "tensorboard"
+    wandb = "wandb"  # optional import: pip install wandb
     jsonl = "jsonl"  # always written; accepted for verl compatibility
 
 

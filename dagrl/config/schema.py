@@ -31,6 +31,7 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     TrainStrategy,
     parse_resume_mode,
 )
+from dagrl.config.ranges import ranged
 
 
 @dataclass
@@ -46,23 +47,23 @@ class DataConfig:
     by distillation's off-policy steps and SFT term (algorithm.gkd.lmbda < 1, sft_alpha > 0).
     `column.key` reads a key of a dict column: `extra_info.answer` is verl's
     response_key=extra_info with response_dict_keys=[answer]."""
-    train_batch_size: int = 16
+    train_batch_size: int = ranged(16, ge=1)
     """Prompts per step (each sampled rollout.n times)."""
-    val_batch_size: Optional[int] = None
+    val_batch_size: Optional[int] = ranged(None, ge=1)
     """Validation prompts generated at once; None = all of them in one batch."""
-    max_prompt_length: int = 32
+    max_prompt_length: int = ranged(32, ge=1)
     """Longest prompt in tokens; longer ones are dropped (filter_overlong_prompts) or refused."""
-    max_response_length: int = 8
+    max_response_length: int = ranged(8, ge=1)
     """Most tokens sampled per response."""
     filter_overlong_prompts: bool = True
     """Drop prompts over max_prompt_length instead of failing on them."""
     shuffle: bool = True
     """Shuffle the training rows every epoch."""
-    seed: int = 1
+    seed: int = ranged(1, ge=0)
     """Seed of the shuffle and of the built-in task's generator."""
-    builtin_train_rows: int = 2048
+    builtin_train_rows: int = ranged(2048, ge=1)
     """Rows of the built-in task's training split."""
-    builtin_val_rows: int = 128
+    builtin_val_rows: int = ranged(128, ge=1)
     """Rows of the built-in task's validation split."""
 
 
@@ -76,35 +77,39 @@ class ModelConfig:
     """Let transformers run the model repository's own code."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (torch backend): less memory, more time."""
+    use_remove_padding: bool = False
+    """Pack sequences without padding in the train and log-prob passes (docs/packing.md)."""
 
 
 @dataclass
 class OptimConfig:
-    lr: Optional[float] = None
+    lr: Optional[float] = ranged(None, gt=0, hint="e.g. 1e-6 for 1B–8B models")
     """AdamW learning rate; None = the built-in tiny model's rate (any other model must set it)."""
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, ge=0)
     """AdamW weight decay."""
-    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    betas: list = ranged(default_factory=lambda: [0.9, 0.999], ge=0, lt=1, length=2)
     """AdamW (beta1, beta2)."""
-    eps: float = 1e-8
+    eps: float = ranged(1e-8, gt=0, hint="1e-8 is usual")
     """AdamW epsilon."""
-    lr_warmup_steps: int = 10
+    lr_warmup_steps: int = ranged(10, ge=0)
     """Linear warmup steps; Adam's first steps are otherwise full-size."""
 
 
 @dataclass
 class MegatronConfig:
-    tensor_model_parallel_size: int = 1
+    tensor_model_parallel_size: int = ranged(1, ge=1, hint="1 = not split")
     """TP: each layer's weights split over this many devices."""
-    pipeline_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = ranged(1, ge=1, hint="1 = not split")
     """PP: layers split into this many stages."""
-    virtual_pipeline_model_parallel_size: Optional[int] = None
+    virtual_pipeline_model_parallel_size: Optional[int] = ranged(None, ge=1, hint="or null = no interleaving")
     """Interleaved pipeline chunks per stage (VPP); None = off."""
-    context_parallel_size: int = 1
+    context_parallel_size: int = ranged(1, ge=1, hint="1 = not split")
     """CP: sequences split over this many devices (needs layer_spec=te)."""
-    expert_model_parallel_size: int = 1
+    expert_model_parallel_size: int = ranged(1, ge=1, hint="1 = not split")
     """EP: MoE experts split over this many devices."""
-    expert_tensor_parallel_size: Optional[int] = None
+    expert_tensor_parallel_size: Optional[int] = ranged(
+        None, ge=1, hint="or null = tensor_model_parallel_size"
+    )
     """TP inside each expert; None = tensor_model_parallel_size."""
     sequence_parallel: bool = False
     """Split norms/dropout activations over the TP ranks (needs TP > 1)."""
@@ -122,7 +127,7 @@ class MegatronConfig:
     """Activation recompute: full, selective, or None (off)."""
     recompute_method: Optional[RecomputeMethod] = None
     """With full recompute: uniform or block."""
-    recompute_num_layers: Optional[int] = None
+    recompute_num_layers: Optional[int] = ranged(None, ge=1, hint="or null")
     """With full recompute: layers per recompute unit (uniform) or recomputed per stage (block)."""
     layer_spec: LayerSpec = LayerSpec.auto
     """Transformer-layer implementation: auto, te, sdpa or local."""
@@ -134,25 +139,29 @@ class ActorConfig:
     """Training backend: torch (HF model, AdamW, DDP) or megatron (megatron-core; actor.megatron.*)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
-    ppo_mini_batch_size: int = 16
+    ppo_mini_batch_size: int = ranged(16, ge=1)
     """Prompts per optimizer step, as in verl (× rollout.n responses); must divide data.train_batch_size."""
-    ppo_micro_batch_size_per_gpu: int = 64
+    ppo_micro_batch_size_per_gpu: int = ranged(64, ge=1)
     """Responses per forward/backward on each device; gradients accumulate over a mini-batch."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = ranged(1, ge=1)
     """Passes over each step's batch."""
     shuffle: bool = False
     """Shuffle the rows before cutting mini-batches (seeded by the step)."""
-    grad_clip: float = 1.0
+    grad_clip: float = ranged(
+        1.0,
+        gt=0,
+        hint="a negative or zero bound would flip or zero the gradient; use a large value (e.g. 1e6) to clip nothing",
+    )
     """Clip the global gradient norm to this value before each optimizer step."""
-    clip_ratio: float = 0.2
+    clip_ratio: float = ranged(0.2, gt=0, lt=10, hint="0.2 is the usual value")
     """PPO clip range: token ratios are clipped to [1 - clip_ratio, 1 + clip_ratio] unless the two
     bounds below are set (GSPO clips its sequence ratio with the same keys)."""
-    clip_ratio_low: Optional[float] = None
+    clip_ratio_low: Optional[float] = ranged(None, gt=0, lt=10, hint="or null = clip_ratio")
     """Lower clip bound: the ratio is clipped at 1 - clip_ratio_low. None = clip_ratio."""
-    clip_ratio_high: Optional[float] = None
+    clip_ratio_high: Optional[float] = ranged(None, gt=0, lt=10, hint="or null = clip_ratio")
     """Upper clip bound: 1 + clip_ratio_high (DAPO's clip-higher sets it above the lower one).
     None = clip_ratio."""
-    clip_ratio_c: float = 3.0
+    clip_ratio_c: float = ranged(3.0, gt=1, hint="dual-clip bound, e.g. 3.0")
     """Dual-clip bound (> 1): a token with negative advantage loses at most -A × clip_ratio_c
     (Ye et al. 2020). Used by GRPO and Dr. GRPO, not by GSPO."""
     loss_agg_mode: LossAggMode = LossAggMode.token_mean
@@ -161,12 +170,12 @@ class ActorConfig:
     seq-mean-token-sum-norm (Dr. GRPO: token sums over the constant data.max_response_length)."""
     use_kl_loss: bool = False
     """Add kl_loss_coef × KL(actor || reference) to the loss; runs the reference model (ref_logprob)."""
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: float = ranged(0.001, ge=0)
     """Weight of the KL loss."""
     kl_loss_type: KLEstimator = KLEstimator.k3
     """Estimator of the KL loss (Schulman 2020): k1, k2, k3 or abs; verl's names kl, mse and
     low_var_kl (= k3, the default) are accepted."""
-    entropy_coeff: float = 0.0
+    entropy_coeff: float = ranged(0.0, hint="negative values penalise entropy")
     """Weight of the entropy bonus subtracted from the loss; 0 = entropy is only reported."""
     offload: bool = True
     """torch strategy, colocated on a GPU: params and optimizer state go to CPU while other roles
@@ -180,13 +189,13 @@ class ActorConfig:
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 1.0
+    temperature: float = ranged(1.0, ge=0, hint="0 = greedy")
     """Sampling temperature of validation (0 = greedy)."""
-    top_p: float = 1.0
+    top_p: float = ranged(1.0, gt=0, le=1, hint="1 = off")
     """Nucleus sampling mass of validation."""
-    top_k: int = -1
+    top_k: int = ranged(-1, ge=1, also=(-1,), hint="-1 = off")
     """Top-k of validation sampling; -1 = off."""
-    n: int = 1
+    n: int = ranged(1, ge=1)
     """Responses per validation prompt."""
     do_sample: bool = True
     """Sample (True) or decode greedily (False)."""
@@ -203,28 +212,28 @@ class VLLMEngineKwargs:
 class RolloutConfig:
     name: RolloutName = RolloutName.hf
     """Rollout engine: hf (transformers, CPU default) or vllm (GPUs; docs/vllm.md)."""
-    n: int = 8
+    n: int = ranged(8, ge=1)
     """Responses sampled per prompt."""
-    temperature: float = 1.0
+    temperature: float = ranged(1.0, ge=0, hint="0 = greedy")
     """Sampling temperature of training rollouts (the trainer's log-probs use it too)."""
-    top_p: float = 1.0
+    top_p: float = ranged(1.0, gt=0, le=1, hint="1 = off")
     """Nucleus sampling mass; 1 = off."""
-    top_k: int = -1
+    top_k: int = ranged(-1, ge=1, also=(-1,), hint="-1 = off")
     """Top-k sampling; -1 = off."""
-    tensor_model_parallel_size: int = 1
+    tensor_model_parallel_size: int = ranged(1, ge=1)
     """vllm: tensor parallel size of each engine replica (hf: 1)."""
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = ranged(0.5, gt=0, le=1)
     """vllm: share of the GPU's memory the engine may take (weights + activations + KV cache)."""
-    sleep_level: int = 1
+    sleep_level: int = ranged(1, ge=1, le=2, hint="1 = weights kept in CPU memory, 2 = dropped")
     """vllm: 1 = weights to CPU while asleep, 2 = weights dropped (the next sync refills them)."""
     free_cache_engine: bool = True
     """vllm: sleep (free weights and KV cache) while colocated roles use the GPU; false keeps the
     engine resident, which is fastest when the trainer's state and the engine both fit."""
-    max_num_batched_tokens: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = ranged(None, ge=1, hint="or null for vLLM's default")
     """vllm: tokens per engine step; None = vLLM's default."""
-    max_num_seqs: Optional[int] = None
+    max_num_seqs: Optional[int] = ranged(None, ge=1, hint="or null for vLLM's default")
     """vllm: sequences per engine step; None = vLLM's default."""
-    max_model_len: Optional[int] = None
+    max_model_len: Optional[int] = ranged(None, ge=1, hint="or null")
     """vllm: context length; None = data.max_prompt_length + data.max_response_length."""
     enforce_eager: bool = False
     """vllm: no CUDA graphs (slower decoding, faster start)."""
@@ -239,24 +248,28 @@ class RolloutConfig:
     rollout-vs-trainer mismatch metrics and algorithm.rollout_correction need them."""
     ignore_eos: bool = False
     """Keep sampling past EOS up to data.max_response_length (benchmarks)."""
-    overlap_steps: int = 0
+    overlap_steps: int = ranged(0, ge=0, le=1, hint="0 = synchronous, 1 = rollout one step ahead")
     """Separate placement only: 0 = synchronous; 1 = the rollout of step t+1 runs while step t
     trains, on weights one step old (reported as rollout/staleness)."""
     engine_kwargs: VLLMEngineKwargs = field(default_factory=VLLMEngineKwargs)
     """Engine arguments passed through (engine_kwargs.vllm.*)."""
-    log_prob_micro_batch_size_per_gpu: int = 64
+    log_prob_micro_batch_size_per_gpu: int = ranged(64, ge=1)
     """Responses per forward of the old-log-prob pass."""
-    micro_batch_size_per_gpu: int = 256
+    micro_batch_size_per_gpu: int = ranged(256, ge=1)
     """hf: prompts × n sequences generated at once."""
-    weight_sync_bucket_mb: int = 256
+    weight_sync_bucket_mb: int = ranged(256, ge=1)
     """Size of the buckets in which weights travel to the rollout engine."""
+    weight_sync_direct: bool = True
+    """Separate placement: from the second sync on, send weights in the engine's own layout,
+    copied straight into its parameters (the map is learnt and checked at the first sync, when
+    possible: rollout TP=1); false keeps HF-named buckets through the engine's loader."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling of validation."""
 
 
 @dataclass
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: int = 64
+    log_prob_micro_batch_size_per_gpu: int = ranged(64, ge=1)
     """Sequences per forward pass of the reference model."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """The reference model's megatron layout; unset fields follow the actor's."""
@@ -276,7 +289,7 @@ class ActorRolloutRefConfig:
 
 @dataclass
 class KLCtrlConfig:
-    kl_coef: float = 0.001
+    kl_coef: float = ranged(0.001, ge=0)
     """Weight of the KL penalty subtracted from the token rewards (algorithm.use_kl_in_reward)."""
 
 
@@ -286,14 +299,16 @@ class RolloutCorrectionConfig:
 
     rollout_is: Optional[RolloutISLevel] = None
     """Importance weights π_old/π_rollout on the policy gradient: token, sequence, or null (off)."""
-    rollout_is_threshold: float = 2.0
+    rollout_is_threshold: float = ranged(2.0, gt=0, hint="2.0 is usual")
     """Truncation of the importance weights (TIS)."""
     rollout_rs: Optional[RolloutRSLevel] = None
     """Reject tokens (token) or whole responses (sequence, geometric mean) whose ratio leaves the
     bounds below; null = off."""
-    rollout_rs_threshold: float = 2.0
+    rollout_rs_threshold: float = ranged(2.0, gt=0, hint="2.0 is usual")
     """Upper bound of the accepted ratio."""
-    rollout_rs_threshold_lower: Optional[float] = None
+    rollout_rs_threshold_lower: Optional[float] = ranged(
+        None, gt=0, hint="or null = 1 / rollout_rs_threshold"
+    )
     """Lower bound of the accepted ratio; None = 1 / rollout_rs_threshold."""
 
 
@@ -302,19 +317,19 @@ class GKDConfig:
     """Generalized knowledge distillation (Agarwal et al. 2024); ms-swift's key names, nested so that
     `temperature` does not collide with rollout.temperature."""
 
-    beta: float = 0.5
+    beta: float = ranged(0.5, ge=0, le=1, hint="0 = forward KL, 1 = reverse KL")
     """Generalized JSD interpolation: 0 = KL(teacher||student), 1 = KL(student||teacher)."""
-    temperature: float = 1.0
+    temperature: float = ranged(1.0, gt=0)
     """Both models' logits are divided by it before the divergence (not the sampling temperature)."""
-    gkd_logits_topk: Optional[int] = None
+    gkd_logits_topk: Optional[int] = ranged(None, ge=1, hint="or null = the full vocabulary")
     """Distil on the teacher's top-k ids only; None = the full vocabulary (small vocabularies only)."""
     tail_bucket: bool = False
     """Top-k: keep the mass outside the teacher's top-k as one extra outcome instead of renormalising."""
-    lmbda: float = 1.0
+    lmbda: float = ranged(1.0, ge=0, le=1)
     """Probability that a step trains on the student's own samples; the other steps (drawn from
     trainer.seed and the step number, so resumes repeat them) train on the dataset's responses
     (data.response_key) instead of sampling."""
-    sft_alpha: float = 0.0
+    sft_alpha: float = ranged(0.0, ge=0)
     """Weight of an NLL (SFT) term on the dataset's responses, added on the off-policy steps."""
 
 
@@ -324,7 +339,7 @@ class DistillRewardConfig:
     per-token reverse KL of the sampled tokens, ``log π_student − log π_teacher``, enters the
     advantages as ``−coef × k1`` (held constant), next to any task-reward advantage."""
 
-    coef: float = 0.0
+    coef: float = ranged(0.0, ge=0)
     """Weight of the per-token reverse-KL advantage; 0 = off. Needs teacher.model (the teacher's
     log-probs of the sampled tokens come from the teacher_logprob node)."""
 
@@ -358,7 +373,7 @@ class AlgorithmConfig:
 class RewardTermConfig:
     name: str = "gsm8k"
     """A registered reward function (built-in or from external_plugins)."""
-    weight: float = 1.0
+    weight: float = ranged(1.0, hint="any finite weight; negative ones penalise")
     """Its weight in the sum."""
 
 
@@ -380,23 +395,23 @@ class TeacherConfig:
     """Weights dtype (float32, bfloat16, float16); None = actor_rollout_ref.model.dtype."""
     placement: TeacherPlacement = TeacherPlacement.colocate
     """colocate: forward-only train backend on the train devices; standalone: vLLM on teacher.gpus."""
-    gpus: int = 0
+    gpus: int = ranged(0, ge=0)
     """Devices of a standalone teacher (>= 1); a colocated teacher uses the train devices (0)."""
-    tensor_model_parallel_size: int = 1
+    tensor_model_parallel_size: int = ranged(1, ge=1)
     """vLLM tensor parallel size of a standalone teacher; must divide teacher.gpus."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the standalone teacher's vLLM engine."""
     offload: bool = False
     """Keep a colocated teacher's weights in host memory between its forwards (ms-swift offload_teacher_model)."""
-    log_prob_micro_batch_size_per_gpu: int = 64
+    log_prob_micro_batch_size_per_gpu: int = ranged(64, ge=1)
     """Sequences per forward pass of the teacher."""
 
 
 @dataclass
 class PlacementConfig:
     # the built-in roles are listed so `placement.gpus.rollout=2` overrides without a `+`
-    gpus: dict[str, Optional[int]] = field(
-        default_factory=lambda: {"train": None, "rollout": None, "ref": None, "teacher": None}
+    gpus: dict[str, Optional[int]] = ranged(
+        default_factory=lambda: {"train": None, "rollout": None, "ref": None, "teacher": None}, ge=0
     )
     """Devices per role (CPU slots when trainer.device=cpu); None = an even share of what is left."""
     colocate_groups: list[list[str]] = field(default_factory=lambda: [["train", "rollout", "ref"]])
@@ -409,44 +424,53 @@ class PlacementConfig:
 
 @dataclass
 class TrainerConfig:
-    nnodes: int = 1
+    nnodes: int = ranged(1, ge=1)
     """Nodes of the cluster the plan is made for."""
-    n_gpus_per_node: int = 1
+    n_gpus_per_node: int = ranged(1, ge=1)
     """Devices per node of the cluster the plan is made for."""
     device: Device = Device.auto
-    """auto (cuda when a GPU is visible), cpu or cuda."""
-    total_epochs: int = 1000
-    """Passes over the training rows (total_training_steps stops earlier)."""
-    total_training_steps: Optional[int] = 40
-    """Steps to train; None = total_epochs."""
+    """auto, cpu or cuda. auto = cuda when a GPU is visible; on a machine without one a real run uses
+    CPU slots, and a dry run plans GPUs when the declared cluster has more than one device
+    (trainer.nnodes × trainer.n_gpus_per_node > 1): the plan is for the cluster named."""
+    total_epochs: int = ranged(30, ge=1)
+    """Passes over the training rows (as in verl; total_training_steps, when set, stops earlier)."""
+    total_training_steps: Optional[int] = ranged(None, ge=1, hint="or null = total_epochs")
+    """Steps to train; None = total_epochs decide (verl's default). The default job sets 40."""
     logger: list[LoggerName] = field(default_factory=lambda: [LoggerName.console, LoggerName.tensorboard])
-    """Metric sinks: console, tensorboard (metrics.jsonl is always written)."""
+    """Metric sinks: console, tensorboard, wandb (WANDB_MODE=offline works without a network);
+    metrics.jsonl is always written. Same metric names in each."""
     project_name: str = "dagrl"
     """Project name (checkpoint and log directories)."""
     experiment_name: str = "default"
     """Experiment name (checkpoint and log directories)."""
-    save_freq: int = -1
+    save_freq: int = ranged(-1, ge=1, also=(-1,), hint="-1 = never")
     """Save a checkpoint every this many steps and at the end; -1 = never."""
     save_hf: bool = False
     """Also write actor_hf/ (a transformers model directory) into every checkpoint."""
-    test_freq: int = 10
+    test_freq: int = ranged(10, ge=1, also=(-1,), hint="-1 = never")
     """Validate every this many steps and at the end; -1 = never."""
     val_before_train: bool = True
     """Validate once before the first step."""
     resume_mode: str = "auto"
     """auto (latest checkpoint in default_local_dir), disable, or a global_step_N directory."""
-    max_actor_ckpt_to_keep: Optional[int] = 2
+    max_actor_ckpt_to_keep: Optional[int] = ranged(2, ge=1, hint="or null = keep all")
     """Checkpoints kept (oldest removed first); None = all."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     """Where checkpoints and metrics.jsonl go."""
+    max_consecutive_skipped_steps: int = ranged(3, ge=0)
+    """Stop the run when more steps than this in a row had an update skipped for a non-finite loss,
+    gradient or reward (each skip is warned and counted in train/skipped_steps); 0 = stop at the first."""
     dry_run: bool = False
     """Print the placement plan and stop before Ray starts."""
-    seed: int = 1
+    seed: int = ranged(1, ge=0)
     """Seed of model initialisation and of every step's sampling."""
     ray_address: Optional[str] = None
     """None = start a local Ray; auto = join the running cluster; or its address."""
     progress_bar: bool = True
     """Show a progress bar over the steps."""
+    gpu_memory_gib: Optional[float] = ranged(None, gt=0, hint="or null = detected")
+    """GPU memory per device the plan's estimate is checked against (a dry run warns, a run refuses
+    before Ray starts); None = the visible GPU's, or 80 in a dry run on a machine without one."""
 
 
 @dataclass

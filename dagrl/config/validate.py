@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
+from dagrl.config.ranges import check_ranges
 from dagrl.config.roles import ROLE_TEACHER, RoleKind
 from dagrl.config.schema import (
     Algorithm,
@@ -25,6 +26,7 @@ from dagrl.config.validate_megatron import (
     inherit_ref_megatron,
 )
 from dagrl.config.validate_rollout import check_overlap_placement, check_rollout_engine
+from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
 from dagrl.objectives import check_algorithm
 
@@ -53,7 +55,9 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
 
 
 def validate(cfg: DagrlConfig) -> None:
-    """Rules that need only the config."""
+    """Rules that need only the config: first every field's own range (declared on the schema), then
+    the rules between fields."""
+    check_ranges(cfg)
     _check_data(cfg)
     _check_actor(cfg)
     _check_rollout(cfg)
@@ -84,7 +88,10 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
     """Rules that need the DP sizes of the placement plan."""
     a, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     rows = cfg.data.train_batch_size * n
-    for role in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF):
+    if ROLE_TEACHER in plan.roles:
+        layout = plan.roles[ROLE_TEACHER]
+        check_teacher_group(cfg, list(plan.groups[layout.group].roles), layout.workers)
+    for role in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER):
         if role not in plan.roles:
             continue
         dp = plan.roles[role].dp
@@ -119,11 +126,6 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
 
 def _check_data(cfg: DagrlConfig) -> None:
     d = cfg.data
-    for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
-        if getattr(d, key) < 1:
-            raise ConfigError(f"data.{key}", getattr(d, key), "must be a positive integer")
-    if d.val_batch_size is not None and d.val_batch_size < 1:
-        raise ConfigError("data.val_batch_size", d.val_batch_size, "must be >= 1, or null for all at once")
     for key in ("train_files", "val_files"):
         for path in data_files(getattr(d, key)):
             if not os.path.isfile(os.path.expanduser(path)):
@@ -141,64 +143,39 @@ def _check_data(cfg: DagrlConfig) -> None:
 
 def _check_actor(cfg: DagrlConfig) -> None:
     a = cfg.actor_rollout_ref.actor
-    if a.optim.lr is None or a.optim.lr <= 0:
-        raise ConfigError(
-            f"{A}.optim.lr", a.optim.lr, "set a positive learning rate (e.g. 1e-6 for 1B–8B models)"
-        )
     if cfg.data.train_batch_size % a.ppo_mini_batch_size:
         raise ConfigError(
             f"{A}.ppo_mini_batch_size",
             a.ppo_mini_batch_size,
             f"must divide data.train_batch_size={cfg.data.train_batch_size} (both count prompts)",
         )
-    for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
-        if getattr(a, key) < 1:
-            raise ConfigError(f"{A}.{key}", getattr(a, key), "must be a positive integer")
-    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-        v = getattr(a, key)
-        if v is not None and not 0 < v < 10:
-            raise ConfigError(f"{A}.{key}", v, "must be in (0, 10); 0.2 is the usual value")
-    if a.clip_ratio_c <= 1:
-        raise ConfigError(f"{A}.clip_ratio_c", a.clip_ratio_c, "dual-clip bound must be > 1 (e.g. 3.0)")
     if a.strategy == TrainStrategy.torch:
         check_no_megatron_knobs(cfg)
+    model = cfg.actor_rollout_ref.model
+    if a.strategy == TrainStrategy.torch and model.use_remove_padding and model.trust_remote_code:
+        # packing relies on transformers' own masks reading sequence starts from the position ids
+        # (docs/packing.md); a repository's own modelling code may ignore them and mix sequences
+        raise ConfigError(
+            "actor_rollout_ref.model.use_remove_padding",
+            True,
+            "the torch backend packs for models transformers implements itself; with"
+            " trust_remote_code=true set use_remove_padding=false (or use actor.strategy=megatron)",
+        )
 
 
 def _check_rollout(cfg: DagrlConfig) -> None:
     r = cfg.actor_rollout_ref.rollout
-    if r.n < 1:
-        raise ConfigError(f"{R}.n", r.n, "must be >= 1 responses per prompt")
-    if r.temperature < 0:
-        raise ConfigError(f"{R}.temperature", r.temperature, "must be >= 0 (0 = greedy)")
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"{R}.top_p", r.top_p, "must be in (0, 1]")
-    if r.tensor_model_parallel_size < 1:
-        raise ConfigError(f"{R}.tensor_model_parallel_size", r.tensor_model_parallel_size, "must be >= 1")
     if r.name.value == "hf" and r.tensor_model_parallel_size != 1:
         raise ConfigError(
             f"{R}.tensor_model_parallel_size",
             r.tensor_model_parallel_size,
             "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)",
         )
-    if not 0 < r.gpu_memory_utilization <= 1:
-        raise ConfigError(f"{R}.gpu_memory_utilization", r.gpu_memory_utilization, "must be in (0, 1]")
     check_rollout_engine(cfg)
 
 
 def _check_trainer(cfg: DagrlConfig) -> None:
     t = cfg.trainer
-    if t.nnodes < 1 or t.n_gpus_per_node < 1:
-        raise ConfigError(
-            "trainer.n_gpus_per_node",
-            (t.nnodes, t.n_gpus_per_node),
-            "trainer.nnodes and trainer.n_gpus_per_node must be >= 1",
-        )
-    if t.total_training_steps is not None and t.total_training_steps < 1:
-        raise ConfigError("trainer.total_training_steps", t.total_training_steps, "must be >= 1 or null")
-    if t.save_freq == 0 or t.test_freq == 0:
-        raise ConfigError(
-            "trainer.save_freq", (t.save_freq, t.test_freq), "use a positive step count, or -1 for never"
-        )
     mode = parse_resume_mode(t.resume_mode)
     if not isinstance(mode, ResumeMode) and not os.path.isdir(mode):
         raise ConfigError(
@@ -215,11 +192,11 @@ def _check_teacher(cfg: DagrlConfig) -> None:
     if t.placement == TeacherPlacement.standalone:
         if t.gpus < 1:
             raise ConfigError("teacher.gpus", t.gpus, "a standalone teacher needs its own devices: set >= 1")
-        if t.tensor_model_parallel_size < 1 or t.gpus % t.tensor_model_parallel_size:
+        if t.gpus % t.tensor_model_parallel_size:
             raise ConfigError(
                 "teacher.tensor_model_parallel_size",
                 t.tensor_model_parallel_size,
-                f"must be >= 1 and divide teacher.gpus={t.gpus}",
+                f"must divide teacher.gpus={t.gpus}",
             )
     else:
         if t.gpus:
@@ -234,18 +211,20 @@ def _check_teacher(cfg: DagrlConfig) -> None:
                 dict(t.engine_kwargs) or t.tensor_model_parallel_size,
                 "engine kwargs and tensor_model_parallel_size are for teacher.placement=standalone (vLLM)",
             )
-    if t.log_prob_micro_batch_size_per_gpu < 1:
-        raise ConfigError(
-            "teacher.log_prob_micro_batch_size_per_gpu", t.log_prob_micro_batch_size_per_gpu, "must be >= 1"
-        )
+    check_teacher_placement(cfg)
 
 
 def resolve_device(cfg: DagrlConfig) -> str:
-    """'cpu' or 'cuda'. auto = cuda when this machine sees a GPU, else cpu; never fails a dry run."""
+    """'cpu' or 'cuda'. auto = cuda when this machine sees a GPU; else cpu, except that a dry run
+    plans GPUs for a declared cluster of more than one device (the plan is for that cluster).
+    Never fails a dry run."""
     import torch
 
     if cfg.trainer.device == Device.auto:
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if torch.cuda.is_available():
+            return "cuda"
+        declared = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node > 1
+        return "cuda" if cfg.trainer.dry_run and declared else "cpu"
     if cfg.trainer.device == Device.cuda and not torch.cuda.is_available() and not cfg.trainer.dry_run:
         if cfg.trainer.ray_address is None:
             raise ConfigError(

@@ -98,6 +98,7 @@ def check_megatron(cfg: DagrlConfig) -> None:
         _check_layer_split(prefix, m, hf)
         _check_expert_split(prefix, m, hf)
         _check_megatron_kernels(prefix, m)
+        _check_packing(prefix, m, arr.model.use_remove_padding)
         _check_recompute(prefix, m, hf)
     _check_ref_shares_actor_groups(cfg)
 
@@ -114,20 +115,7 @@ def _hf_config(cfg: DagrlConfig):
 
 
 def _check_megatron_sizes(prefix: str, m: MegatronConfig) -> None:
-    for key in (
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-    ):
-        if getattr(m, key) < 1:
-            raise ConfigError(f"{prefix}.{key}", getattr(m, key), "must be >= 1 (1 = not split)")
-    for key, null in (
-        ("virtual_pipeline_model_parallel_size", "null = no interleaving"),
-        ("expert_tensor_parallel_size", "null = the same as tensor_model_parallel_size"),
-    ):
-        if getattr(m, key) is not None and getattr(m, key) < 1:
-            raise ConfigError(f"{prefix}.{key}", getattr(m, key), f"must be >= 1 or null ({null})")
+    # each size's own range (>= 1) is declared on MegatronConfig and checked before this
     vpp = m.virtual_pipeline_model_parallel_size
     if vpp is not None and m.pipeline_model_parallel_size == 1:
         raise ConfigError(
@@ -258,6 +246,20 @@ def _check_megatron_kernels(prefix: str, m: MegatronConfig) -> None:
             True,
             "megatron-core's local layer spec has no sequence-parallel norm: use layer_spec=sdpa, te or"
             " auto, or sequence_parallel=false",
+        )
+
+
+def _check_packing(prefix: str, m: MegatronConfig, packing: bool) -> None:
+    """Packed rows carry an explicit block-diagonal attention mask (docs/packing.md): the sdpa and
+    local specs apply it; the TE spec's causal attention would not (it needs thd packed-sequence
+    parameters, not wired here). auto picks sdpa when packing is on. Context parallel, which
+    would split packed rows, is refused for every layout in _check_megatron_kernels."""
+    if packing and LayerSpec(m.layer_spec) == LayerSpec.te:
+        raise ConfigError(
+            f"{prefix}.layer_spec",
+            "te",
+            "actor_rollout_ref.model.use_remove_padding packs sequences behind a block-diagonal mask that"
+            " the TE spec does not apply: use layer_spec=sdpa (or auto), or use_remove_padding=false",
         )
 
 

@@ -13,16 +13,6 @@ R = "actor_rollout_ref.rollout"
 def check_rollout_engine(cfg: DagrlConfig) -> None:
     """Rules that need only the config."""
     r, d = cfg.actor_rollout_ref.rollout, cfg.data
-    if r.sleep_level not in (1, 2):
-        raise ConfigError(
-            f"{R}.sleep_level",
-            r.sleep_level,
-            "use 1 (weights kept in CPU memory) or 2 (dropped, refilled by the sync)",
-        )
-    if r.overlap_steps not in (0, 1):
-        raise ConfigError(
-            f"{R}.overlap_steps", r.overlap_steps, "use 0 (synchronous) or 1 (rollout one step ahead)"
-        )
     check_off_policy_settings(cfg)
     if r.name != RolloutName.vllm:
         return
@@ -50,10 +40,6 @@ def check_rollout_engine(cfg: DagrlConfig) -> None:
             "the engine starts with random weights and validation before training would score them;"
             " set trainer.val_before_train=false or load_format=auto",
         )
-    for key in ("max_num_batched_tokens", "max_num_seqs"):
-        value = getattr(r, key)
-        if value is not None and value < 1:
-            raise ConfigError(f"{R}.{key}", value, "must be a positive integer, or null for vLLM's default")
 
 
 def check_off_policy_settings(cfg: DagrlConfig) -> None:
@@ -84,10 +70,8 @@ def check_off_policy_settings(cfg: DagrlConfig) -> None:
             False,
             f"{P}.rollout_is / rollout_rs need the rollout engine's log-probs; set calculate_log_probs=true",
         )
-    if rc.rollout_is_threshold <= 0:
-        raise ConfigError(f"{P}.rollout_is_threshold", rc.rollout_is_threshold, "must be > 0 (2.0 is usual)")
     lower = rc.rollout_rs_threshold_lower
-    if rc.rollout_rs_threshold <= 0 or (lower is not None and not 0 < lower <= rc.rollout_rs_threshold):
+    if lower is not None and lower > rc.rollout_rs_threshold:
         raise ConfigError(
             f"{P}.rollout_rs_threshold",
             (lower, rc.rollout_rs_threshold),

@@ -31,6 +31,7 @@ KEYS: dict[str, str] = {
     "dataset_responses": "[B, R] right-padded reference response ids from the data (data.response_key)",
     "dataset_response_mask": "[B, R] 1 on reference response tokens",
     "off_policy": "[B] 1.0 where the responses are the dataset's (an off-policy step), 0.0 where sampled",
+    "teacher_hidden": "[B, R, H'] teacher final hidden states predicting each response token (full vocabulary)",
     "scores": "[B] sequence reward (weighted sum of reward functions)",
     "token_rewards": "[B, R] per-token reward (score on the last token, minus KL in reward)",
     "advantages": "[B, R] advantages",

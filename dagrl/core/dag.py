@@ -54,18 +54,53 @@ def load_dag_specs(name: str) -> tuple[list[str], list[NodeSpec]]:
     if not os.path.isfile(path):
         available = sorted(f[:-5] for f in os.listdir(DAG_DIR) if f.endswith(".yaml"))
         raise DagError(f"dag={name!r}: no file {path}; use one of {available} or a path to a .yaml file")
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
-    specs = []
-    for node_name, body in (raw.get("nodes") or {}).items():
-        unknown = set(body or {}) - {"kind", "role", "inputs", "outputs", "after"}
-        if unknown or not body or "kind" not in body:
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        raise DagError(f"{path}: not valid YAML{at} ({getattr(exc, 'problem', None) or exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DagError(f"{path}: cannot be read ({exc})") from None
+    _check_shape(path, raw)
+    specs = [NodeSpec(name=node_name, **body) for node_name, body in (raw.get("nodes") or {}).items()]
+    return list(raw.get("source") or []), specs
+
+
+def _check_shape(path: str, raw) -> None:
+    """{source: [keys], nodes: {name: {kind, role?, inputs?, outputs?, after?}}}, each list of strings."""
+    if not isinstance(raw, dict) or set(raw) - {"source", "nodes"}:
+        got = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+        raise DagError(f"{path}: a DAG file is a mapping with 'source' and 'nodes' only (got {got})")
+    if not _str_list(raw.get("source") or []):
+        raise DagError(f"{path}: 'source' must be a list of batch keys (got {raw.get('source')!r})")
+    nodes = raw.get("nodes")
+    if not isinstance(nodes, dict) or not nodes:
+        raise DagError(f"{path}: 'nodes' must map node names to their kind, role, inputs and outputs")
+    for node_name, body in nodes.items():
+        fields = sorted(body) if isinstance(body, dict) else body
+        if (
+            not isinstance(body, dict)
+            or set(body) - {"kind", "role", "inputs", "outputs", "after"}
+            or "kind" not in body
+        ):
             raise DagError(
                 f"{path}: node {node_name!r} needs 'kind' and may only have kind/role/inputs/outputs/after"
-                f" (got {sorted(body or {})})"
+                f" (got {fields!r})"
             )
-        specs.append(NodeSpec(name=node_name, **body))
-    return list(raw.get("source") or []), specs
+        for key in ("kind", "role"):
+            if key in body and not isinstance(body[key], str):
+                raise DagError(f"{path}: node {node_name!r}: '{key}' must be a name (got {body[key]!r})")
+        for key in ("inputs", "outputs", "after"):
+            if not _str_list(body.get(key) or []):
+                raise DagError(
+                    f"{path}: node {node_name!r}: '{key}' must be a list of names (got {body[key]!r})"
+                )
+
+
+def _str_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def build_dag(name: str, source: list[str], specs: list[NodeSpec], roles_with_pool: set[str]) -> Dag:

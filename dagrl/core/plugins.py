@@ -9,6 +9,8 @@ import sys
 
 from dagrl.errors import ConfigError
 
+LOADED: dict[str, object] = {}  # entry -> module, in load order (rewards are looked up in them by name)
+
 
 def load_plugins(modules: list[str]) -> None:
     """Each entry is a module name (`my_pkg.rewards`) or a path to a .py file."""
@@ -25,7 +27,8 @@ def load_plugins(modules: list[str]) -> None:
                 sys.modules[name] = module
                 spec.loader.exec_module(module)
             else:
-                importlib.import_module(entry)
+                module = importlib.import_module(entry)
+            LOADED[entry] = module
         except ConfigError:
             raise
         except Exception as exc:

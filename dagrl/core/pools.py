@@ -109,6 +109,8 @@ class WorkerPool:
         self.infos: list[dict] = []  # node_info of each rank, to name a dead worker's node
         # set by the weight-sync service once this pool has joined a trainer -> rollout broadcast group
         self.broadcast_floor_gbps: float | None = None
+        self.weight_direct = False  # ... and learnt its engines' layout (weights go straight in)
+        self.cfg = cfg
         remote = ray.remote(cls)
         self.actors = []
         device = plan.device_of(group)

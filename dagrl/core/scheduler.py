@@ -13,7 +13,8 @@ Dataflow of the GRPO step (conf/dags/grpo.yaml); `==>` is data, `-->` ordering o
 
 Remote nodes block a driver thread on `ray.get`; independent nodes therefore overlap whenever
 their pools differ. Calls to the same Ray actor queue up on it (colocated roles take turns).
-Each node's wall time is reported as `timing_s/<node>`.
+Each node's wall time is reported as `timing_s/<node>`, and the seconds nodes ran alongside
+others (their sum beyond the step's wall time) as `timing_s/overlapped`.
 """
 
 from __future__ import annotations
@@ -59,7 +60,12 @@ class Scheduler:
                 metrics[f"timing_s/{name}"] = seconds
                 done.add(name)
         if only is None:
-            metrics["timing_s/step"] = time.perf_counter() - started
+            wall = time.perf_counter() - started
+            metrics["timing_s/step"] = wall
+            # node seconds that ran alongside others (e.g. a standalone teacher while the reward is
+            # computed): the sum of node times beyond the step's wall time
+            busy = sum(v for k, v in metrics.items() if k.startswith("timing_s/") and k != "timing_s/step")
+            metrics["timing_s/overlapped"] = max(0.0, busy - wall)
         return batch, metrics
 
     def _run_node(self, runtime: Runtime, name: str, inputs: Batch) -> tuple[NodeResult, float]:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dagrl.data.schema import response_text, validate_columns, validate_row
+from dagrl.data.transforms import apply_row_transforms
 from dagrl.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def _read_file(path: str, *, key: str, prompt_key: str) -> list[dict]:
             "dagrl reads parquet only; convert json/jsonl with the scripts in examples/data_preprocess"
         ) from err
     validate_columns(table.column_names, path, prompt_key=prompt_key)
-    rows = table.to_pylist()
+    rows = apply_row_transforms(table.to_pylist())  # plugins' transforms, validated as any row
     for index, row in enumerate(rows):
         validate_row(row, source=path, index=index, prompt_key=prompt_key)
     return rows
@@ -141,6 +142,7 @@ class PromptDataset:
         response_key: str = "response",
     ) -> PromptDataset:
         """A dataset of in-memory rows (the built-in task); `source` names them in errors."""
+        rows = apply_row_transforms(rows)
         for index, row in enumerate(rows):
             validate_row(row, source=source, index=index, prompt_key=prompt_key)
         dataset = cls.__new__(cls)

@@ -8,6 +8,10 @@ import torch
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.rewards import mean_by_source
+from dagrl.rewards.composer import nonfinite_rows
+from dagrl.trainer.logger import log
+
+NONFINITE_REWARDS = "train/nonfinite_rewards"
 
 
 def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
@@ -16,12 +20,25 @@ def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Te
 
 
 def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scores [B] and reward metrics; shared by the reward node and validation."""
+    """Scores [B] and reward metrics; shared by the reward node and validation.
+
+    Non-finite scores are kept as they are, warned about (naming the rows) and counted in
+    train/nonfinite_rewards: they make the advantages and the loss non-finite, so the update is
+    skipped and counted as a skipped step (trainer.max_consecutive_skipped_steps stops the run).
+    Zeroing them instead would train on a reward function's failure as if it were a score.
+    """
     texts = decode_responses(runtime.tokenizer, batch["responses"], batch["response_mask"])
-    sources = list(batch["data_source"])
-    scores, per_fn = runtime.rewarder.score_batch(
-        sources, texts, list(batch["ground_truth"]), list(batch["extra_info"])
-    )
+    sources, extras = list(batch["data_source"]), list(batch["extra_info"])
+    trl = {}
+    if runtime.rewarder.wants_prompts and "prompts" in batch:  # TRL-form rewards read prompts and ids
+        trl["prompts"] = decode_responses(runtime.tokenizer, batch["prompts"], batch["prompt_mask"])
+        trl["completion_ids"] = [
+            r[m.bool()].tolist() for r, m in zip(batch["responses"], batch["response_mask"])
+        ]
+    scores, per_fn = runtime.rewarder.score_batch(sources, texts, list(batch["ground_truth"]), extras, **trl)
+    bad = nonfinite_rows(scores, sources, extras)
+    if bad:
+        log(f"warning: non-finite reward for {bad}; the update on them is skipped")
     lengths = batch["response_mask"].sum(1).float()
     max_len = batch["responses"].shape[1]
     metrics = {
@@ -33,6 +50,7 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
         else 0.0,
     }
     metrics.update(mean_by_source(scores, sources))
+    metrics[NONFINITE_REWARDS] = float(sum(not np.isfinite(s) for s in scores))
     for name, values in per_fn.items():
         if len(per_fn) > 1:
             metrics[f"reward/fn/{name}"] = float(np.nanmean(values))
@@ -42,7 +60,7 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
 @register_node_kind("reward")
 class RewardNode:
     required_inputs = ("responses", "response_mask", "data_source", "ground_truth", "extra_info")
-    optional_inputs = ()
+    optional_inputs = ("prompts", "prompt_mask")  # decoded for TRL-form rewards
     outputs = ("scores",)
     remote = False
 

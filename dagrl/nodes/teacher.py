@@ -1,8 +1,12 @@
-"""teacher_logprob: the teacher's view of the student's responses (distillation).
+"""teacher_logprob / teacher_hidden: the teacher's view of the student's responses (distillation).
 
 Outputs what its DAG declares of:
 - teacher_topk_ids / teacher_topk_logprobs [B, R, K]: the teacher's top-k next tokens at every
   response position, log-probs over the whole vocabulary at algorithm.gkd.temperature (GKD, OPSD);
+- teacher_hidden [B, R, H'] (node teacher_hidden, full-vocabulary GKD/OPSD): the teacher's final
+  hidden states, from which the train backend recomputes the teacher's logits chunk by chunk inside
+  the loss: a [B, R, V] teacher output per step is what runs out of memory at a 151,936-word
+  vocabulary (docs/distillation.md);
 - teacher_logprobs [B, R]: the teacher's log-probs of the sampled tokens at the rollout
   temperature (on-policy distillation as a reward, algorithm.distill_reward).
 
@@ -17,10 +21,12 @@ without a privileged prompt carry their own prompt there (collate), i.e. plain G
 
 from __future__ import annotations
 
-from dagrl.backends.handles import train_role
+from dagrl.backends.handles import teacher_role, train_role
+from dagrl.config.schema import TeacherPlacement
 from dagrl.core.batch import Batch
+from dagrl.core.metrics import reduce_all
 from dagrl.core.node import NodeResult, register_node_kind
-from dagrl.objectives.distill import DISTILL_ALGORITHMS, distill_topk
+from dagrl.objectives.distill import DISTILL_ALGORITHMS
 
 _TOPK = ("teacher_topk_ids", "teacher_topk_logprobs")
 
@@ -40,8 +46,17 @@ def with_teacher_prompts(batch: Batch) -> Batch:
     )
 
 
+_INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
+
+
 @register_node_kind("teacher_logprob")
 class TeacherLogprobNode:
+    """The teacher's top-k at every response position and/or its log-probs of the sampled tokens.
+
+    The teacher is colocated (a forward-only train backend) or standalone (vLLM replicas on GPUs of
+    their own, teacher.placement=standalone, top-k only). On its own pool it runs alongside the
+    driver's reward node."""
+
     required_inputs = ("prompts", "prompt_mask", "responses", "response_mask")
     optional_inputs = ("teacher_prompts", "teacher_prompt_mask")
     outputs = (*_TOPK, "teacher_logprobs")
@@ -49,20 +64,92 @@ class TeacherLogprobNode:
 
     def __init__(self, spec, cfg):
         self.spec = spec
-        self.k = distill_topk(cfg) if set(_TOPK) & set(spec.outputs) else None
+        self.k = cfg.algorithm.gkd.gkd_logits_topk if set(_TOPK) & set(spec.outputs) else None
         self.temperature = cfg.algorithm.gkd.temperature
 
     @staticmethod
     def enabled(cfg) -> bool:
-        return cfg.algorithm.name in DISTILL_ALGORITHMS or cfg.algorithm.distill_reward.coef != 0
+        g = cfg.algorithm.gkd
+        return (cfg.algorithm.name in DISTILL_ALGORITHMS and g.gkd_logits_topk is not None) or (
+            cfg.algorithm.distill_reward.coef != 0
+        )
 
     def run(self, runtime, batch):
-        role = train_role(runtime, self.spec.role)
         view = with_teacher_prompts(batch)
-        out = Batch()
+        out, metrics = Batch(), {}
         if self.k is not None:
-            out, _ = role.teacher_topk(view, k=self.k, temperature=self.temperature)
+            out, per_replica = teacher_role(runtime, self.spec.role).teacher_topk(
+                view, k=self.k, temperature=self.temperature
+            )
+            metrics = replica_metrics(per_replica)
         if "teacher_logprobs" in self.spec.outputs:
-            logprobs, _ = role.forward_logprobs(view, output_key="teacher_logprobs")
+            logprobs, _ = train_role(runtime, self.spec.role).forward_logprobs(
+                view, output_key="teacher_logprobs"
+            )
             out = out.union(logprobs)
-        return NodeResult(out, {})
+        return NodeResult(out, metrics)
+
+
+def replica_metrics(per_replica: list[dict]) -> dict[str, float]:
+    """Replicas run in parallel: seconds are the slowest one's, throughput and counts add up."""
+    out: dict[str, float] = {}
+    for metrics in per_replica:
+        for key, value in metrics.items():
+            add = key.endswith(("per_s", "positions"))
+            out[key] = out.get(key, 0.0) + value if add else max(out.get(key, value), value)
+    return out
+
+
+def _take_device(worker, role: str) -> None:
+    worker.activate(role)
+
+
+@register_node_kind("handover")
+class HandoverNode:
+    """Gives the devices of the role's colocate group to the role ahead of its next call.
+
+    With a standalone teacher, the GKD step's actor update waits for the teacher's scores; the
+    train GPUs meanwhile hold the sleeping-to-be rollout engine. Handing them to the trainer right
+    after the rollout (engine asleep, trainer state back on the GPU) runs that switch while the
+    teacher scores, instead of at the start of the update. Disabled with a colocated teacher: it
+    needs the same devices next, and an early switch would be undone."""
+
+    required_inputs = ()
+    optional_inputs = ()
+    outputs = ()
+    remote = True
+
+    def __init__(self, spec, cfg):
+        self.spec = spec
+
+    @staticmethod
+    def enabled(cfg) -> bool:
+        return cfg.teacher.placement == TeacherPlacement.standalone
+
+    def run(self, runtime, batch):
+        pool = runtime.role(self.spec.role).pool
+        with pool.lock:  # calls into one pool reach its workers in one order
+            pool.get([a.run.remote(_take_device, self.spec.role) for a in pool.actors])
+        return NodeResult(Batch(), {})
+
+
+@register_node_kind("teacher_hidden")
+class TeacherHiddenNode:
+    """Runs the (colocated) teacher forward on prompt + response; outputs its final hidden states at
+    the positions that predict each response token, [B, R, H'] (full-vocabulary distillation)."""
+
+    required_inputs = _INPUTS
+    optional_inputs = ("teacher_prompts", "teacher_prompt_mask")
+    outputs = ("teacher_hidden",)
+    remote = True
+
+    def __init__(self, spec, cfg):
+        self.spec = spec
+
+    @staticmethod
+    def enabled(cfg) -> bool:
+        return cfg.algorithm.name in DISTILL_ALGORITHMS and cfg.algorithm.gkd.gkd_logits_topk is None
+
+    def run(self, runtime, batch):
+        out, per_rank = train_role(runtime, self.spec.role).teacher_hidden(with_teacher_prompts(batch))
+        return NodeResult(out, reduce_all(per_rank))

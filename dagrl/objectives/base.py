@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class FullVocabRequest:
+    """What a backend needs for the exact full-vocabulary divergence (see `TokenRequest.full_vocab`)."""
+
+    hidden_key: str  # batch key of the teacher's final hidden states [B, R, H']
+    teacher_model: str  # the teacher's model path: the backend loads its output layer from it
+    beta: float
+    temperature: float
+
+
+@dataclass(frozen=True)
 class TokenRequest:
     """Per-token quantities on the response tokens that an objective asks the forward pass for.
 
@@ -41,6 +51,10 @@ class TokenRequest:
     # `logprobs_at_temperature`) of those ids, differentiable, [B, R, K] (top-k distillation)
     logprobs_at: str | None = None
     logprobs_at_temperature: float = 1.0
+    # full-vocabulary distillation: the generalized JSD per response token to a teacher whose final
+    # hidden states are under this key ([B, R, H']); the backend recomputes the teacher's logits
+    # chunk by chunk with the teacher's output layer, so no [tokens, V] tensor is ever cached
+    full_vocab: FullVocabRequest | None = None
 
     def __post_init__(self) -> None:
         assert self.entropy or not self.entropy_grad, "entropy_grad needs entropy"
@@ -53,6 +67,7 @@ class TokenOutputs:
     logprobs: Tensor | None = None  # [B, R]
     entropy: Tensor | None = None  # [B, R]
     logprobs_at: Tensor | None = None  # [B, R, K]
+    divergence: Tensor | None = None  # [B, R] full-vocabulary generalized JSD, differentiable
 
 
 class Objective(Protocol):

@@ -3,12 +3,16 @@
 Generalized knowledge distillation (Agarwal et al. 2024, "On-Policy Distillation of Language
 Models: Learning from Self-Generated Mistakes", ICLR 2024): with probability ``lmbda`` a step
 samples responses from the student, otherwise it takes the dataset's reference responses (the
-rollout node decides, seeded by the step); the teacher_logprob node gives the teacher's top-k
-next tokens at every response position ([B, R, K]), and the loss is the per-token divergence on
-that support (dagrl/algos/distillation.py ``topk_divergence``), aggregated by
-actor.loss_agg_mode, plus ``sft_alpha`` × the NLL of the reference responses on off-policy steps.
-The full vocabulary is the same path with K = V (exact with the tail bucket, which is then
-empty), allowed for small vocabularies only.
+rollout node decides, seeded by the step); the teacher scores every response position, and the
+loss is the per-token divergence, aggregated by actor.loss_agg_mode, plus ``sft_alpha`` × the NLL
+of the reference responses on off-policy steps.
+
+- top-k (``gkd_logits_topk`` set): the teacher_logprob node gives the teacher's top-k next tokens
+  ([B, R, K]) and the loss is ``topk_divergence`` on that support (dagrl/algos/distillation.py);
+- full vocabulary (unset): the teacher_hidden node gives the teacher's final hidden states at the
+  response positions ([B, R, H'], H' ≪ V), and the train backend recomputes the teacher's logits
+  chunk by chunk with the teacher's output layer inside the loss, so neither the teacher's nor the
+  student's [tokens, V] distributions are ever held for more than one chunk (docs/distillation.md).
 
 OPSD (on-policy self-distillation with privileged information) is the same loss; only the
 teacher's input differs: it reads each row's ``teacher_prompt`` (problem + reference solution)
@@ -35,21 +39,26 @@ from dagrl.config.schema import Algorithm, DagrlConfig, SelfTeacher, TeacherPlac
 from dagrl.core.batch import Batch
 from dagrl.data.builtin import tiny_model_path
 from dagrl.errors import ConfigError
-from dagrl.objectives.base import TokenOutputs, TokenRequest, micro_batch_weights, register_objective
+from dagrl.objectives.base import (
+    FullVocabRequest,
+    TokenOutputs,
+    TokenRequest,
+    micro_batch_weights,
+    register_objective,
+)
 
 G = "algorithm.gkd"
-# Full vocabulary goes through the top-k path with K = V: [B, R, V] teacher tensors per batch.
-# Above this the teacher's output would be a [B, R, V] tensor per step (151,936 words for Qwen).
-FULL_VOCAB_LIMIT = 4096
+TOPK_KEYS = ("teacher_topk_ids", "teacher_topk_logprobs")
+HIDDEN_KEY = "teacher_hidden"
 DISTILL_ALGORITHMS = (Algorithm.gkd, Algorithm.opsd)
 
 
 class GKDObjective:
-    """``agg(JSD_beta(student || teacher) on the teacher's top-k) + sft_alpha · NLL(reference
-    responses)``; entropy reported, not in the loss."""
+    """``agg(JSD_beta(student || teacher))`` on the teacher's top-k or over the full vocabulary,
+    ``+ sft_alpha · NLL(reference responses)``; entropy reported (top-k), not in the loss."""
 
     # the GRPO DAG's keys, should a custom DAG hand them over; off_policy: which rows are the data's
-    optional_keys = ("old_logprobs", "rollout_logprobs", "advantages", "ref_logprobs", "off_policy")
+    _GRPO_KEYS = ("old_logprobs", "rollout_logprobs", "advantages", "ref_logprobs", "off_policy")
 
     def __init__(self, cfg: DagrlConfig):
         g = cfg.algorithm.gkd
@@ -57,9 +66,20 @@ class GKDObjective:
         self.mode = LossAggMode(cfg.actor_rollout_ref.actor.loss_agg_mode)
         self.norm_length = cfg.data.max_response_length
         sft = ("off_policy",) if self.sft_alpha else ()
-        self.required_keys = ("response_mask", "teacher_topk_ids", "teacher_topk_logprobs", *sft)
-        self.optional_keys = tuple(k for k in GKDObjective.optional_keys if k not in sft)
-        # the sampled tokens' log-probs only for the SFT term; entropy is a cheap metric on the CPU path
+        self.full_vocab = g.gkd_logits_topk is None
+        # one DAG serves both modes: the other mode's teacher keys are optional (its node is off)
+        teacher_keys, other_keys = (
+            ((HIDDEN_KEY,), TOPK_KEYS) if self.full_vocab else (TOPK_KEYS, (HIDDEN_KEY,))
+        )
+        self.required_keys = ("response_mask", *teacher_keys, *sft)
+        self.optional_keys = (*(k for k in self._GRPO_KEYS if k not in sft), *other_keys)
+        if self.full_vocab:
+            # entropy would cost another pass over [tokens, V]: the divergence is the metric; the
+            # sampled tokens' log-probs only for the SFT term
+            full = FullVocabRequest(HIDDEN_KEY, teacher_model_path(cfg) or "", g.beta, g.temperature)
+            self.request = TokenRequest(logprobs=bool(self.sft_alpha), full_vocab=full)
+            return
+        # the sampled tokens' log-probs only for the SFT term; entropy is a cheap metric
         self.request = TokenRequest(
             logprobs=bool(self.sft_alpha),
             entropy=True,
@@ -72,9 +92,12 @@ class GKDObjective:
 
     def loss(self, mb: Batch, out: TokenOutputs) -> tuple[Tensor, dict[str, Tensor]]:
         mask = mb["response_mask"].float()
-        per_token = topk_divergence(
-            out.logprobs_at, mb["teacher_topk_logprobs"], mask, self.beta, self.tail_bucket
-        )
+        if self.full_vocab:
+            per_token = out.divergence * mask
+        else:
+            per_token = topk_divergence(
+                out.logprobs_at, mb["teacher_topk_logprobs"], mask, self.beta, self.tail_bucket
+            )
         loss = agg_loss(per_token, mask, self.mode, self.norm_length)
         metrics = {"distill/divergence": loss.detach()}
         if self.sft_alpha:
@@ -130,18 +153,30 @@ def _check_gkd(cfg: DagrlConfig) -> None:
         raise ConfigError(
             "teacher.offload", True, "a self_current teacher is the train role's own model: set false"
         )
-    if cfg.actor_rollout_ref.actor.strategy != TrainStrategy.torch:
+    if cfg.teacher.model == SelfTeacher.self_current.value and g.gkd_logits_topk is None:
         raise ConfigError(
-            "actor_rollout_ref.actor.strategy",
-            cfg.actor_rollout_ref.actor.strategy,
-            f"algorithm={name} runs on the torch train backend only for now: set it to torch",
+            f"{G}.gkd_logits_topk",
+            None,
+            "a self_current teacher scores with its top-k: set e.g. 64 (the full-vocabulary path reads "
+            "the teacher's output layer from its checkpoint, which is not the current policy's)",
         )
-    if cfg.teacher.placement != TeacherPlacement.colocate:
+    self_teacher = cfg.teacher.model in {t.value for t in SelfTeacher}
+    if self_teacher and cfg.teacher.placement != TeacherPlacement.colocate:
         raise ConfigError(
-            "teacher.placement",
-            cfg.teacher.placement,
-            f"algorithm={name} needs a colocated teacher (colocate)",
+            "teacher.placement", cfg.teacher.placement, "a self teacher is the student's model: use colocate"
         )
+    if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
+        if g.sft_alpha > 0:
+            raise ConfigError(
+                f"{G}.sft_alpha", g.sft_alpha, "the SFT term runs on the torch train backend for now: set 0"
+            )
+        if self_teacher:
+            raise ConfigError(
+                "teacher.model",
+                cfg.teacher.model,
+                "self-distillation runs on the torch train backend for now: set actor.strategy=torch",
+            )
+        _check_megatron_teacher_layout(cfg)
     if g.gkd_logits_topk is not None and g.gkd_logits_topk < 1:
         raise ConfigError(
             f"{G}.gkd_logits_topk", g.gkd_logits_topk, "must be >= 1, or unset for full vocabulary"
@@ -191,31 +226,35 @@ def _check_vocabularies(cfg: DagrlConfig) -> None:
             "distributions over the same token ids; use a teacher with the student's tokenizer",
         )
     vocab = teacher or student
-    if g.gkd_logits_topk is None:
-        if vocab is None or vocab > FULL_VOCAB_LIMIT:
-            raise ConfigError(
-                f"{G}.gkd_logits_topk",
-                None,
-                f"full-vocabulary distillation is wired for vocabularies up to {FULL_VOCAB_LIMIT} words "
-                f"(this one: {vocab or 'unknown'}); set algorithm.gkd.gkd_logits_topk=64 "
-                "(with algorithm.gkd.tail_bucket=true to keep the mass outside the top-k)",
-            )
-    elif vocab is not None and g.gkd_logits_topk > vocab:
+    # full vocabulary (gkd_logits_topk unset) has no size limit: the teacher's logits are
+    # recomputed chunk by chunk from its hidden states (docs/distillation.md)
+    if g.gkd_logits_topk is not None and vocab is not None and g.gkd_logits_topk > vocab:
         raise ConfigError(
             f"{G}.gkd_logits_topk", g.gkd_logits_topk, f"must be <= the vocabulary size {vocab}"
         )
 
 
+def _check_megatron_teacher_layout(cfg: DagrlConfig) -> None:
+    """A colocated megatron teacher runs in the student's processes, so in its parallel groups
+    (megatron's are per process): it uses ref.megatron, which must match the actor's layout."""
+    from dagrl.config.validate_megatron import PARALLEL_KNOBS
+
+    actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
+    for key in PARALLEL_KNOBS:
+        if getattr(ref, key) != getattr(actor, key):
+            raise ConfigError(
+                f"actor_rollout_ref.ref.megatron.{key}",
+                getattr(ref, key),
+                f"the colocated teacher runs with ref.megatron in the actor's processes, whose {key} is "
+                f"{getattr(actor, key)}: use the same value (or leave ref.megatron's parallel settings unset)",
+            )
+
+
 def distill_topk(cfg: DagrlConfig) -> int:
-    """K of the teacher's top-k: gkd_logits_topk, or the whole vocabulary when it is unset."""
+    """K of the teacher's top-k (top-k mode only: full vocabulary goes through teacher_hidden)."""
     k = cfg.algorithm.gkd.gkd_logits_topk
-    if k is not None:
-        return k
-    vocab = model_vocab_size(teacher_model_path(cfg) or _student_path(cfg)) or model_vocab_size(
-        _student_path(cfg)
-    )
-    assert vocab is not None, "validate refuses full vocabulary when the vocabulary size is unknown"
-    return vocab
+    assert k is not None, "full-vocabulary distillation runs the teacher_hidden node, not teacher_logprob"
+    return k
 
 
 @register_objective(Algorithm.gkd, validate=_check_gkd)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from dagrl.errors import ConfigError, DataError
-from dagrl.rewards.registry import RewardFn, default_reward_name, get_reward
+from dagrl.rewards.registry import RewardFn, RewardForm, default_reward_name, get_reward, reward_form
 
 _SOLUTION_PREVIEW_CHARS = 200
 
@@ -76,24 +76,116 @@ class RewardComposer:
         solutions: list[str],
         ground_truths: list[str],
         extra_infos: list[dict | None],
+        prompts: list[str] | None = None,
+        completion_ids: list[list[int]] | None = None,
     ) -> tuple[list[float], dict[str, list[float]]]:
         """Score a batch: (weighted sums, {reward name: raw scores}), every list aligned with rows.
 
-        With explicit terms every row has every term. In default routing a batch mixing sources
-        has rows a reward did not score; those entries are NaN so indices stay aligned.
+        With explicit terms every row has every term (a TRL-form reward's None is NaN and adds 0).
+        In default routing a batch mixing sources has rows a reward did not score; those entries are
+        NaN so indices stay aligned. `prompts` / `completion_ids` reach TRL-form rewards only. A
+        reward that raises is a DataError naming the row (`describe_row`), its data_source and the error.
         """
         lengths = {len(data_sources), len(solutions), len(ground_truths), len(extra_infos)}
         assert len(lengths) == 1, f"score_batch got lists of different lengths: {sorted(lengths)}"
+        if self.terms:
+            columns = dict(data_source=data_sources, ground_truth=ground_truths, extra_info=extra_infos)
+            return self._score_terms(solutions, columns, prompts, completion_ids)
         totals: list[float] = []
         raw_by_name: dict[str, list[float]] = {}
         for row, (source, solution, truth, extra) in enumerate(
             zip(data_sources, solutions, ground_truths, extra_infos)
         ):
-            total, raw_scores = self.score(source, solution, truth, extra)
+            try:
+                total, raw_scores = self.score(source, solution, truth, extra)
+            except DataError as exc:
+                raise DataError(f"{describe_row(row, extra)}: {exc}") from exc.__cause__
             totals.append(total)
             for name, raw in raw_scores.items():
                 raw_by_name.setdefault(name, [math.nan] * len(data_sources))[row] = raw
         return totals, raw_by_name
+
+    @property
+    def wants_prompts(self) -> bool:
+        """Whether a term is in TRL's form (it receives the decoded prompts)."""
+        return any(reward_form(fn) == RewardForm.trl for fn in self._functions.values())
+
+    def _score_terms(self, solutions, columns, prompts, completion_ids):
+        n = len(solutions)
+        raw_by_name: dict[str, list[float]] = {}
+        for term in self.terms:
+            fn = self._functions[term.name]
+            if reward_form(fn) == RewardForm.trl:
+                raw_by_name[term.name] = _call_trl(term.name, fn, solutions, columns, prompts, completion_ids)
+            else:
+                raw_by_name[term.name] = [
+                    self._one(term, fn, row, src, sol, gt, extra)
+                    for row, (src, sol, gt, extra) in enumerate(
+                        zip(columns["data_source"], solutions, columns["ground_truth"], columns["extra_info"])
+                    )
+                ]
+        totals = [
+            sum(
+                t.weight * raw_by_name[t.name][i]
+                for t in self.terms
+                if not math.isnan(raw_by_name[t.name][i])
+            )
+            for i in range(n)
+        ]
+        return totals, raw_by_name
+
+    def _one(self, term, fn, row, data_source, solution_str, ground_truth, extra_info) -> float:
+        try:
+            return float(fn(solution_str, ground_truth, extra_info or {}))
+        except Exception as exc:
+            raise DataError(
+                f"{describe_row(row, extra_info)}: reward {term.name!r} failed on a row of data_source {data_source!r} "
+                f"({type(exc).__name__}: {exc}); "
+                f"response starts: {solution_str[:_SOLUTION_PREVIEW_CHARS]!r}"
+            ) from exc
+
+
+def _call_trl(name, fn, solutions, columns, prompts, completion_ids) -> list[float]:
+    """One call of a TRL-form reward on the batch: completions, prompts, and the rows' columns
+    (plus the keys inside extra_info, as TRL passes every dataset column) as keyword lists."""
+    kwargs = dict(columns)
+    for key in sorted({k for extra in columns["extra_info"] for k in (extra or {})} - set(columns)):
+        kwargs[key] = [(extra or {}).get(key) for extra in columns["extra_info"]]
+    if prompts is not None:
+        kwargs["prompts"] = prompts
+    if completion_ids is not None:
+        kwargs["completion_ids"] = completion_ids
+    try:
+        out = list(fn(completions=list(solutions), **kwargs))
+    except Exception as exc:
+        raise DataError(
+            f"reward {name!r} (TRL form) failed on a batch ({type(exc).__name__}: {exc})"
+        ) from exc
+    if len(out) != len(solutions):
+        raise DataError(f"reward {name!r} returned {len(out)} scores for {len(solutions)} completions")
+    return [math.nan if v is None else float(v) for v in out]
+
+
+def describe_row(row: int, extra_info: dict | None) -> str:
+    """'batch row 3 (extra_info.index=17)': the data row when the file recorded its index (the
+    examples/data_preprocess scripts and the built-in task do), else the row's place in the batch."""
+    index = (extra_info or {}).get("index")
+    return f"batch row {row}" + (f" (extra_info.index={index})" if index is not None else "")
+
+
+def nonfinite_rows(
+    scores: list[float], data_sources: list[str], extra_infos: list[dict | None], limit: int = 5
+) -> str | None:
+    """None when every score is finite, else which rows are not (the first `limit` of them)."""
+    bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
+    if not bad:
+        return None
+    named = ", ".join(
+        f"data_source {data_sources[i]!r} {describe_row(i, extra_infos[i])} = {scores[i]}"
+        for i in bad[:limit]
+    )
+    more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
+    return f"{len(bad)} of {len(scores)} responses: {named}{more}"
 
 
 def mean_by_source(scores: list[float], data_sources: list[str]) -> dict[str, float]:

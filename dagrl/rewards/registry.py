@@ -1,13 +1,22 @@
 """Name -> reward function registry, and the default reward for each known data source.
 
-A reward function scores one response: ``fn(solution_str, ground_truth, extra_info) -> float``.
+Two forms, told apart by the signature:
+
+- dagrl / verl: ``fn(solution_str, ground_truth, extra_info) -> float`` scores one response;
+- TRL's GRPOTrainer: ``fn(completions, **kwargs) -> list[float]`` scores a batch, with ``prompts``,
+  ``completion_ids`` and the dataset's columns (``data_source``, ``ground_truth``, ``extra_info`` and
+  the keys inside ``extra_info``) as keyword lists; ``None`` in the result means "does not apply".
+
 Built-in rewards register themselves on import of ``dagrl.rewards``; user rewards register
-the same way from a module listed in ``external_plugins``.
+the same way from a module listed in ``external_plugins``, or are found there by function name
+without a decorator (a TRL reward file works as it is).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from enum import Enum
 
 from dagrl.errors import ConfigError, DataError
 
@@ -51,20 +60,36 @@ def _qualname(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+class RewardForm(str, Enum):
+    per_response = "per_response"  # fn(solution_str, ground_truth, extra_info) -> float
+    trl = "trl"  # fn(completions, **kwargs) -> list[float | None]
+
+
+def reward_form(fn: Callable) -> RewardForm:
+    """TRL's form names its first argument ``completions``; anything else is dagrl's per-response form."""
+    params = list(inspect.signature(fn).parameters)
+    return RewardForm.trl if params and params[0] == "completions" else RewardForm.per_response
+
+
 def get_reward(name: str) -> RewardFn:
-    """Return the reward registered as ``name``; raise ``ConfigError`` listing known names if absent."""
-    try:
+    """Return the reward registered as ``name``, else a function of that name in a module listed in
+    ``external_plugins``; raise ``ConfigError`` listing known names if there is none."""
+    from dagrl.core.plugins import LOADED
+
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(registered_rewards())
-        raise ConfigError(
-            key="reward.functions",
-            value=name,
-            fix=(
-                f"use one of: {known}, or register your own with @register_reward "
-                "in a module listed in external_plugins"
-            ),
-        ) from None
+    found = [getattr(m, name) for m in LOADED.values() if callable(getattr(m, name, None))]
+    if found:
+        return found[-1]
+    known = ", ".join(registered_rewards())
+    raise ConfigError(
+        key="reward.functions",
+        value=name,
+        fix=(
+            f"use one of: {known}, or define a function of that name (or one decorated with "
+            "@register_reward) in a module listed in external_plugins"
+        ),
+    ) from None
 
 
 def registered_rewards() -> list[str]:

@@ -1,10 +1,21 @@
-"""Step metrics to the console, TensorBoard and metrics.jsonl; printing happens on the driver only."""
+"""Step metrics to the console, TensorBoard, Weights & Biases and metrics.jsonl; printing happens on
+the driver only.
+
+One series per directory: a run that starts at step 0 moves an earlier run's metrics.jsonl and
+TensorBoard events in the same trainer.default_local_dir to previous_runs/<time>/ (and says so); a run
+resumed from a checkpoint at step N appends deliberately, after dropping what the earlier run logged
+past step N (TensorBoard's purge_step does the same for its events), and says so too.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import time
+
+from dagrl.errors import ConfigError
 
 CONSOLE_KEYS = [
     ("reward/mean", "reward", "{:.3f}"),
@@ -26,16 +37,52 @@ def log(msg: str) -> None:
     print(msg, file=sys.stdout, flush=True)
 
 
+def check_loggers(loggers: list[str]) -> None:
+    """Before Ray starts: an optional logger that is not installed is a ConfigError naming the key."""
+    if "wandb" in loggers:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                "trainer.logger",
+                "wandb",
+                "wandb is not installed: pip install wandb, or drop it from the list",
+            )
+
+
 class MetricsLogger:
-    def __init__(self, out_dir: str, loggers: list[str], experiment: str):
+    def __init__(
+        self,
+        out_dir: str,
+        loggers: list[str],
+        experiment: str,
+        project: str = "dagrl",
+        start_step: int = 0,
+        run_config: dict | None = None,
+    ):
+        """start_step: 0 for a fresh run, else the step a resumed run continues after."""
         os.makedirs(out_dir, exist_ok=True)
         self.console = "console" in loggers
         self.jsonl_path = os.path.join(out_dir, "metrics.jsonl")
+        tb_dir = os.path.join(out_dir, "tensorboard", experiment)
+        if start_step == 0:
+            _move_earlier_run(out_dir, [self.jsonl_path, tb_dir])
+        else:
+            _drop_after(self.jsonl_path, start_step)
+            log(
+                f"resumed at step {start_step}: appending to {self.jsonl_path} (its rows after that step dropped)"
+            )
         self.tb = None
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=os.path.join(out_dir, "tensorboard", experiment))
+            # purge_step hides events an interrupted run logged past its last checkpoint
+            self.tb = SummaryWriter(log_dir=tb_dir, purge_step=start_step + 1 if start_step else None)
+        self.wandb = None
+        if "wandb" in loggers:
+            import wandb  # WANDB_MODE=offline writes the run under <out_dir>/wandb without a network
+
+            self.wandb = wandb.init(project=project, name=experiment, dir=out_dir, config=run_config)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         with open(self.jsonl_path, "a") as f:
@@ -44,12 +91,40 @@ class MetricsLogger:
             for key, value in metrics.items():
                 self.tb.add_scalar(key, value, step)
             self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
         if self.console:
             log(format_line(step, metrics))
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _move_earlier_run(out_dir: str, paths: list[str]) -> None:
+    """A fresh run must not add a second series to an earlier run's files: move them aside."""
+    present = [p for p in paths if os.path.exists(p)]
+    if not present:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(max(os.path.getmtime(p) for p in present)))
+    dest = os.path.join(out_dir, "previous_runs", stamp)
+    for path in present:
+        target = os.path.join(dest, os.path.relpath(path, out_dir))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.move(path, target)
+    log(f"an earlier run's metrics in {out_dir} moved to {dest} (this run starts at step 0)")
+
+
+def _drop_after(jsonl_path: str, step: int) -> None:
+    """Keep the rows of metrics.jsonl up to `step` (a resumed run logs the later steps again)."""
+    if not os.path.exists(jsonl_path):
+        return
+    with open(jsonl_path) as f:
+        rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    with open(jsonl_path, "w") as f:
+        f.writelines(rows)
 
 
 def format_line(step: int, metrics: dict[str, float]) -> str:

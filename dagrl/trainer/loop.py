@@ -8,8 +8,11 @@ import torch
 from tqdm import tqdm
 
 from dagrl.backends.handles import train_role
+from dagrl.backends.update_loop import NONFINITE_GRADS, NONFINITE_LOSSES
 from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
 from dagrl.core.batch import Batch, left_pad, right_pad
+from dagrl.errors import NonFiniteError
+from dagrl.nodes.reward import NONFINITE_REWARDS
 from dagrl.trainer import checkpoint, interrupt
 from dagrl.trainer.logger import MetricsLogger, log
 from dagrl.trainer.overlap import RolloutAhead
@@ -46,15 +49,25 @@ def collate(
     return Batch(tensors, meta).select(list(source)).repeat_interleave(n)
 
 
+def run_config(cfg) -> dict:
+    """The typed config as plain values (the run's config in wandb)."""
+    import dataclasses
+    import json
+
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=lambda v: getattr(v, "value", str(v))))
+
+
 class Trainer:
     def __init__(self, cfg, runtime, scheduler, train_loader, val_dataset, out_dir: str, validators=None):
         """validators: the validation DAG's schedulers (before the first update, after it)."""
         self.cfg, self.runtime, self.scheduler, self.validators = cfg, runtime, scheduler, validators
         self.loader, self.val_dataset = train_loader, val_dataset
         self.ckpt_root = os.path.expanduser(cfg.trainer.default_local_dir)
-        self.metrics = MetricsLogger(out_dir, list(cfg.trainer.logger), cfg.trainer.experiment_name)
+        self.out_dir = out_dir
+        self.metrics: MetricsLogger | None = None  # opened in fit, once resume has set the first step
         self.step = 0
         self.saved_step = 0  # the step of the last checkpoint written or resumed from
+        self.skipped_steps = self.skipped_in_a_row = 0  # steps whose update was not applied
         t = cfg.trainer
         by_epochs = t.total_epochs * train_loader.steps_per_epoch
         self.total_steps = min(by_epochs, t.total_training_steps) if t.total_training_steps else by_epochs
@@ -64,6 +77,10 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         self.maybe_resume()
         t = self.cfg.trainer
+        loggers = [getattr(x, "value", x) for x in t.logger]
+        self.metrics = MetricsLogger(
+            self.out_dir, loggers, t.experiment_name, t.project_name, self.step, run_config(self.cfg)
+        )
         last: dict[str, float] = {}
         if t.val_before_train and self.step == 0 and self.val_dataset is not None:
             last = self.validate()
@@ -79,6 +96,7 @@ class Trainer:
             else:
                 metrics = self.overlapped_step()
             metrics["train/epoch"] = float(self.loader.epoch)
+            self.count_skipped(metrics)  # before any save: a run of no-ops stops, unsaved
             is_last = self.step == self.total_steps
             if self.val_dataset is not None and t.test_freq > 0 and (self.step % t.test_freq == 0 or is_last):
                 metrics.update(self.validate())
@@ -93,6 +111,35 @@ class Trainer:
         if self.ahead is not None:
             self.ahead.close()
         return last
+
+    def count_skipped(self, metrics: dict[str, float]) -> None:
+        """A step whose update was skipped (non-finite gradient norm; the loss or a reward is
+        usually the cause) is counted in train/skipped_steps and warned about; more than
+        trainer.max_consecutive_skipped_steps of them in a row stop the run."""
+        limit = self.cfg.trainer.max_consecutive_skipped_steps
+        skipped = metrics.get(NONFINITE_GRADS, 0.0) > 0
+        self.skipped_steps += skipped
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+        metrics["train/skipped_steps"] = float(self.skipped_steps)
+        if not skipped:
+            return
+        causes = {"loss": NONFINITE_LOSSES, "gradient": NONFINITE_GRADS, "reward": NONFINITE_REWARDS}
+        why = ", ".join(f"{what} ({metrics[k]:g})" for what, k in causes.items() if metrics.get(k, 0) > 0)
+        log(
+            f"warning: step {self.step}: {metrics[NONFINITE_GRADS]:g} update(s) skipped, non-finite {why};"
+            f" {self.skipped_in_a_row} step(s) in a row (the run stops after"
+            f" trainer.max_consecutive_skipped_steps={limit})"
+        )
+        if self.skipped_in_a_row > limit:
+            last = (
+                f"the last checkpoint is step {self.saved_step}" if self.saved_step else "nothing was saved"
+            )
+            raise NonFiniteError(
+                f"stopped at step {self.step}: {self.skipped_in_a_row} steps in a row skipped their update for"
+                f" a non-finite {why} (trainer.max_consecutive_skipped_steps={limit}); {last}. Check the"
+                " warnings above (a reward returning NaN, a learning rate too high, fp16 overflow), fix it"
+                " and run again"
+            )
 
     def next_batch(self, step: int) -> Batch:
         examples = self.loader.next_batch()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from dagrl.backends.hf_model import load_tokenizer, resolve_model_path, torch_dtype
+from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_model_path, torch_dtype
 from dagrl.backends.registry import check_backends
+from dagrl.config.enums import SelfTeacher
 from dagrl.config.placement import Plan, RoleLayout, make_plan
 from dagrl.config.roles import build_role_specs
 from dagrl.config.schema import DagrlConfig, MegatronConfig
@@ -24,10 +25,13 @@ from dagrl.config.validate import (
     validate_with_plan,
 )
 from dagrl.config.validate_rollout import check_rollout_device
+from dagrl.config.validate_teacher import check_teacher_device
 from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
 from dagrl.rewards import RewardComposer, RewardTerm
+from dagrl.trainer.capacity import check_dataset_size, check_memory
+from dagrl.trainer.logger import check_loggers
 from dagrl.trainer.preflight import check_run_outside
 
 
@@ -39,14 +43,18 @@ class Prepared:
     dag: Dag
     model_path: str
     val_dags: tuple[Dag, Dag] | None = None  # (before any update: no weight sync, later: with it)
+    warnings: tuple[str, ...] = ()  # printed with the plan (a dry run's memory warning)
 
 
 def prepare(cfg: DagrlConfig) -> Prepared:
     load_plugins(list(cfg.external_plugins))
     resolve_defaults(cfg)
+    check_models(cfg)
     validate(cfg)
+    check_rewards_for_data(cfg)
     device = resolve_device(cfg)
     check_rollout_device(cfg, device)
+    check_teacher_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
     validate_roles(cfg, {s.role for s in specs if s.role})
@@ -57,8 +65,52 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
     plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
+    check_dataset_size(cfg)
+    check_loggers([getattr(x, "value", x) for x in cfg.trainer.logger])
+    warning = check_memory(cfg, plan)  # a real run raises instead
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
-    return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)))
+    warnings = (warning,) if warning else ()
+    return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)), warnings)
+
+
+def check_models(cfg: DagrlConfig) -> None:
+    """The model directories (actor, teacher) have a readable config.json and whole weights; a
+    dry run needs the config only (a plan for a large model, made before its weights are fetched)."""
+    weights = not cfg.trainer.dry_run
+    if cfg.actor_rollout_ref.model.path is not None:
+        check_model_dir(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path", weights)
+    if cfg.teacher.model is not None and cfg.teacher.model not in {t.value for t in SelfTeacher}:
+        check_model_dir(cfg.teacher.model, "teacher.model", weights)
+
+
+def check_rewards_for_data(cfg: DagrlConfig) -> None:
+    """Every data_source in the parquet files has a reward, before any step samples it: only the
+    data_source column is read; the first row of each source without one is named. With
+    reward.functions set every row gets those (their names are checked by the composer)."""
+    import pyarrow.parquet as pq
+
+    from dagrl.errors import DataError
+    from dagrl.rewards import default_reward_name
+
+    rewarder_for(cfg)  # unknown reward names in reward.functions
+    if cfg.reward.functions:
+        return
+    for key in ("data.train_files", "data.val_files"):
+        for path in data_files(getattr(cfg.data, key.split(".")[1])):
+            path = os.path.expanduser(path)
+            try:
+                sources = pq.read_table(path, columns=["data_source"]).column("data_source").to_pylist()
+            except Exception:  # unreadable or no such column: reading the rows reports it, before Ray
+                continue
+            seen: set = set()
+            for row, source in enumerate(sources):
+                if source in seen:
+                    continue
+                seen.add(source)
+                try:
+                    default_reward_name(str(source))
+                except DataError as exc:
+                    raise DataError(f"{key}: {path} row {row}: {exc}") from None
 
 
 def validation_dags(roles: set[str]) -> tuple[Dag, Dag] | None:
@@ -79,14 +131,19 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
     """GiB per device each role keeps on its GPU for weights, gradients and optimizer state.
 
     Activations and the KV cache are not included. What megatron's offload flags keep in host
-    memory between phases is left out of the figure and recorded in `plan.offloaded_gib`.
+    memory between phases is left out of the figure and recorded in `plan.offloaded_gib`. A
+    teacher is counted with its own model (weights only, over its TP size) when its directory
+    is local; a plugin role's model is not counted.
     """
     params, expert_params = _count_params(cfg, model_path)
     out = {}
     for role, layout in plan.roles.items():
         spec = plan.specs[role]
         if spec.model.path != cfg.actor_rollout_ref.model.path:
-            continue  # another model (a teacher, a plugin's): not counted here
+            teacher = _teacher_weights_gib(cfg, spec, layout)
+            if teacher is not None:
+                out[role] = teacher
+            continue
         width = torch_dtype(spec.model.dtype).itemsize
         if spec.megatron is not None:
             gpu, host = _megatron_bytes(
@@ -100,6 +157,20 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
         else:
             out[role] = params / (layout.tp * layout.pp) * width / 2**30
     return out
+
+
+def _teacher_weights_gib(cfg: DagrlConfig, spec, layout: RoleLayout) -> float | None:
+    """GiB of a teacher's weights per device; None for other roles or a model not on this disk."""
+    from dagrl.config.roles import ROLE_TEACHER
+
+    path = spec.model.path
+    if spec.kind != ROLE_TEACHER or path is None:
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    params, _ = _count_params(cfg, path)
+    return params / (layout.tp * layout.pp) * torch_dtype(spec.model.dtype).itemsize / 2**30
 
 
 def _count_params(cfg: DagrlConfig, model_path: str) -> tuple[int, int]:

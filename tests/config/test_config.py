@@ -22,9 +22,9 @@ R = "actor_rollout_ref.rollout"
 
 
 def run_cli(*overrides: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    """`python -m dagrl.main overrides...` from the repo root; Hydra's output dir goes to tmp_path."""
+    """`python -m dagrl.main overrides...` from the repo root (dagrl writes no Hydra output folder)."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HYDRA_FULL_ERROR": "0"}
-    cmd = [sys.executable, "-m", "dagrl.main", *overrides, f"hydra.run.dir={tmp_path / 'hydra'}"]
+    cmd = [sys.executable, "-m", "dagrl.main", *overrides]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 

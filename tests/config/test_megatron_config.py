@@ -508,7 +508,7 @@ def write_gsm8k_like(directory: Path) -> tuple[str, str]:
             "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
             "extra_info": {"index": i},
         }
-        for i in range(16)
+        for i in range(128)  # the script's default data.train_batch_size: the dry run checks the rows
     ]
     train, val = str(directory / "train.parquet"), str(directory / "test.parquet")
     write_parquet(rows, train)
@@ -532,7 +532,6 @@ def run_script(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Co
         "bash",
         str(REPO / "run_scripts/run_qwen3-8b-megatron.sh"),
         *args,
-        f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=180)
 

@@ -90,10 +90,8 @@ def test_teacher_standalone_gets_its_own_devices():
     teacher_group = plan.group_of("teacher")
     assert teacher_group.roles == ["teacher"] and len(teacher_group.slots) == 2
     assert plan.roles["teacher"].dp == 1 and len(plan.group_of("train").slots) == 2
-    # vllm is not registered in this build: the error names the key that chose it
-    with pytest.raises(ConfigError) as exc:
-        check_backends([specs["teacher"]])
-    assert exc.value.key == "teacher.placement" and "vllm" in str(exc.value)
+    check_backends([specs["teacher"]])  # registered; vllm itself is imported on the GPU workers only
+    assert "vllm" in backend_names("teacher")
 
 
 @pytest.mark.parametrize(

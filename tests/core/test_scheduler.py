@@ -164,6 +164,8 @@ def test_independent_nodes_run_concurrently(tmp_path):
     assert metrics["a"] == 1.0 and metrics["b"] == 1.0
     assert metrics["timing_s/a"] >= SLEEP_S and metrics["timing_s/total"] < SLEEP_S
     assert metrics["timing_s/step"] >= SLEEP_S
+    # the two sleepers ran alongside each other: about one sleep of node time beyond the wall time
+    assert 0.8 * SLEEP_S < metrics["timing_s/overlapped"] < 1.2 * SLEEP_S + 0.05
 
 
 def test_node_error_propagates(tmp_path):

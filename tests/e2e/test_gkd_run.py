@@ -49,3 +49,30 @@ def test_gkd_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     assert all(r["distill/divergence"] > 0 for r in b)
     assert a == b
+
+
+@pytest.mark.slow
+def test_default_gkd_run_learns_on_megatron(ray_local, tmp_path):
+    """`python -m dagrl.main algorithm=gkd actor_rollout_ref.actor.strategy=megatron` on CPU workers
+    (the gloo patch as a plugin): megatron student and megatron teacher (teacher_hidden, full
+    vocabulary), the student's loss in megatron's schedule. Divergence falls, validation reward rises."""
+    from dagrl.main import run
+    from tests.e2e.test_megatron_run import MEGATRON
+
+    plugin_and_backend = MEGATRON[len(FAST) :]  # the default job's sizes, not FAST's
+    run(
+        compose_config(
+            "algorithm=gkd",
+            *plugin_and_backend,
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.progress_bar=false",
+        )
+    )
+    rows = read_metrics(tmp_path)
+    train = [r for r in rows if "distill/divergence" in r]
+    assert rows[-1]["step"] == 40 and "timing_s/teacher_hidden" in train[0]
+    first = sum(r["distill/divergence"] for r in train[:5]) / 5
+    last = sum(r["distill/divergence"] for r in train[-5:]) / 5
+    assert last < 0.75 * first, f"divergence {first:.4f} -> {last:.4f}"
+    before, after = rows[0]["val/reward/mean"], rows[-1]["val/reward/mean"]
+    assert after >= before + 0.15, f"validation reward {before:.3f} -> {after:.3f}"

@@ -74,25 +74,35 @@ def test_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
 
 
 def test_separate_rollout_pool_receives_weights_through_ray(ray_local, tmp_path):
-    """Rollout on its own worker: weights travel through the object store each step."""
+    """Rollout on its own worker: weights are broadcast each step, from the second sync on in the
+    engine's own layout straight into its parameters; the run equals one through the loader."""
     from dagrl.backends.hf_model import resolve_model_path
     from dagrl.main import run
 
-    run(
-        compose_config(
-            *FAST,
-            "placement=separate",
-            "trainer.n_gpus_per_node=2",
-            "trainer.total_training_steps=2",
-            f"trainer.default_local_dir={tmp_path}",
+    def separate(out, *extra):
+        run(
+            compose_config(
+                *FAST,
+                "placement=separate",
+                "trainer.n_gpus_per_node=2",
+                "trainer.total_training_steps=3",
+                f"trainer.default_local_dir={out}",
+                *extra,
+            )
         )
-    )
-    rows = read_metrics(tmp_path)
+        return read_metrics(out)
+
+    rows = separate(tmp_path / "direct")
     from safetensors.torch import load_file
 
     state = load_file(f"{resolve_model_path(None)}/model.safetensors")
     model_bytes = sum(t.numel() * 4 for t in state.values())  # float32 run
     assert all(r["weight_sync/bytes"] == pytest.approx(model_bytes, rel=0.01) for r in rows)
+    assert [r["weight_sync/direct"] for r in rows] == [0.0, 1.0, 1.0]
+    loader = separate(tmp_path / "loader", "actor_rollout_ref.rollout.weight_sync_direct=false")
+    assert [r["weight_sync/direct"] for r in loader] == [0.0, 0.0, 0.0]
+    same = ["reward/mean", "response_length/mean", "actor/pg_loss", "actor/entropy"]
+    assert [[r[k] for k in same] for r in rows] == [[r[k] for k in same] for r in loader]
 
 
 def test_two_train_workers_ddp_over_gloo(ray_local, tmp_path):

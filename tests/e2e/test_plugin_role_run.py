@@ -28,7 +28,6 @@ def test_plugin_role_node_and_dag_from_the_command_line(tmp_path):
         "trainer.logger=[console]",
         "trainer.progress_bar=false",
         f"trainer.default_local_dir={tmp_path}",
-        f"hydra.run.dir={tmp_path}/hydra",
         "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.rollout.n=2",

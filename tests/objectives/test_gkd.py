@@ -53,7 +53,13 @@ def _vocab_dir(tmp_path, vocab: int) -> str:
         ([f"{G}.temperature=0"], f"{G}.temperature"),
         ([f"{G}.gkd_logits_topk=262"], f"{G}.gkd_logits_topk"),
         ([f"{G}.gkd_logits_topk=0"], f"{G}.gkd_logits_topk"),
-        (["actor_rollout_ref.actor.strategy=megatron"], "actor_rollout_ref.actor.strategy"),
+        (
+            [
+                "actor_rollout_ref.actor.strategy=megatron",
+                "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2",
+            ],
+            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size",
+        ),
         # a model path set: the shipped teacher is not filled in
         (
             [f"actor_rollout_ref.model.path={tiny_model_path()}", "actor_rollout_ref.actor.optim.lr=1e-4"],
@@ -73,14 +79,25 @@ def test_teacher_vocabulary_must_equal_the_students(tmp_path):
     assert err.value.key == "teacher.model" and "300" in str(err.value) and "261" in str(err.value)
 
 
-def test_full_vocabulary_at_scale_is_refused_with_a_top_k_suggestion(monkeypatch):
-    import dagrl.objectives.distill as distill
+def test_full_vocabulary_has_no_size_limit_and_runs_the_teacher_hidden_node(tmp_path):
+    """Full vocabulary goes through teacher_hidden ([B, R, H']) whatever the vocabulary size;
+    top-k through teacher_logprob. One DAG serves both."""
+    from dagrl.core.dag import load_dag_specs, prune_disabled
 
-    monkeypatch.setattr(distill, "FULL_VOCAB_LIMIT", 100)  # the tiny 261 words count as "large"
-    with pytest.raises(ConfigError) as err:
-        validate(gkd_config())
-    assert err.value.key == f"{G}.gkd_logits_topk" and "gkd_logits_topk=64" in str(err.value)
-    validate(gkd_config(f"{G}.gkd_logits_topk=64"))  # the suggested fix passes
+    big = _vocab_dir(tmp_path, 151_936)
+    cfg = gkd_config(
+        f"actor_rollout_ref.model.path={big}", f"teacher.model={big}", "actor_rollout_ref.actor.optim.lr=1e-6"
+    )
+    validate(cfg)
+    _, specs = load_dag_specs("gkd")
+    kinds = {s.kind: s for s in prune_disabled(specs, cfg)}
+    assert "teacher_hidden" in kinds and "teacher_logprob" not in kinds
+    assert "teacher_hidden" in kinds["actor_update"].inputs
+    assert "teacher_topk_ids" not in kinds["actor_update"].inputs
+    cfg = gkd_config(f"{G}.gkd_logits_topk=64")
+    kinds = {s.kind: s for s in prune_disabled(specs, cfg)}
+    assert "teacher_logprob" in kinds and "teacher_hidden" not in kinds
+    assert "teacher_hidden" not in kinds["actor_update"].inputs
 
 
 # ---- the torch backend: teacher top-k and the gkd objective -------------------------------------

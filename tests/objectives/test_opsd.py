@@ -38,7 +38,9 @@ def test_default_opsd_job_uses_the_shipped_teacher_and_the_privileged_prompts():
     assert cfg.teacher.model == tiny_teacher_path() and cfg.dag == "opsd"
     source, specs = load_dag_specs(cfg.dag)
     dag = build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout", "teacher"})
-    assert {"teacher_prompts", "teacher_prompt_mask"} <= set(dag.node("teacher_logprob").inputs)
+    assert {"teacher_prompts", "teacher_prompt_mask"} <= set(
+        dag.node("teacher_hidden").inputs
+    )  # full vocabulary
 
 
 def test_teacher_scores_the_same_response_ids_after_its_own_prompt():
@@ -92,7 +94,9 @@ def test_self_teacher_is_a_frozen_copy_of_the_student_and_self_current_the_train
     assert specs["teacher"].model.path == specs["train"].model.path  # the student's initial weights
     assert not specs["teacher"].trains and role_aliases(frozen) == {}
 
-    current = opsd_config("teacher.model=self_current")
+    with pytest.raises(ConfigError, match="gkd_logits_topk"):
+        validate(opsd_config("teacher.model=self_current"))  # full vocabulary: refused
+    current = opsd_config("teacher.model=self_current", f"{G}.gkd_logits_topk=16")
     validate(current)
     assert role_aliases(current) == {"teacher": "train"}
     source, node_specs = load_dag_specs(current.dag)

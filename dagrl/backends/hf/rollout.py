@@ -2,6 +2,8 @@
 
 Temperature, top-p, top-k; stops at EOS or max_response_length; returns the log-prob of each
 sampled token under the temperature-scaled distribution (what the trainer recomputes).
+Temperature 0 is greedy decoding (argmax); its tokens' log-probs are the model's own, at
+temperature 1 (see `dagrl.algos.logprob_temperature`).
 Sampling is seeded per (step seed, DP rank), so a resumed run samples what the original would.
 """
 
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
+from dagrl.algos import logprob_temperature
 from dagrl.backends.hf_model import eos_token_ids, load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.core.batch import Batch
 
@@ -43,6 +46,11 @@ class HFRolloutBackend:
 
     def finish_weight_update(self) -> None:
         pass
+
+    def engine_params(self) -> dict[str, torch.Tensor]:
+        """The parameters a direct weight refresh writes into (weight_layout.py); buffers do not
+        train, so they stay out of it."""
+        return dict(self.model.named_parameters())
 
     def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         nbytes = 0
@@ -110,8 +118,9 @@ class HFRolloutBackend:
 
 
 def _sample(logits: torch.Tensor, gen, temperature: float, top_p: float, top_k: int, greedy: bool):
-    """Next token [B] and its log-prob under softmax(logits / temperature) [B]."""
-    t = temperature if temperature > 0 else 1.0
+    """Next token [B] and its log-prob under softmax(logits / temperature) [B] (greedy: argmax, and
+    its log-prob at temperature 1, as the trainer scores it)."""
+    t = logprob_temperature(temperature)
     logprobs = torch.log_softmax(logits / t, dim=-1)
     if greedy:
         token = logits.argmax(-1)

@@ -13,7 +13,11 @@ token, never per word:
 - the student's log-probs at given global ids (``vocab_parallel_logprobs_at``): the rank that holds
   an id contributes its logit, the others 0, summed over the group;
 - the full-vocabulary generalized JSD (``vocab_parallel_divergence``): per-word terms summed over
-  the shard, then summed over the group.
+  the shard, then summed over the group; ``vocab_parallel_hidden_divergence`` makes the teacher's
+  shard of logits chunk by chunk from its final hidden states ``[N, H']`` and its output layer's
+  rows of this shard, so no teacher logits exist beyond one chunk (full-vocabulary GKD);
+- teacher top-K from final hidden states (``vocab_parallel_topk_from_hidden``): the same merge,
+  each chunk's ``[tokens, V/TP]`` logits made from the hidden states and dropped after it.
 
 Gradients: every all-reduce SUM here has an identity backward (``_SumOverGroup``). That is exact
 when what it produces is used identically on every TP rank: each rank then already holds
@@ -225,10 +229,96 @@ def vocab_parallel_divergence(
     t_flat, t_src = _flat(teacher_logits.detach(), *teacher_coords)
 
     def divergence(s_x: Tensor, t_x: Tensor) -> Tensor:
-        s_z, t_z = shard.scaled(s_x), shard.scaled(t_x)
-        s_lp = s_z - _use_in_shards(shard.log_normaliser(s_z), group)[:, None]
-        t_lp = t_z - shard.log_normaliser(t_z)[:, None]
-        return _sum_over_group(generalized_jsd_terms(s_lp, t_lp, beta).sum(-1), group)
+        return _shard_divergence(shard, s_x, t_x, beta)
 
     chunk = chunk_tokens or chunk_tokens_for(s_flat.shape[1])
     return map_token_chunks(divergence, [(s_flat, s_src), (t_flat, t_src)], chunk_tokens=chunk)
+
+
+def _shard_divergence(shard: _Shard, s_x: Tensor, t_x: Tensor, beta: float) -> Tensor:
+    """[n, W] student and teacher rows of this shard -> [n] generalized JSD over the whole vocabulary."""
+    s_z, t_z = shard.scaled(s_x), shard.scaled(t_x)
+    s_lp = s_z - _use_in_shards(shard.log_normaliser(s_z), shard.group)[:, None]
+    t_lp = t_z - shard.log_normaliser(t_z)[:, None]
+    return _sum_over_group(generalized_jsd_terms(s_lp, t_lp, beta).sum(-1), shard.group)
+
+
+def _head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    logits = hidden @ weight.T
+    return logits if bias is None else logits + bias
+
+
+def vocab_parallel_hidden_divergence(
+    student_logits: Tensor,
+    student_coords: tuple[Tensor, Tensor],
+    teacher_hidden: Tensor,
+    teacher_head: tuple[Tensor, Tensor | None],
+    beta: float,
+    temperature: float,
+    vocab_size: int,
+    group: dist.ProcessGroup | None = None,
+    chunk_tokens: int | None = None,
+) -> Tensor:
+    """``vocab_parallel_divergence`` with the teacher's logits recomputed chunk by chunk.
+
+    Args:
+        student_logits: ``[S, B, V/TP]`` (with grad); student_coords (rows, positions) ``[N]`` each.
+        teacher_hidden: ``[N, H']`` the teacher's final hidden states of the same N tokens (no grad).
+        teacher_head: the teacher output layer's rows of this shard, weight ``[V/TP, H']`` (rows past
+            the vocabulary are ignored) and bias ``[V/TP]`` or None.
+
+    Returns:
+        ``[N]`` fp32, equal on every rank.
+    """
+    weight, bias = teacher_head
+    assert weight.shape[0] == student_logits.shape[-1], "teacher head rows != the student's shard width"
+    weight, bias = weight.detach(), None if bias is None else bias.detach()
+    shard = _Shard(student_logits, vocab_size, temperature, group)
+    s_flat, s_src = _flat(student_logits, *student_coords)
+
+    def divergence(s_x: Tensor, t_h: Tensor) -> Tensor:
+        return _shard_divergence(shard, s_x, _head_logits(t_h, weight, bias), beta)
+
+    index = torch.arange(len(s_src), device=s_src.device)
+    chunk = chunk_tokens or chunk_tokens_for(s_flat.shape[1])
+    return map_token_chunks(
+        divergence, [(s_flat, s_src), (teacher_hidden.detach(), index)], chunk_tokens=chunk
+    )
+
+
+@torch.no_grad()
+def vocab_parallel_topk_from_hidden(
+    hidden: Tensor,
+    head: tuple[Tensor, Tensor | None],
+    k: int,
+    temperature: float,
+    vocab_size: int,
+    group: dist.ProcessGroup | None = None,
+    chunk_tokens: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``vocab_parallel_topk`` of the logits ``hidden @ weight.T (+ bias)``, made one chunk at a time.
+
+    Args:
+        hidden: ``[N, H]`` final hidden states of the N tokens.
+        head: this shard's output-layer rows, weight ``[V/TP, H]``, bias ``[V/TP]`` or None.
+
+    Returns:
+        ids ``[N, K]`` long (global), log-probs ``[N, K]`` fp32, descending; equal on every rank.
+    """
+    weight, bias = head
+    chunk = chunk_tokens or chunk_tokens_for(weight.shape[0])
+    ids, values = [], []
+    for start in range(0, len(hidden), chunk):
+        logits = _head_logits(hidden[start : start + chunk], weight, bias)[None]  # [1, n, V/TP]
+        n = logits.shape[1]
+        where = torch.arange(n, device=hidden.device)
+        top = vocab_parallel_topk(
+            logits, where, torch.zeros_like(where), k, temperature, vocab_size, group, n
+        )
+        ids.append(top[0])
+        values.append(top[1])
+    if not ids:
+        return torch.zeros(0, k, dtype=torch.long, device=hidden.device), hidden.new_zeros(
+            0, k, dtype=torch.float32
+        )
+    return torch.cat(ids), torch.cat(values)

@@ -203,6 +203,27 @@ def _logits_model_class():
     from megatron.core.models.gpt import GPTModel
 
     class GPTLogitsModel(GPTModel):
+        _rope_from_position_ids = False
+
+        def forward(self, *args, rope_from_position_ids: bool = False, **kwargs):
+            """`rope_from_position_ids`: rotate each token by its position id instead of its column.
+            GPTModel's rotary table is indexed by column (0 .. S-1); packed rows restart the
+            positions at every sequence (core/packing.py). Rotary attention depends only on
+            position differences, so columns would be exact in real arithmetic too, but a
+            sequence placed late in a row would get cos/sin of larger angles (other fp rounding)."""
+            self._rope_from_position_ids = rope_from_position_ids
+            return super().forward(*args, **kwargs)
+
+        def _preprocess(self, *args, **kwargs):
+            out = super()._preprocess(*args, **kwargs)
+            rotary = out[1]  # [S, 1, 1, dim] by column, None without rope (or on no stage here)
+            if not self._rope_from_position_ids or rotary is None:
+                return out
+            positions = kwargs["position_ids"] if "position_ids" in kwargs else args[1]  # [B, S]
+            # every position id is < S, so the by-column table covers them: no host sync
+            per_token = rotary[:, 0, 0][positions.t()].unsqueeze(2)  # [S, B, 1, dim]
+            return (out[0], per_token, *out[2:])
+
         def compute_language_model_loss(self, labels, logits):
             return logits
 

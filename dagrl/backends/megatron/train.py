@@ -5,11 +5,14 @@ Every rank of a DP group receives the same DP shard (the pool shards by `dp_info
 go through megatron's forward-backward schedule (pipelined when PP > 1), the last stage turns
 vocab-parallel logits into what the objective requests (log-probs, entropy), and the loss is the
 objective's, in the update loop every train backend shares (backends/update_loop.py).
-Used for the actor and, with forward_only=True, for the reference model (no DDP, no optimizer).
+Used for the actor and, with forward_only=True, for the reference model and a colocated
+distillation teacher (no DDP, no optimizer; distill_steps.py has the teacher's forward and the
+student's GKD quantities).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -20,8 +23,10 @@ import torch
 from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from dagrl.algos import logprob_temperature
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.megatron import checkpoint as ckpt
+from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.model import build_model, transformer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
@@ -29,9 +34,11 @@ from dagrl.backends.megatron.spec import get_sdpa_block_spec
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
+from dagrl.config.roles import OffloadPolicy
 from dagrl.config.schema import LayerSpec
 from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.packing import PaddingStats, pack_sequences
 from dagrl.objectives import TokenOutputs, build_objective
 
 
@@ -49,17 +56,28 @@ class MicroInputs:
     token_targets: torch.Tensor  # [N] the token id
     response_shape: tuple[int, int]  # (B, R)
     weight: float  # share of the mini-batch loss this micro-batch carries
+    real_tokens: int  # prompt + response tokens of the B rows
+    padded_tokens: int  # B x S: what the unpacked layout runs
+    # packed rows (use_remove_padding): [n, 1, S, S] bool block-diagonal causal, True = masked
+    # out; the position ids restart at every sequence and drive the rotary embedding
+    attention_mask: torch.Tensor | None = None
 
 
 class MegatronTrainBackend:
-    def __init__(self, cfg, ctx, forward_only: bool = False):
+    def __init__(self, cfg, ctx, forward_only: bool = False, offload: OffloadPolicy | None = None):
+        """`offload`: what the role keeps in host memory between its turns (teacher.offload for a
+        teacher); None = the megatron.*_offload flags."""
         from transformers import AutoConfig
 
         arr = cfg.actor_rollout_ref
         self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
         self.m = arr.ref.megatron if forward_only else arr.actor.megatron
+        self.offload_policy = offload or OffloadPolicy(
+            self.m.param_offload, self.m.grad_offload, self.m.optimizer_offload
+        )
+        self._teacher_head = None  # the teacher's output-layer shard (full-vocabulary GKD), lazily
         self.path = resolve_model_path(arr.model.path)
-        self.temperature = arr.rollout.temperature
+        self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
         self.micro = (
             arr.ref.log_prob_micro_batch_size_per_gpu
             if forward_only
@@ -72,7 +90,10 @@ class MegatronTrainBackend:
             self.hf_config, self.m, params_dtype=self.dtype, use_cpu_initialization=ctx.device.type == "cpu"
         )
         self.tcfg.pipeline_dtype = self.dtype
-        spec = layer_spec_for(self.m.layer_spec, self.tcfg)  # a spec or a vp_stage -> spec callable
+        self.packing = arr.model.use_remove_padding
+        spec = layer_spec_for(
+            self.m.layer_spec, self.tcfg, self.packing
+        )  # a spec or a vp_stage -> spec callable
         self.chunks = build_model(
             self.hf_config, self.tcfg, spec, vp_size=self.m.virtual_pipeline_model_parallel_size
         )
@@ -139,12 +160,15 @@ class MegatronTrainBackend:
     def dp_info(self) -> tuple[int, int, bool]:
         return dp_info()
 
-    def offload(self) -> None:
-        """Move what the megatron.*_offload flags name to CPU; the freed GiB is reported."""
+    def offload(self) -> bool:
+        """Move what the offload policy names to CPU; the freed GiB is reported."""
+        if not any(vars(self.offload_policy).values()):
+            return False  # resident: the worker keeps the allocator's cache for the next phase
         before = _allocated_gib()
-        if self.m.param_offload:
+        if self.offload_policy.params:
             self._offload_params()
-        if self.optimizer is not None and self.m.grad_offload:
+            self._move_teacher_head(torch.device("cpu"))
+        if self.optimizer is not None and self.offload_policy.grads:
             for chunk in self.model:
                 chunk.offload_grad_buffers(synchronize=self.ctx.device.type == "cuda", empty_cache=False)
         if self._offloads_optimizer():
@@ -152,20 +176,26 @@ class MegatronTrainBackend:
         if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
         self.offload_freed_gib = before - _allocated_gib()
+        return True
 
     def onload(self) -> None:
-        if self.m.param_offload:
+        if self.offload_policy.params:
             self._onload_params()
-        if self.optimizer is not None and self.m.grad_offload:
+            self._move_teacher_head(self.ctx.device)
+        if self.optimizer is not None and self.offload_policy.grads:
             for chunk in self.model:
                 chunk.restore_grad_buffers(synchronize=self.ctx.device.type == "cuda")
         if self._offloads_optimizer():
             self.optimizer.restore_from_cpu()
 
+    def _move_teacher_head(self, device: torch.device) -> None:
+        if self._teacher_head is not None:  # full-vocabulary GKD: the student's copy of it
+            self._teacher_head = tuple(t if t is None else t.to(device) for t in self._teacher_head)
+
     def _offloads_optimizer(self) -> bool:
         # megatron moves the optimizer state back with .cuda(): on a CPU device there is nowhere
         # to offload from, so the flag is a no-op there
-        return self.optimizer is not None and self.m.optimizer_offload and self.ctx.device.type == "cuda"
+        return self.optimizer is not None and self.offload_policy.optimizer and self.ctx.device.type == "cuda"
 
     def _offload_params(self) -> None:
         # Parameters stay the same objects (the optimizer and DDP keep pointing at them); only
@@ -208,6 +238,8 @@ class MegatronTrainBackend:
 
         Everything the schedule and the loss read goes to the device here, before the schedule
         runs: a copy from pageable memory inside it would wait for the GPU to drain."""
+        if self.packing:
+            return self._packed_micro_inputs(mb, weight, loss_keys)
         ids, _, _ = sequence_inputs(mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"])
         width = ids.shape[1]
         prompt_lens = mb["prompt_mask"].sum(dim=1)
@@ -234,6 +266,33 @@ class MegatronTrainBackend:
             token_targets=mb["responses"].flatten()[inside].to(dev),
             response_shape=(rows, resp_len),
             weight=weight,
+            real_tokens=int(prompt_lens.sum() + mb["response_mask"].sum()),
+            padded_tokens=ids.numel(),
+        )
+
+    def _packed_micro_inputs(self, mb: Batch, weight: float, loss_keys: tuple[str, ...]) -> MicroInputs:
+        """The rows' sequences packed into rows as long as the longest (core/packing.py): the
+        transformer and the output layer run over about the real tokens only; attention is kept
+        inside each sequence by an explicit block-diagonal causal mask (sdpa and local specs)."""
+        multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
+        packed = pack_sequences(
+            mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"], multiple
+        )
+        dev = self.ctx.device
+        return MicroInputs(
+            batch=Batch({k: mb[k].to(dev) for k in loss_keys if k in mb}),
+            input_ids=packed.input_ids.to(dev),
+            position_ids=packed.position_ids.to(dev),
+            token_index=packed.token_index.to(dev),
+            token_rows=packed.token_rows.to(dev),
+            token_positions=packed.token_columns.to(dev),
+            token_targets=packed.token_targets.to(dev),
+            response_shape=packed.response_shape,
+            weight=weight,
+            real_tokens=packed.real_tokens,
+            # the unpacked layout: every row as long as the longest sequence (the packed row length)
+            padded_tokens=len(mb) * packed.input_ids.shape[1],
+            attention_mask=packed.attention_mask().to(dev),
         )
 
     def _run_schedule(self, micros: list[MicroInputs], loss_fn: Callable, forward_only: bool) -> list[dict]:
@@ -243,7 +302,11 @@ class MegatronTrainBackend:
             mi = next(data_iterator)
             # labels make GPTLogitsModel return the [S, B, V/TP] logits as they are (model.py)
             logits = model(
-                input_ids=mi.input_ids, position_ids=mi.position_ids, attention_mask=None, labels=mi.input_ids
+                input_ids=mi.input_ids,
+                position_ids=mi.position_ids,
+                attention_mask=mi.attention_mask,
+                labels=mi.input_ids,
+                rope_from_position_ids=mi.attention_mask is not None,
             )
             return logits, partial(loss_fn, mi)
 
@@ -298,6 +361,51 @@ class MegatronTrainBackend:
         metrics = self._throughput("logprob", micros, time.perf_counter() - start, 1)
         return Batch({output_key: torch.cat([o["logprobs"] for o in outputs]).cpu()}), metrics
 
+    # ---- teacher (forward-only, distillation) ----------------------------------------------------
+    @torch.no_grad()
+    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
+        """The K most likely next tokens at every response position, log-probs over the whole
+        vocabulary at `temperature`: per TP shard from the final hidden states, merged over K·TP."""
+        head = distill_steps.output_head(self.chunks) if self._is_last_stage() else None
+        per_micro = partial(distill_steps.teacher_topk_step, head, k, temperature, self.hf_config.vocab_size)
+        return self._teacher_forward(batch, per_micro)
+
+    @torch.no_grad()
+    def teacher_hidden(self, batch: Batch) -> tuple[Batch, dict]:
+        """Final hidden states [B, R, H] at the positions predicting each response token."""
+        return self._teacher_forward(batch, distill_steps.teacher_hidden_step)
+
+    def _teacher_forward(self, batch: Batch, per_micro: Callable) -> tuple[Batch, dict]:
+        """Forward-only schedule over teacher micro-batches ending at the final hidden states
+        (no logits); `per_micro(mi, hidden [S, B, H])` runs on the last stage, one micro-batch's
+        hidden states alive at a time, and returns CPU-bound tensors on the [B, R] grid."""
+        for chunk in self.model:
+            chunk.eval()
+
+        def loss_fn(mi: MicroInputs, hidden: torch.Tensor):
+            return hidden.new_zeros(()), per_micro(mi, hidden)
+
+        if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        micros = [
+            self._micro_inputs(mb, 1.0)
+            for mb in batch.chunks(self.cfg.teacher.log_prob_micro_batch_size_per_gpu)
+        ]
+        with distill_steps.hidden_instead_of_logits(self.chunks, self.m.sequence_parallel):
+            outputs = self._run_schedule(micros, loss_fn, forward_only=True)
+        # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
+        metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
+        if self.ctx.device.type == "cuda":
+            metrics["teacher/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload
+        if not outputs:  # not the last pipeline stage: nothing to return
+            return Batch(), metrics
+        return Batch({k: torch.cat([o[k] for o in outputs]).cpu() for k in outputs[0]}), metrics
+
+    def _is_last_stage(self) -> bool:
+        return mpu.is_pipeline_last_stage(ignore_virtual=True)
+
     def _throughput(self, phase: str, micros: list[MicroInputs], seconds: float, passes: int) -> dict:
         """Tokens/s of this DP shard (the tokens run through the model, padding included) and
         model TFLOP/s per GPU (`passes` forward-equivalents; fwd+bwd = 3). Flops per token:
@@ -331,6 +439,7 @@ class MegatronTrainBackend:
         metrics = run_update(self, self.objective, batch, self.cfg, dp_size, self.steps)
         self.steps += 1
         metrics.update(self._throughput("update", self._step_micros, time.perf_counter() - start, 3))
+        metrics.update(_padding_stats(self._step_micros).metrics())
         if self.ctx.device.type == "cuda":
             metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
@@ -352,24 +461,50 @@ class MegatronTrainBackend:
         return self._run_schedule(micros, partial(self._loss, len(micros)), forward_only=False)
 
     def optimizer_step(self) -> float | None:
-        _, grad_norm, _ = self.optimizer.step()  # clips to actor.grad_clip (OptimizerConfig)
-        return grad_norm
+        """Clip to actor.grad_clip and step, unless the gradients are not finite.
+
+        megatron checks for inf/NaN only under fp16's loss scaler (which then skips the step itself
+        and lowers the scale: reported as None, not as a non-finite update); with bf16/fp32 it would
+        step on NaN gradients and ruin the weights. So the global norm (all-reduced over the ranks:
+        all skip together) is taken first; a finite one costs one more grad copy and norm, since
+        `step` prepares the (unchanged) gradients again.
+        """
+        if self.dtype != torch.float16:
+            self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.get_grad_norm())
+            if not math.isfinite(grad_norm):
+                return grad_norm
+        applied, grad_norm, _ = self.optimizer.step()
+        return grad_norm if applied else None
 
     def _loss(self, n_micro: int, mi: MicroInputs, logits: torch.Tensor):
         request = self.objective.request
-        # log-probs at the teacher's top-k ids are not wired here (backends/megatron/distillation.py
-        # has the vocabulary-parallel pieces); refuse rather than train on something else
-        assert request.logprobs_at is None, (
-            "the megatron backend cannot serve student log-probs at given ids (algorithm=gkd): "
-            "train it with actor_rollout_ref.actor.strategy=torch"
-        )
-        logprobs, entropy = self._response_logprobs(mi, logits, entropy=request.entropy)
-        if entropy is not None and not request.entropy_grad:  # a metric only: no entropy backward pass
-            entropy = entropy.detach()
-        out = TokenOutputs(logprobs=logprobs if request.logprobs else None, entropy=entropy)
+        out = TokenOutputs()
+        if request.logprobs or request.entropy:
+            logprobs, entropy = self._response_logprobs(mi, logits, entropy=request.entropy)
+            if entropy is not None and not request.entropy_grad:  # a metric only: no entropy backward
+                entropy = entropy.detach()
+            out = TokenOutputs(logprobs=logprobs if request.logprobs else None, entropy=entropy)
+        if request.logprobs_at is not None or request.full_vocab is not None:  # distillation (GKD)
+            distilled = distill_steps.student_distill_outputs(
+                mi, logits, request, self.hf_config.vocab_size, partial(self._teacher_output_layer, logits)
+            )
+            out.logprobs_at, out.divergence = distilled.get("logprobs_at"), distilled.get("divergence")
         loss, metrics = self.objective.loss(mi.batch, out)
         # megatron divides each micro-batch's loss by their number; the weight already averages
         return loss * (mi.weight * n_micro), metrics
+
+    def _teacher_output_layer(self, logits: torch.Tensor, dtype: torch.dtype):
+        """The teacher's output-layer rows of this rank's vocabulary shard, read once (frozen)."""
+        if self._teacher_head is None:
+            self._teacher_head = distill_steps.teacher_head_shard(
+                self.objective.request.full_vocab.teacher_model,
+                self.cfg.actor_rollout_ref.model.trust_remote_code,
+                logits.shape[-1],
+                dtype,
+                logits.device,
+            )
+        return self._teacher_head
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
@@ -392,6 +527,14 @@ class MegatronTrainBackend:
             load_tokenizer(self.path).save_pretrained(path)
 
 
+def _padding_stats(micros: list[MicroInputs]) -> PaddingStats:
+    stats = PaddingStats()
+    for mi in micros:
+        packed = mi.input_ids.numel() if mi.attention_mask is not None else 0
+        stats.add(mi.real_tokens, mi.padded_tokens, packed)
+    return stats
+
+
 def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
     """A uint8 tensor over a whole storage (to copy it regardless of the params viewing it)."""
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),))
@@ -401,10 +544,11 @@ def _allocated_gib() -> float:
     return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
-def layer_spec_for(choice: LayerSpec, tcfg):
-    """The megatron layer spec for `megatron.layer_spec` (auto: TE when installed, else sdpa)."""
+def layer_spec_for(choice: LayerSpec, tcfg, packing: bool = False):
+    """The megatron layer spec for `megatron.layer_spec` (auto: TE when installed, else sdpa;
+    sdpa with packing, whose block-diagonal mask the TE spec's causal attention would ignore)."""
     if choice == LayerSpec.auto:
-        choice = LayerSpec.te if transformer_engine_available() else LayerSpec.sdpa
+        choice = LayerSpec.te if transformer_engine_available() and not packing else LayerSpec.sdpa
     if tcfg.num_moe_experts and not transformer_engine_available():
         import megatron.core.transformer.moe.moe_utils as moe_utils
 

@@ -1,7 +1,8 @@
 """Training backend on plain PyTorch + HF transformers: AdamW, grad clipping, micro-batch
 accumulation, DDP over gloo (CPU) or NCCL (GPU) when the pool has several workers.
 
-Used for the actor (train role) and, with forward_only=True, for the reference model.
+Used for the actor (train role) and, with forward_only=True, for the reference model and a
+colocated distillation teacher (which offloads per teacher.offload).
 """
 
 from __future__ import annotations
@@ -9,28 +10,46 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from dagrl.algos import entropy_from_logits, logprobs_from_logits
+from dagrl.algos import entropy_from_logits, logprob_temperature, logprobs_from_logits
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
-from dagrl.backends.torch.distill import final_hidden, grid_logprobs_at, output_layer, teacher_topk
+from dagrl.backends.torch.distill import (
+    final_hidden,
+    grid_logprobs_at,
+    hidden_divergence,
+    load_output_layer,
+    output_layer,
+    student_logprobs_at,
+    teacher_topk,
+)
+from dagrl.backends.torch.packed import packed_token_outputs
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
+from dagrl.config.roles import OffloadPolicy
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.packing import PaddingStats, sequence_lengths
 from dagrl.objectives import TokenOutputs, TokenRequest, build_objective
 
 
 class TorchTrainBackend:
-    def __init__(self, cfg, ctx, forward_only: bool = False):
+    def __init__(self, cfg, ctx, forward_only: bool = False, offload: OffloadPolicy | None = None):
+        """`offload`: the role's policy (teacher.offload for a teacher); None = actor.offload."""
         self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
+        self.offload_params = cfg.actor_rollout_ref.actor.offload if offload is None else offload.params
+        self.offload_freed_gib = 0.0
+        self._teacher_head: tuple[torch.Tensor, torch.Tensor | None] | None = None  # full-vocab GKD
         arr = cfg.actor_rollout_ref
         self.path = resolve_model_path(arr.model.path)
         torch.manual_seed(cfg.trainer.seed)
         self.model = load_causal_lm(self.path, arr.model.dtype, ctx.device, arr.model.trust_remote_code)
-        self.temperature = arr.rollout.temperature
+        self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
+        self.packing = arr.model.use_remove_padding
+        self.padding = PaddingStats()  # token counts of this step's update, for the perf metrics
         self.optimizer = None
         self.ddp = None
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
@@ -55,9 +74,11 @@ class TorchTrainBackend:
         return self.ctx.rank, self.ctx.world_size, True
 
     def offload(self) -> bool:
-        if not self.cfg.actor_rollout_ref.actor.offload:  # the state stays resident on the GPU
+        if not self.offload_params:  # the state stays resident on the GPU
             return False
+        before = _allocated_gib()
         self._move(torch.device("cpu"))
+        self.offload_freed_gib = before - _allocated_gib()
         return True
 
     def onload(self) -> None:
@@ -65,6 +86,8 @@ class TorchTrainBackend:
 
     def _move(self, device: torch.device) -> None:
         self.model.to(device)
+        if self._teacher_head is not None:
+            self._teacher_head = tuple(t if t is None else t.to(device) for t in self._teacher_head)
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
                 for k, v in state.items():
@@ -74,6 +97,14 @@ class TorchTrainBackend:
     # ---- forward -------------------------------------------------------------------------------
     def _token_outputs(self, module, mb: Batch, request: TokenRequest) -> TokenOutputs:
         dev = self.ctx.device
+        if self.packing:
+            out, packed = packed_token_outputs(module, mb, request, self.temperature, dev)
+            self.padding.add(packed.real_tokens, packed.padded_tokens, packed.packed_tokens)
+            return out
+        self.padding.add(
+            sequence_lengths(mb["prompt_mask"], mb["response_mask"]),
+            mb["prompts"].numel() + mb["responses"].numel(),
+        )
         ids, attn, pos = sequence_inputs(
             mb["prompts"].to(dev),
             mb["prompt_mask"].to(dev),
@@ -81,6 +112,8 @@ class TorchTrainBackend:
             mb["response_mask"].to(dev),
         )
         resp_len = mb["responses"].shape[1]
+        if request.full_vocab is not None:
+            return self._full_vocab_outputs(module, ids, attn, pos, mb, request)
         if dev.type == "cuda":
             return self._fused_outputs(module, ids, attn, pos, resp_len, mb, request)
         raw = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
@@ -128,6 +161,60 @@ class TorchTrainBackend:
             out.entropy = (entropy if request.entropy_grad else entropy.detach()).view(grid)
         return out
 
+    def _full_vocab_outputs(self, module, ids, attn, pos, mb: Batch, request: TokenRequest) -> TokenOutputs:
+        """The exact full-vocabulary divergence to the teacher, both models' logits made chunk by
+        chunk of response tokens from final hidden states (``hidden_divergence``): the forward
+        keeps one position's logits (``logits_to_keep=1``) and the teacher's hidden states are the
+        teacher_hidden node's, so no [tokens, V] tensor outlives a chunk. With request.logprobs the
+        sampled tokens' log-probs come from the same hidden states, chunked too (GKD's SFT term)."""
+        full = request.full_vocab
+        out = module(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=pos,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=1,
+        )  # through the DDP wrapper, so its gradient hooks see this forward
+        hidden = out.hidden_states[-1]  # [B, S, H] after the final norm: what the head maps
+        mask = mb["response_mask"].to(ids.device)
+        rows, cols = mask.nonzero(as_tuple=True)
+        seq, resp_len = ids.shape[1], mask.shape[1]
+        student_rows = rows * seq + (seq - resp_len - 1 + cols)  # position P-1+c predicts token c
+        teacher_hidden = mb[full.hidden_key].to(ids.device)  # [B, R, H']
+        teacher_rows = rows * resp_len + cols
+        per_token = hidden_divergence(
+            hidden.flatten(0, 1),
+            student_rows,
+            output_layer(self.model),
+            teacher_hidden.flatten(0, 1),
+            teacher_rows,
+            self._teacher_output_layer(full.teacher_model, teacher_hidden.dtype),
+            full.beta,
+            full.temperature,
+        )
+        grid = per_token.new_zeros(mask.shape).index_put((rows, cols), per_token)
+        result = TokenOutputs(divergence=grid)
+        if request.logprobs:
+            weight, bias = output_layer(self.model)
+            token_ids = mb["responses"].to(ids.device)[rows, cols][:, None]
+            lp = student_logprobs_at(
+                hidden.flatten(0, 1), student_rows, token_ids, weight, bias, self.temperature
+            )
+            result.logprobs = per_token.new_zeros(mask.shape).index_put((rows, cols), lp[:, 0])
+        return result
+
+    def _teacher_output_layer(
+        self, path: str, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The teacher's output layer, read from its checkpoint once and kept on the device (frozen)."""
+        if self._teacher_head is None:
+            weight, bias = load_output_layer(path, self.cfg.actor_rollout_ref.model.trust_remote_code)
+            self._teacher_head = tuple(
+                None if t is None else t.to(self.ctx.device, dtype) for t in (weight, bias)
+            )
+        return self._teacher_head
+
     @torch.no_grad()
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
         self.model.eval()
@@ -135,15 +222,12 @@ class TorchTrainBackend:
         out = [self._token_outputs(self.model, mb, request).logprobs.cpu() for mb in batch.chunks(self.micro)]
         return Batch({output_key: torch.cat(out)}), {}
 
-    @torch.no_grad()
-    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
-        """The K most likely next tokens at every response position and their log-probs over the
-        whole vocabulary at `temperature`: teacher_topk_ids / teacher_topk_logprobs [B, R, K]."""
+    def _teacher_micro_batches(self, batch: Batch):
+        """(micro-batch rows, final hidden states [B*S, H], flat rows [B*R] of the positions that
+        predict each response token, padding included), one teacher micro-batch at a time."""
         self.model.eval()
-        head = output_layer(self.model)
-        ids_out, logprobs_out = [], []
+        dev = self.ctx.device
         for mb in batch.chunks(self.cfg.teacher.log_prob_micro_batch_size_per_gpu):
-            dev = self.ctx.device
             ids, attn, pos = sequence_inputs(
                 *(mb[key].to(dev) for key in ("prompts", "prompt_mask", "responses", "response_mask"))
             )
@@ -152,19 +236,53 @@ class TorchTrainBackend:
             hidden = final_hidden(self.model, ids, attn, pos).flatten(0, 1)
             # position P-1+r predicts response token r: every cell of the [B, R] grid, padding too
             starts = torch.arange(rows, device=dev) * seq + seq - resp_len - 1
-            grid = (starts[:, None] + torch.arange(resp_len, device=dev)).reshape(-1)
+            yield rows, resp_len, hidden, (starts[:, None] + torch.arange(resp_len, device=dev)).reshape(-1)
+
+    @torch.no_grad()
+    def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
+        """The K most likely next tokens at every response position and their log-probs over the
+        whole vocabulary at `temperature`: teacher_topk_ids / teacher_topk_logprobs [B, R, K]."""
+        start = self._teacher_phase_start()
+        head = output_layer(self.model)
+        ids_out, logprobs_out = [], []
+        for rows, resp_len, hidden, grid in self._teacher_micro_batches(batch):
             top_ids, top_logprobs = teacher_topk(hidden, grid, head[0], k, head[1], temperature)
             ids_out.append(top_ids.view(rows, resp_len, k).cpu())
             logprobs_out.append(top_logprobs.view(rows, resp_len, k).cpu())
         out = {"teacher_topk_ids": torch.cat(ids_out), "teacher_topk_logprobs": torch.cat(logprobs_out)}
-        return Batch(out), {}
+        return Batch(out), self._teacher_metrics(start)
+
+    @torch.no_grad()
+    def teacher_hidden(self, batch: Batch) -> tuple[Batch, dict]:
+        """Final hidden states [B, R, H] at the positions predicting each response token."""
+        start = self._teacher_phase_start()
+        out = [
+            hidden[grid].view(rows, resp_len, -1).cpu()
+            for rows, resp_len, hidden, grid in self._teacher_micro_batches(batch)
+        ]
+        return Batch({"teacher_hidden": torch.cat(out)}), self._teacher_metrics(start)
+
+    def _teacher_phase_start(self) -> float:
+        if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
+            torch.cuda.reset_peak_memory_stats()
+        return time.perf_counter()
+
+    def _teacher_metrics(self, start: float) -> dict:
+        # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
+        metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
+        if self.ctx.device.type == "cuda":
+            metrics["teacher/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload
+        return metrics
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         assert not self.forward_only, "the reference model is not trained"
         (self.ddp or self.model).train()
+        self.padding = PaddingStats()
         metrics = run_update(self, self.objective, batch, self.cfg, self.ctx.world_size, self.steps)
         self.steps += 1
+        metrics.update(self.padding.metrics())
         if self.ctx.device.type == "cuda":
             metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return Batch(), metrics
@@ -234,6 +352,10 @@ class TorchTrainBackend:
         os.makedirs(path, exist_ok=True)
         self.model.save_pretrained(path, safe_serialization=True)
         load_tokenizer(self.path).save_pretrained(path)
+
+
+def _allocated_gib() -> float:
+    return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
 def _rng_state() -> dict:

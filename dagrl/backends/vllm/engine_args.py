@@ -107,3 +107,63 @@ def sampling_kwargs(cfg, eos_ids: list[int], validate: bool) -> dict[str, Any]:
     if r.calculate_log_probs:
         kwargs.update(logprobs=0, flat_logprobs=True)  # the sampled token's log-prob only
     return kwargs
+
+
+T = "teacher"
+# A standalone teacher's engine arguments that dagrl sets from teacher.* (or must control):
+# teacher.engine_kwargs may pass any other vllm.LLM argument (max_logprobs, gpu_memory_utilization,
+# max_model_len, enforce_eager, kv_cache_dtype, ...).
+TEACHER_RESERVED_ENGINE_KWARGS: dict[str, str] = {
+    "model": f"{T}.model",
+    "dtype": f"{T}.dtype",
+    "trust_remote_code": "actor_rollout_ref.model.trust_remote_code",
+    "tensor_parallel_size": f"{T}.tensor_model_parallel_size",
+    "seed": "trainer.seed",
+    "distributed_executor_backend": "(set by dagrl: one engine shard per worker process)",
+    "skip_tokenizer_init": "(set by dagrl: the teacher scores token ids, never text)",
+    "logprobs_mode": "(set by dagrl: prompt log-probs are log-probabilities; "
+    "algorithm.gkd.temperature sets the temperature)",
+    "enable_sleep_mode": "(set by dagrl: a standalone teacher owns its GPUs and never sleeps)",
+    "disable_custom_all_reduce": "(set by dagrl: each worker sees one GPU, so TP all-reduces go through NCCL)",
+}
+VLLM_DEFAULT_MAX_LOGPROBS = 20  # vllm.config.ModelConfig.max_logprobs: caps prompt_logprobs too
+TEACHER_GPU_MEMORY_UTILIZATION = 0.85  # the teacher's GPUs hold nothing else
+
+
+def teacher_max_model_len(cfg) -> int:
+    """The teacher's context: prompt + response + the one token vLLM samples after them."""
+    return cfg.data.max_prompt_length + cfg.data.max_response_length + 1
+
+
+def teacher_llm_kwargs(cfg, model_path: str, dtype: str) -> dict[str, Any]:
+    """Keyword arguments of `vllm.LLM` for a standalone teacher replica shard.
+
+    Same process layout as the rollout (`external_launcher`, consecutive ranks form a TP group,
+    each TP group a data-parallel replica). The teacher only scores: no sleep mode, no prefix
+    cache (prompt log-probs recompute every position anyway); teacher.engine_kwargs go last.
+    """
+    t = cfg.teacher
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        dtype=_VLLM_DTYPES[dtype],
+        trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+        tensor_parallel_size=t.tensor_model_parallel_size,
+        gpu_memory_utilization=TEACHER_GPU_MEMORY_UTILIZATION,
+        max_model_len=teacher_max_model_len(cfg),
+        enable_prefix_caching=False,
+        enable_sleep_mode=False,
+        seed=cfg.trainer.seed,
+        distributed_executor_backend="external_launcher",
+        logprobs_mode="raw_logprobs",
+        skip_tokenizer_init=True,
+        generation_config="vllm",
+        disable_custom_all_reduce=True,
+    )
+    kwargs.update(t.engine_kwargs)
+    return kwargs
+
+
+def teacher_sampling_kwargs(k: int) -> dict[str, Any]:
+    """`vllm.SamplingParams` of one scoring request: the top-k at every prompt position. vLLM
+    samples one token after the prompt (max_tokens >= 1); it is greedy and thrown away."""
+    return dict(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=k, flat_logprobs=True, detokenize=False)

@@ -13,50 +13,22 @@ phase is reported as `memory/rollout_*_free_gib`.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import random
 import time
 from collections.abc import Iterable
 
-import numpy as np
 import torch
 
 from dagrl.backends.hf_model import eos_token_ids, load_generation_config, load_tokenizer, resolve_model_path
 from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
+from dagrl.backends.vllm.engine import start_engine
 from dagrl.backends.vllm.engine_args import llm_kwargs, sampling_kwargs
 from dagrl.core.batch import Batch
-
-
-def _prepare_process(rank: int, world_size: int) -> None:
-    """What vLLM's external launcher reads from the process before the engine starts."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
-    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    os.environ["RANK"] = str(rank)
-    os.environ["LOCAL_RANK"] = "0"  # Ray shows each worker only its own GPU, as device 0
-    os.environ["WORLD_SIZE"] = str(world_size)
-    if not torch.distributed.is_initialized():
-        # a one-worker pool has no process group; vLLM would otherwise build one from env://
-        store = torch.distributed.HashStore()
-        torch.distributed.init_process_group("nccl", store=store, rank=0, world_size=1)
 
 
 def request_seed_base(step_seed: int, replica: int) -> int:
     """Seed of request 0 of a replica's shard; request i uses base + i (int64-safe for shards
     under 65,536 rows and 64 replicas)."""
     return ((step_seed % 2**31) * 64 + replica % 64) << 16
-
-
-@contextlib.contextmanager
-def _rng_kept():
-    state = (random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.cuda.get_rng_state_all())
-    try:
-        yield
-    finally:
-        random.setstate(state[0])
-        np.random.set_state(state[1])
-        torch.set_rng_state(state[2])
-        torch.cuda.set_rng_state_all(state[3])
 
 
 def _free_gib() -> float:
@@ -74,15 +46,7 @@ class VLLMRolloutBackend:
         tok = load_tokenizer(path, arr.model.trust_remote_code)
         self.pad_id = tok.pad_token_id
         self.eos_ids = eos_token_ids(tok, load_generation_config(path, arr.model.trust_remote_code))
-        _prepare_process(ctx.rank, ctx.world_size)
-        from vllm import LLM
-
-        start = time.perf_counter()
-        with _rng_kept():  # vLLM seeds every RNG of the process; the trainer's streams must not move
-            self.llm = LLM(**llm_kwargs(cfg, path))
-        self.start_s = time.perf_counter() - start
-        # in-process engine: apply_model hands back vLLM's own module (no serialisation)
-        self.model = self.llm.apply_model(lambda model: model)[0]
+        self.llm, self.model, self.start_s = start_engine(llm_kwargs(cfg, path), ctx.rank, ctx.world_size)
         self.asleep = False
         self.memory: dict[str, float] = {}  # phase -> free GiB, reported by the next generate
 
@@ -112,6 +76,11 @@ class VLLMRolloutBackend:
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
             self.memory["memory/rollout_weights_awake_free_gib"] = _free_gib()
+
+    def engine_params(self) -> dict[str, torch.Tensor] | None:
+        """vLLM's parameters, for a direct refresh (weight_layout.py); None with rollout TP > 1,
+        where a rank holds column slices that no row map describes."""
+        return dict(self.model.named_parameters()) if self.tp == 1 else None
 
     def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
         """Stage 2: HF-named tensors (on the GPU when colocated) into vLLM's module; vLLM's loaders

@@ -203,3 +203,14 @@ def test_rollout_correction_needs_rollout_logprobs_and_sane_thresholds():
         f"{rc}.rollout_rs=token", f"{rc}.rollout_rs_threshold=1.5", f"{rc}.rollout_rs_threshold_lower=2"
     )
     assert exc.key == f"{rc}.rollout_rs_threshold"
+
+
+def test_greedy_training_rollout_is_vllm_temperature_zero():
+    """temperature=0 trains greedily: vLLM gets 0 (argmax), the trainer scores at 1 (no 1/0)."""
+    from dagrl.algos import logprob_temperature
+
+    cfg = checked(VLLM, f"{R}.temperature=0", f"{R}.top_p=0.9", f"{R}.top_k=20")
+    train = sampling_kwargs(cfg, [5], validate=False)
+    assert (train["temperature"], train["top_p"], train["top_k"]) == (0.0, 1.0, 0)
+    assert logprob_temperature(cfg.actor_rollout_ref.rollout.temperature) == 1.0
+    assert logprob_temperature(0.7) == 0.7

@@ -121,3 +121,42 @@ def test_staged_refresh_from_sleep_loads_new_weights(engines, prompts):
     ours, ref = greedy(vllm_backend, prompts), greedy(hf_backend, prompts)
     same = (ours["responses"] * ours["response_mask"] == ref["responses"] * ref["response_mask"]).all(1)
     assert same.float().mean() >= 0.95
+
+
+def test_direct_layout_learnt_from_vllm_equals_its_loader(engines):
+    """The separate placement's direct refresh: the map learnt from vLLM's own loader, then new
+    weights packed in vLLM's layout and copied into its parameters equal what the loader writes."""
+    from dagrl.backends.weight_layout import (
+        RecipeBuilder,
+        bucket_bytes,
+        pack_into,
+        plan_buckets,
+        sources_for,
+        unpack_into,
+    )
+
+    vllm_backend, _, trainer = engines
+    vllm_backend.onload()
+    params = vllm_backend.engine_params()
+    builder = RecipeBuilder(params)
+    for bucket in trainer.export_weights():
+        builder.observe(bucket, lambda probes: vllm_backend.load_weights([probes]))
+        vllm_backend.load_weights([bucket])
+        builder.verify(bucket)
+    slots = builder.finish()
+    assert slots is not None, builder.reason
+    assert any(len(s.pieces) == 3 for s in slots), "vLLM fuses q/k/v into one parameter"
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.mul_(1.0 + 0.05 * torch.randn_like(p))
+    vllm_backend.load_weights(trainer.export_weights())
+    want = {name: p.detach().clone() for name, p in params.items()}
+    with torch.no_grad():
+        for p in params.values():
+            p.zero_()
+    plan = plan_buckets(slots, 2**20)
+    for i, sources in enumerate(sources_for(plan, trainer.export_weights())):
+        buffer = torch.empty(bucket_bytes(plan[i]), dtype=torch.uint8, device="cuda")
+        pack_into(plan[i], sources, buffer)
+        unpack_into(plan[i], buffer, params)
+    assert all(torch.equal(params[name], w) for name, w in want.items())

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# GKD with one of ms-swift's three placements, after checking that this machine shows enough GPUs.
+#
+#   bash run_scripts/gkd/run.sh CONFIG [overrides...]
+#
+# CONFIG: rollout_colocate_teacher_colocate | rollout_separate_teacher_colocate |
+#         rollout_colocate_teacher_standalone (or gkd/<name>, or the preset's .yaml path);
+# the presets are conf/experiment/gkd/<name>.yaml. Dotted overrides go last, e.g.
+#   CUDA_VISIBLE_DEVICES=0,1 bash run_scripts/gkd/run.sh rollout_colocate_teacher_standalone \
+#     actor_rollout_ref.model.path=/models/Qwen3-0.6B teacher.model=/models/Qwen3-8B \
+#     data.train_files=~/data/gsm8k/train.parquet data.val_files=~/data/gsm8k/test.parquet
+#
+# The GPUs the placement needs come from dagrl's own plan (a dry run of the same command):
+# colocate: the train GPUs; separate: train + rollout; standalone teacher: + teacher.gpus.
+# They are compared with CUDA_VISIBLE_DEVICES (or nvidia-smi's count when it is unset).
+# With trainer.dry_run=true only the plan is printed and no GPU is needed.
+set -euo pipefail
+CONFIG=${1:?usage: run.sh CONFIG [overrides...] (CONFIG: a preset name under conf/experiment/gkd/)}
+shift
+NAME=$(basename "${CONFIG%.yaml}")
+EXPERIMENT=experiment=gkd/$NAME
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+if [ ! -f "$ROOT/dagrl/conf/experiment/gkd/$NAME.yaml" ]; then
+    echo "run.sh: no preset $NAME; choose one of: $(cd "$ROOT/dagrl/conf/experiment/gkd" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')" >&2
+    exit 2
+fi
+PY=${PYTHON:-python3}
+
+if [[ " $* " == *" trainer.dry_run=true "* ]]; then
+    exec "$PY" -m dagrl.main "$EXPERIMENT" "$@"
+fi
+
+# the plan of this exact command: "cluster: N node(s) × G GPU(s), U used" and one line per group
+PLAN=$("$PY" -m dagrl.main "$EXPERIMENT" "$@" trainer.dry_run=true 2>&1) || { echo "$PLAN" >&2; exit 1; }
+NEEDED=$(echo "$PLAN" | sed -n 's/^cluster: .*, \([0-9][0-9]*\) used$/\1/p' | tail -n 1)
+if [ -z "$NEEDED" ]; then
+    echo "$PLAN" >&2
+    echo "run.sh: could not read the GPU count from the plan above" >&2
+    exit 1
+fi
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+    VISIBLE=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c '[^[:space:]]' || true)
+    WHERE="CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES exposes $VISIBLE"
+else
+    VISIBLE=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    WHERE="nvidia-smi lists $VISIBLE"
+fi
+if [ "$VISIBLE" -lt "$NEEDED" ]; then
+    echo "$PLAN" | grep -E '^(cluster|group|  [a-z_]+:)' >&2
+    echo "run.sh: $NAME needs $NEEDED GPU(s) (the plan above); $WHERE." \
+        "Expose $NEEDED GPUs (e.g. CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((NEEDED - 1)))) or shrink the plan" \
+        "(trainer.n_gpus_per_node, placement.gpus.*, teacher.gpus)." >&2
+    exit 1
+fi
+exec "$PY" -m dagrl.main "$EXPERIMENT" "$@"

@@ -1,0 +1,45 @@
+"""bench/packing.py's CPU smoke mode: both backends, both shapes, both passes, one JSON line each."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_packing_bench_cpu_smoke(backend, tmp_path):
+    if backend == "megatron":
+        pytest.importorskip("megatron.core")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [
+        sys.executable,
+        "bench/packing.py",
+        "--device",
+        "cpu",
+        "--backend",
+        backend,
+        "--out",
+        str(tmp_path),
+    ]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [(r["shape"], r["pass"]) for r in rows] == [
+        ("side", "train"),
+        ("side", "logprob"),
+        ("mixed", "train"),
+        ("mixed", "logprob"),
+    ]
+    for r in rows:
+        assert r["backend"] == backend and r["padded_s"] > 0 and r["packed_s"] > 0
+        assert r["ratio"] == pytest.approx(r["packed_s"] / r["padded_s"], abs=2e-3)
+        # the mixed lengths leave padding to remove; packing never adds any
+        assert 0 <= r["packed_pad_fraction"] <= r["pad_fraction"] < 1
+    assert rows[2]["packed_pad_fraction"] < rows[2]["pad_fraction"]

@@ -1,0 +1,155 @@
+"""The command line a verl / siiRL / ms-swift user meets: aliases, refused keys, typos, --help, --cfg job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from dagrl.config import compat, keys
+from dagrl.config.schema import TrainerConfig
+from dagrl.errors import ConfigError
+from dagrl.main import CONF_DIR, compose, parse_args
+from tests.config.test_config import REPO, run_cli
+
+M = "actor_rollout_ref.model"
+
+
+def typed(*overrides: str):
+    return OmegaConf.to_object(compose(list(overrides)))
+
+
+def test_verl_alias_means_the_same():
+    assert typed(f"{M}.enable_gradient_checkpointing=True").actor_rollout_ref.model.gradient_checkpointing
+    assert typed("actor_rollout_ref.actor.optim.clip_grad=0.5").actor_rollout_ref.actor.grad_clip == 0.5
+    assert typed("actor_rollout_ref.rollout.response_length=64").data.max_response_length == 64
+    assert typed(f"{M}.use_remove_padding=true").actor_rollout_ref.model.use_remove_padding is True
+
+
+def test_epochs_decide_when_steps_are_not_given():
+    assert TrainerConfig().total_training_steps is None  # verl's default
+    assert typed().trainer.total_training_steps == 40  # the default job
+    t = typed("trainer.total_epochs=15").trainer
+    assert (t.total_epochs, t.total_training_steps) == (15, None)
+    t = typed("trainer.total_epochs=15", "trainer.total_training_steps=7").trainer
+    assert (t.total_epochs, t.total_training_steps) == (15, 7)
+
+
+def test_ms_swift_keys():
+    cfg = typed(
+        "num_generations=4", "reward_funcs=[gsm8k,arith]", "use_vllm=true", "lmbda=1.0", "train.gpus=2"
+    )
+    assert cfg.actor_rollout_ref.rollout.n == 4
+    assert [t.name for t in cfg.reward.functions] == ["gsm8k", "arith"]
+    assert cfg.actor_rollout_ref.rollout.name.value == "vllm"
+    assert cfg.placement.gpus["train"] == 2
+
+
+def test_only_value_keys_accept_what_dagrl_does():
+    typed("data.truncation=error", "actor_rollout_ref.actor.use_dynamic_bsz=false")
+    with pytest.raises(ConfigError, match="data.truncation.*dagrl supports only error"):
+        compose(["data.truncation=left"])
+
+
+@pytest.mark.parametrize(
+    "override,says",
+    [
+        ("actor_rollout_ref.actor.fsdp_config.param_offload=False", "actor_rollout_ref.actor.offload"),
+        ("actor_rollout_ref.ref.fsdp_config.param_offload=True", "actor_rollout_ref.ref.megatron"),
+        ("trainer.critic_warmup=0", "no critic"),
+        ("critic.optim.lr=1e-5", "no critic"),
+        ("beta=0.04", "algorithm.gkd.beta"),
+    ],
+)
+def test_concepts_dagrl_lacks_are_refused_saying_what_instead(override, says):
+    with pytest.raises(ConfigError) as info:
+        compose([override])
+    assert info.value.key == override.split("=")[0] and says in str(info.value)
+
+
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+def test_a_typo_is_refused_with_the_nearest_key(prefix):
+    with pytest.raises(ConfigError, match=r"did you mean 'data.train_batch_size'\?"):
+        compose([f"{prefix}data.train_batch_sizee=4"])
+    with pytest.raises(ConfigError, match=r"did you mean 'actor_rollout_ref.rollout.temperature'\?"):
+        compose([f"{prefix}actor_rollout_ref.rollout.temperatur=0.5"])
+
+
+def test_open_dicts_take_new_entries_but_not_near_misses():
+    assert typed("placement.gpus.judge=1").placement.gpus["judge"] == 1
+    vllm = typed("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=fp8")
+    assert vllm.actor_rollout_ref.rollout.engine_kwargs.vllm == {"kv_cache_dtype": "fp8"}
+    with pytest.raises(ConfigError, match=r"did you mean 'placement.gpus.rollout'\?"):
+        compose(["placement.gpus.rollot=2"])
+
+
+def test_every_table_entry_is_reachable():
+    """An alias must land on a key the schema has; a refused key must not be one dagrl has."""
+    schema = keys.schema_keys()
+    for key, rule in compat.TABLE.items():
+        if isinstance(rule, compat.Alias):
+            assert (
+                rule.target in schema
+                or rule.target in keys.sections()
+                or rule.target.startswith("placement.gpus.")
+            ), key
+        else:
+            assert key not in schema and key not in keys.sections(), key
+
+
+def test_verl_config_name_picks_megatron():
+    action, overrides = parse_args(
+        ["--config-path=config", "--config-name", "ppo_megatron_trainer.yaml", "x=1"]
+    )
+    assert action is None and overrides == ["actor_rollout_ref.actor.strategy=megatron", "x=1"]
+    with pytest.raises(ConfigError, match="--config-name"):
+        parse_args(["--config-name=my_own"])
+
+
+def test_cli_typo_with_plus_is_one_dagrl_line(tmp_path):
+    proc = run_cli("+data.train_batch_sizee=4", "trainer.dry_run=true", tmp_path=tmp_path)
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2, out
+    assert out == (
+        "error: config key 'data.train_batch_sizee' = 4: unknown key; did you mean 'data.train_batch_size'?"
+    )
+
+
+def test_cli_unknown_key_has_no_hydra_hint(tmp_path):
+    proc = run_cli("trainer.critic_warmup=0", tmp_path=tmp_path)
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and len(out.splitlines()) == 1, out
+    assert "+" not in out and "Traceback" not in out and "OmegaConf" not in out
+
+
+def test_help_lists_groups_and_every_key_with_type_default_and_meaning(tmp_path):
+    proc = run_cli("--help", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "algorithm=dr_grpo|gkd|grpo|gspo" in out and "placement=colocate|separate" in out
+    for key, info in keys.schema_keys().items():
+        assert f"  {key}  ({info.type}, default " in out, key
+        assert info.doc and info.doc in out, key
+    assert "  trainer.total_training_steps  (int|null, default null)" in out
+
+
+def test_cfg_job_is_resolved_and_hydra_writes_no_folder(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "dagrl.main", "--cfg", "job", "trainer.project_name=p"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "${" not in proc.stdout
+    assert "default_local_dir: checkpoints/p/default" in proc.stdout
+    assert os.listdir(tmp_path) == []  # no outputs/<date>/<time>/ folder
+
+
+def test_help_text_groups_come_from_the_conf_dir():
+    assert keys.config_groups(CONF_DIR)["placement"] == ["colocate", "separate"]
+
+
+def test_docs_table_lists_every_entry():
+    text = (REPO / "docs" / "compat.md").read_text()
+    assert [key for key in compat.TABLE if f"| `{key}" not in text] == []

@@ -1,0 +1,56 @@
+"""`python -m dagrl.main` as a TRL / wandb user runs it: a TRL-form reward from a plugin file, wandb in
+offline mode, and the same command twice (one metrics series per directory)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+TRL_REWARD = """
+def sum_is_right(completions, prompts, ground_truth, **kwargs):
+    assert len(prompts) == len(completions) and "+" in prompts[0]
+    return [float(c.strip() == g) for c, g in zip(completions, ground_truth)]
+"""
+
+
+def test_two_steps_with_wandb_offline_and_a_trl_reward(tmp_path):
+    pytest.importorskip("wandb")
+    plugin = tmp_path / "trl_reward.py"
+    plugin.write_text(textwrap.dedent(TRL_REWARD))
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "dagrl.main",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.rollout.n=4",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.progress_bar=false",
+        "trainer.logger=[console,wandb]",
+        f"external_plugins=[{plugin}]",
+        "reward.functions=[{name: sum_is_right}]",
+        f"trainer.default_local_dir={out}",
+    ]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "RAY_USAGE_STATS_ENABLED": "0"}
+    for _ in range(2):  # the same command twice
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]  # one series, not two
+    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows)
+    assert len(glob.glob(str(out / "previous_runs" / "*" / "metrics.jsonl"))) == 1
+    runs = glob.glob(str(out / "wandb" / "offline-run-*"))
+    assert len(runs) == 2 and all(glob.glob(os.path.join(r, "*.wandb")) for r in runs)
+    assert "moved to" in proc.stdout

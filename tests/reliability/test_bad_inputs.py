@@ -1,0 +1,372 @@
+"""A corpus of malformed and contradictory command lines and bad data files: each is stopped before
+any worker starts, with one line naming the key, file or row.
+
+Most cases run `dagrl.main.run` in this process with `launch` (Ray, workers) replaced by a failure,
+so a case that got as far as starting workers fails the test; a few run the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dagrl.errors import DagrlError
+from tests.conftest import compose_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+TINY = os.path.join(REPO, "dagrl", "assets", "tiny_arith")
+TEACHER = os.path.join(REPO, "dagrl", "assets", "tiny_arith_teacher")
+
+# (overrides, what the message must name); {tmp} is the test's own directory (see `fill`)
+CONFIGS = [
+    # every numeric setting's declared range
+    (["trainer.total_epochs=0"], "trainer.total_epochs"),
+    (["trainer.total_epochs=-1"], "trainer.total_epochs"),
+    (["trainer.save_freq=-2"], "trainer.save_freq"),
+    (["trainer.save_freq=0"], "trainer.save_freq"),
+    (["trainer.test_freq=-5"], "trainer.test_freq"),
+    (["trainer.test_freq=0"], "trainer.test_freq"),
+    ([f"{A}.grad_clip=-1"], f"{A}.grad_clip"),
+    ([f"{A}.grad_clip=0"], f"{A}.grad_clip"),
+    ([f"{A}.optim.betas=[0.9,1.5]"], f"{A}.optim.betas[1]"),
+    ([f"{A}.optim.betas=[-0.1,0.999]"], f"{A}.optim.betas[0]"),
+    ([f"{A}.optim.betas=[0.9]"], f"{A}.optim.betas"),
+    ([f"{A}.optim.eps=0"], f"{A}.optim.eps"),
+    ([f"{A}.optim.eps=-1e-8"], f"{A}.optim.eps"),
+    ([f"{A}.optim.weight_decay=-0.01"], f"{A}.optim.weight_decay"),
+    ([f"{A}.optim.lr=-1e-5"], f"{A}.optim.lr"),
+    ([f"{A}.optim.lr=0"], f"{A}.optim.lr"),
+    ([f"{A}.optim.lr_warmup_steps=-1"], f"{A}.optim.lr_warmup_steps"),
+    ([f"{A}.ppo_micro_batch_size_per_gpu=0"], f"{A}.ppo_micro_batch_size_per_gpu"),
+    ([f"{A}.ppo_mini_batch_size=0"], f"{A}.ppo_mini_batch_size"),
+    ([f"{A}.ppo_epochs=0"], f"{A}.ppo_epochs"),
+    ([f"{R}.log_prob_micro_batch_size_per_gpu=0"], f"{R}.log_prob_micro_batch_size_per_gpu"),
+    (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=0"], "ref.log_prob_micro_batch_size_per_gpu"),
+    ([f"{R}.micro_batch_size_per_gpu=0"], f"{R}.micro_batch_size_per_gpu"),
+    (["data.seed=-1"], "data.seed"),
+    (["data.train_batch_size=0"], "data.train_batch_size"),
+    (["data.max_prompt_length=0"], "data.max_prompt_length"),
+    (["data.max_response_length=-3"], "data.max_response_length"),
+    (["data.val_batch_size=0"], "data.val_batch_size"),
+    ([f"{R}.val_kwargs.temperature=-1"], f"{R}.val_kwargs.temperature"),
+    ([f"{R}.val_kwargs.top_p=2"], f"{R}.val_kwargs.top_p"),
+    ([f"{R}.val_kwargs.top_p=0"], f"{R}.val_kwargs.top_p"),
+    ([f"{R}.val_kwargs.n=0"], f"{R}.val_kwargs.n"),
+    ([f"{R}.val_kwargs.top_k=0"], f"{R}.val_kwargs.top_k"),
+    ([f"{R}.temperature=-0.5"], f"{R}.temperature"),
+    ([f"{R}.top_p=1.5"], f"{R}.top_p"),
+    ([f"{R}.n=0"], f"{R}.n"),
+    ([f"{R}.top_k=-2"], f"{R}.top_k"),
+    ([f"{R}.gpu_memory_utilization=1.2"], f"{R}.gpu_memory_utilization"),
+    ([f"{R}.sleep_level=3"], f"{R}.sleep_level"),
+    ([f"{R}.overlap_steps=2"], f"{R}.overlap_steps"),
+    ([f"{R}.weight_sync_bucket_mb=0"], f"{R}.weight_sync_bucket_mb"),
+    ([f"{A}.clip_ratio=0"], f"{A}.clip_ratio"),
+    ([f"{A}.clip_ratio_high=12"], f"{A}.clip_ratio_high"),
+    ([f"{A}.clip_ratio_c=0.5"], f"{A}.clip_ratio_c"),
+    ([f"{A}.kl_loss_coef=-1"], f"{A}.kl_loss_coef"),
+    ([f"{A}.kl_loss_coef=nan"], f"{A}.kl_loss_coef"),
+    ([f"{A}.entropy_coeff=inf"], f"{A}.entropy_coeff"),
+    (["algorithm.kl_ctrl.kl_coef=-0.1"], "algorithm.kl_ctrl.kl_coef"),
+    (["algorithm.rollout_correction.rollout_is_threshold=0"], "rollout_is_threshold"),
+    (["algorithm.gkd.beta=1.5"], "algorithm.gkd.beta"),
+    (["trainer.nnodes=0"], "trainer.nnodes"),
+    (["trainer.n_gpus_per_node=0"], "trainer.n_gpus_per_node"),
+    (["trainer.seed=-1"], "trainer.seed"),
+    (["trainer.max_actor_ckpt_to_keep=0"], "trainer.max_actor_ckpt_to_keep"),
+    (["trainer.total_training_steps=0"], "trainer.total_training_steps"),
+    (["trainer.max_consecutive_skipped_steps=-1"], "trainer.max_consecutive_skipped_steps"),
+    (["teacher.log_prob_micro_batch_size_per_gpu=0"], "teacher.log_prob_micro_batch_size_per_gpu"),
+    (["placement.gpus.rollout=-1"], "placement.gpus.rollout"),
+    ([f"{A}.megatron.tensor_model_parallel_size=0"], f"{A}.megatron.tensor_model_parallel_size"),
+    (["reward.functions=[{name: arith, weight: nan}]"], "reward.functions[0].weight"),
+    # settings that contradict each other
+    (["data.train_batch_size=6"], f"{A}.ppo_mini_batch_size"),
+    ([f"{R}.tensor_model_parallel_size=2"], f"{R}.tensor_model_parallel_size"),
+    ([f"{A}.recompute_old_logprobs=false", f"{A}.ppo_epochs=2"], f"{A}.recompute_old_logprobs"),
+    (
+        ["algorithm.rollout_correction.rollout_is=token", f"{R}.calculate_log_probs=false"],
+        "calculate_log_probs",
+    ),
+    (["algorithm.rollout_correction.rollout_rs_threshold_lower=3"], "rollout_rs_threshold"),
+    ([f"{R}.overlap_steps=1"], f"{R}.overlap_steps"),
+    ([f"teacher.model={TEACHER}", "teacher.gpus=2"], "teacher.gpus"),
+    ([f"teacher.model={TEACHER}", "teacher.placement=standalone"], "teacher.gpus"),
+    (["trainer.device=cuda"], "trainer.device"),
+    ([f"{R}.name=vllm", "trainer.device=cpu"], f"{R}.name"),
+    (["reward.functions=[{name: no_such_reward}]"], "reward.functions"),
+    (["reward.functions=[{name: arith},{name: arith}]"], "reward.functions[1].name"),
+    ([f"actor_rollout_ref.model.path={TINY}"], f"{A}.optim.lr"),
+    # files and directories named by the config
+    (["data.train_files={tmp}/missing.parquet"], "data.train_files"),
+    ([f"{A}.optim.lr=1e-5", "actor_rollout_ref.model.path={tmp}/no_model"], "actor_rollout_ref.model.path"),
+    ([f"{A}.optim.lr=1e-5", "actor_rollout_ref.model.path={tmp}/model_no_weights"], "no weights"),
+    (
+        [f"{A}.optim.lr=1e-5", "actor_rollout_ref.model.path={tmp}/model_bad_config"],
+        "config.json is not valid JSON",
+    ),
+    ([f"{A}.optim.lr=1e-5", "actor_rollout_ref.model.path={tmp}/model_no_type"], "model_type"),
+    (
+        [f"{A}.optim.lr=1e-5", "actor_rollout_ref.model.path={tmp}/model_truncated"],
+        "model.safetensors is damaged",
+    ),
+    ([f"{A}.optim.lr=1e-5", "actor_rollout_ref.model.path={tmp}/model_missing_shard"], "missing"),
+    (["teacher.model={tmp}/model_no_weights"], "teacher.model"),
+    (["trainer.resume_mode={tmp}/empty_dir"], "trainer.resume_mode"),
+    (["trainer.resume_mode={tmp}/no_such_checkpoint"], "trainer.resume_mode"),
+    (["trainer.default_local_dir=''"], "trainer.default_local_dir"),
+    (["trainer.default_local_dir={tmp}/a_file"], "trainer.default_local_dir"),
+    (["trainer.default_local_dir={tmp}/a_file/sub"], "trainer.default_local_dir"),
+    (["dag={tmp}/yaml_error.yaml"], "not valid YAML at line"),
+    (["dag={tmp}/list.yaml"], "a DAG file is a mapping"),
+    (["dag={tmp}/no_kind.yaml"], "needs 'kind'"),
+    (["dag={tmp}/inputs_string.yaml"], "'inputs' must be a list"),
+    (["dag={tmp}/unknown_kind.yaml"], "teleport"),
+    (["dag=no_such_dag"], "dag='no_such_dag'"),
+    (["trainer.ray_address=no-port-here"], "trainer.ray_address"),
+    (["trainer.ray_address=127.0.0.1:1"], "trainer.ray_address"),
+    # wrong types and names: Hydra refuses them while composing, naming the key
+    (["trainer.total_epochs=abc"], "total_epochs"),
+    ([f"{A}.strategy=tensorflow"], "strategy"),
+    (["trainer.logger=[slack]"], "logger"),
+    (["actor_rollout_ref.model.dtype=int8"], "dtype"),
+    (["algorithm=no_such_algorithm"], "algorithm"),
+]
+
+ROW = {
+    "data_source": "dagrl/arith",
+    "prompt": [{"role": "user", "content": "What is 2+3?"}],
+    "ability": "math",
+    "reward_model": {"style": "rule", "ground_truth": "5"},
+    "extra_info": {"split": "train", "index": 0},
+}
+
+
+def _rows(n: int = 8, **change) -> list[dict]:
+    rows = [dict(ROW, extra_info={"split": "train", "index": i}) for i in range(n)]
+    for index, fields in change.items():
+        rows[int(index.lstrip("r"))].update(fields)
+    return rows
+
+
+def _without(column: str) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != column} for row in _rows()]
+
+
+# (file name, rows or raw bytes, extra overrides, what the message must name)
+DATA = [
+    ("not_parquet.parquet", b"data_source,prompt\nx,y\n", [], "not a readable parquet file"),
+    ("empty.parquet", b"", [], "not a readable parquet file"),
+    ("no_data_source.parquet", _without("data_source"), [], "missing column(s) ['data_source']"),
+    ("no_prompt.parquet", _without("prompt"), [], "missing column(s) ['prompt']"),
+    ("prompt_string.parquet", [dict(r, prompt="What is 2+3?") for r in _rows()], [], "row 0"),
+    ("bad_role.parquet", _rows(r2={"prompt": [{"role": "bot", "content": "hi"}]}), [], "row 2"),
+    ("empty_prompt.parquet", _rows(r5={"prompt": []}), [], "row 5"),
+    ("no_truth.parquet", _rows(r1={"reward_model": {"style": "rule", "ground_truth": ""}}), [], "row 1"),
+    ("unknown_source.parquet", _rows(r6={"data_source": "mystery/set"}), [], "row 6: no default reward"),
+    ("null_data_source.parquet", _rows(r4={"data_source": None}), [], "row 4"),
+    (
+        "too_few_rows.parquet",
+        _rows(3),
+        ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
+        "larger than the 3 rows",
+    ),
+    (
+        "overlong.parquet",
+        _rows(r0={"prompt": [{"role": "user", "content": "9 " * 200}]}),
+        ["data.filter_overlong_prompts=false"],
+        "row 0: prompt is",
+    ),
+    ("a_directory.parquet", None, [], "data.train_files"),
+]
+
+
+def _write(path: str, content) -> None:
+    if content is None:
+        os.makedirs(path)
+    elif isinstance(content, bytes):
+        with open(path, "wb") as f:
+            f.write(content)
+    else:  # rows whose columns may differ in type from row to row: one type per column for Arrow
+        columns = {k: [row.get(k) for row in content] for k in content[0]}
+        table = pa.table(
+            {k: pa.array([json.dumps(v) for v in vs]) if _mixed(vs) else vs for k, vs in columns.items()}
+        )
+        pq.write_table(table, path)
+
+
+def _mixed(values) -> bool:
+    return len({type(v) for v in values if v is not None}) > 1
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The directories and files the corpus names, made once."""
+    tmp = tmp_path_factory.mktemp("corpus")
+    (tmp / "empty_dir").mkdir()
+    (tmp / "a_file").write_text("not a directory")
+    models = {
+        "model_no_weights": ["config.json", "tokenizer.json", "tokenizer_config.json"],
+        "model_bad_config": None,
+        "model_no_type": None,
+        "model_truncated": None,
+        "model_missing_shard": None,
+    }
+    for name, files in models.items():
+        shutil.copytree(
+            TINY,
+            tmp / name,
+            ignore=(lambda d, fs, keep=files: [f for f in fs if f not in keep]) if files else None,
+        )
+    (tmp / "model_bad_config" / "config.json").write_text('{"model_type": "qwen2",')
+    (tmp / "model_no_type" / "config.json").write_text("{}")
+    weights = tmp / "model_truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    (tmp / "model_missing_shard" / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}})
+    )
+    (tmp / "yaml_error.yaml").write_text("nodes:\n  rollout: {kind: rollout\n  reward: [\n")
+    (tmp / "list.yaml").write_text("- rollout\n- reward\n")
+    (tmp / "no_kind.yaml").write_text("source: [prompts]\nnodes:\n  rollout: {role: rollout}\n")
+    (tmp / "inputs_string.yaml").write_text(
+        "source: [prompts]\nnodes:\n  a: {kind: reward, inputs: prompts}\n"
+    )
+    (tmp / "unknown_kind.yaml").write_text("source: [prompts]\nnodes:\n  a: {kind: teleport}\n")
+    for name, content, _, _ in DATA:
+        _write(str(tmp / name), content)
+    return tmp
+
+
+def fill(overrides: list[str], tmp) -> list[str]:
+    return [o.replace("{tmp}", str(tmp)) for o in overrides]
+
+
+def stop_before_workers(overrides: list[str], monkeypatch, out_dir) -> tuple[BaseException, float]:
+    """What `python -m dagrl.main <overrides>` stops with, and after how many seconds (composing the
+    config included); starting workers fails the test."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    import dagrl.trainer.setup as setup
+    from dagrl.main import run
+
+    def no_workers(*args, **kwargs):
+        raise AssertionError(f"workers were started for {overrides}")
+
+    monkeypatch.setattr(setup, "launch", no_workers)
+    start = time.perf_counter()
+    with pytest.raises((DagrlError, HydraException, OmegaConfBaseException)) as err:
+        run(compose_config(f"trainer.default_local_dir={out_dir}", *overrides))
+    return err.value, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("overrides, named", CONFIGS, ids=[" ".join(c[0])[:80] for c in CONFIGS])
+def test_bad_command_line_stops_before_workers(overrides, named, corpus, monkeypatch, tmp_path):
+    error, seconds = stop_before_workers(fill(overrides, corpus), monkeypatch, tmp_path / "out")
+    message = str(error)
+    assert named in message, message
+    if isinstance(error, DagrlError):  # dagrl's own: one line with the key/file and the fix
+        assert "\n" not in message, message
+    assert seconds < 15, seconds
+
+
+MINI4 = "actor_rollout_ref.actor.ppo_mini_batch_size=4"
+
+
+@pytest.mark.parametrize("name, content, extra, named", DATA, ids=[d[0] for d in DATA])
+def test_bad_data_file_stops_before_workers(name, content, extra, named, corpus, monkeypatch, tmp_path):
+    path = str(corpus / name)
+    # a batch the 8-row files hold, so that each file's own fault is what stops the run
+    error, _ = stop_before_workers(
+        [f"data.train_files={path}", f"data.val_files={path}", "data.train_batch_size=4", MINI4, *extra],
+        monkeypatch,
+        tmp_path / "out",
+    )
+    message = str(error)
+    assert named in message and isinstance(error, DagrlError), message
+    assert any(k in message for k in (path, "data.train_files", "data.train_batch_size")), message
+
+
+def test_corpus_size():
+    assert len(CONFIGS) >= 60 and len(DATA) >= 10
+
+
+def cli(*overrides: str, timeout_s: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "dagrl.main", *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout_s,
+    )
+    return proc, time.perf_counter() - start
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("trainer.total_epochs=0", "error: config key 'trainer.total_epochs' = 0: must be >= 1"),
+        (
+            "actor_rollout_ref.actor.grad_clip=-1",
+            "error: config key 'actor_rollout_ref.actor.grad_clip' = -1",
+        ),
+        ("actor_rollout_ref.rollout.val_kwargs.top_p=2", "val_kwargs.top_p' = 2.0: must be in (0, 1]"),
+    ],
+)
+def test_cli_prints_one_line_and_exits_2(override, named, tmp_path):
+    proc, seconds = cli(override, f"trainer.default_local_dir={tmp_path}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: ") and named in lines[-1], proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr and "workers ready" not in proc.stdout
+
+
+def test_cli_sigterm_during_the_ray_address_probe_exits_at_once(tmp_path):
+    """An address whose TCP connect hangs (a listener that never accepts, its backlog full)."""
+    import signal
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    fillers = []
+    for _ in range(8):  # fill the accept queue so that further connects hang in SYN_SENT
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(server.getsockname())
+        fillers.append(s)
+    port = server.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dagrl.main",
+            f"trainer.ray_address=127.0.0.1:{port}",
+            f"trainer.default_local_dir={tmp_path}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    time.sleep(4)
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert time.perf_counter() - sent < 5, out
+    assert proc.returncode != 0 and "workers ready" not in out
+    server.close()

@@ -1,0 +1,84 @@
+"""Write a Qwen3 model with random weights (bf16) and the shipped byte-level tokenizer to a
+directory: GPU tests and benchmarks of model shapes without downloading weights.
+
+    python tools/random_qwen3.py OUT --hidden 1024 --layers 28 --heads 16 --kv-heads 8 \
+        --intermediate 3072 --vocab 151936          # Qwen3-0.6B's shape
+    python tools/random_qwen3.py OUT --hidden 2048 --layers 28 --heads 16 --kv-heads 8 \
+        --intermediate 6144 --vocab 151936          # Qwen3-1.7B's shape
+
+The tokenizer (261 ids) is the tiny model's, so prompts of the built-in task tokenise; a larger
+vocabulary only adds ids no prompt uses. Same seed, same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
+
+
+def build_random_qwen3(
+    out: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab: int,
+    seed: int = 0,
+    init_std: float = 0.02,
+    max_positions: int = 4096,
+) -> str:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from dagrl.data.builtin import tiny_model_path
+
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=max(hidden // heads, 16),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=hidden < 4096,  # Qwen3 ties embeddings up to 4B, unties from 8B
+        initializer_range=init_std,
+        bos_token_id=1,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        shutil.copy(os.path.join(tiny_model_path(), name), os.path.join(out, name))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--intermediate", type=int, default=3072)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    build_random_qwen3(a.out, a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab, a.seed)
+    print(a.out)
+
+
+if __name__ == "__main__":
+    main()
