@@ -41,7 +41,9 @@ class BroadcastGroup:
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, _TIMEOUT)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
-        self._post(tensor).wait()
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        self.pg.broadcast([tensor], opts).wait()
 
     # ---- sender (train rank 0) ---------------------------------------------------------------
     def send(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
@@ -82,59 +84,38 @@ class BroadcastGroup:
 
     # ---- direct: buckets in the engine's own layout (weight_layout.py) ------------------------
     # Both sides know the plan, so a bucket is one broadcast: no lengths, no layouts, no host
-    # synchronisation between buckets. Two buffers alternate so that copying one bucket (packing
-    # on the sender, into the parameters on the receivers) overlaps broadcasting the next: a
-    # broadcast waits for the copies queued before it, and a buffer is reused only after the
-    # broadcast that last used it has finished.
-    def _post(self, tensor: torch.Tensor):
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = 0, 0
-        return self.pg.broadcast([tensor], opts)
-
+    # synchronisation between buckets. One buffer serves every bucket: NCCL orders a broadcast
+    # after the copies queued before it, and the copies after it wait for it.
     def _start_clock(self) -> float:
         """Sender and receivers leave this together, so each times the same span."""
         self._broadcast(torch.zeros(1, device=self.device))
         return self._synced_clock()
-
-    def _buffers(self, plan: list[list[tuple[Slot, int]]]) -> list[torch.Tensor]:
-        size = max(map(bucket_bytes, plan))
-        return [torch.empty(size, dtype=torch.uint8, device=self.device) for _ in range(min(2, len(plan)))]
 
     def send_direct(
         self, plan: list[list[tuple[Slot, int]]], exported: Iterable[dict[str, torch.Tensor]]
     ) -> int:
         """Broadcast the exported weights in the engine's layout; returns the bytes sent."""
         assert self.rank == 0
-        buffers, works = self._buffers(plan), [None, None]
+        buffer = torch.empty(max(map(bucket_bytes, plan)), dtype=torch.uint8, device=self.device)
         start, sent = self._start_clock(), 0
         for i, sources in enumerate(sources_for(plan, exported)):  # draws the whole export
-            size, slot = bucket_bytes(plan[i]), i % 2
-            if works[slot] is not None:
-                works[slot].wait()  # this buffer's previous broadcast is done before it is refilled
-            pack_into(plan[i], sources, buffers[slot][:size])
-            works[slot] = self._post(buffers[slot][:size])
+            size = bucket_bytes(plan[i])
+            pack_into(plan[i], sources, buffer[:size])
+            self._broadcast(buffer[:size])
             sent += size
-        for work in works:
-            if work is not None:
-                work.wait()
         self.transfer_s, self.transfer_bytes = self._synced_clock() - start, sent
         return sent
 
     def receive_direct(self, plan: list[list[tuple[Slot, int]]], params: dict[str, torch.Tensor]) -> int:
         """Receive every bucket straight into the engine's parameters; returns the bytes taken."""
         assert self.rank > 0
-        buffers = self._buffers(plan)
-        start = self._start_clock()
-        views = [buffers[i % 2][: bucket_bytes(bucket)] for i, bucket in enumerate(plan)]
-        work = self._post(views[0])
-        for i, bucket in enumerate(plan):
-            # the next bucket's broadcast goes out first: it waits only for the copies out of its
-            # buffer two buckets ago, while this bucket's copies wait for this bucket's broadcast
-            following = self._post(views[i + 1]) if i + 1 < len(plan) else None
-            work.wait()
-            unpack_into(bucket, views[i], params)
-            work = following
-        received = sum(slot.nbytes for bucket in plan for slot, _ in bucket)
+        buffer = torch.empty(max(map(bucket_bytes, plan)), dtype=torch.uint8, device=self.device)
+        start, received = self._start_clock(), 0
+        for bucket in plan:
+            size = bucket_bytes(bucket)
+            self._broadcast(buffer[:size])
+            unpack_into(bucket, buffer[:size], params)
+            received += sum(slot.nbytes for slot, _ in bucket)
         self.transfer_s, self.transfer_bytes = self._synced_clock() - start, received
         return received
 
