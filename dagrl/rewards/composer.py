@@ -124,15 +124,15 @@ class RewardComposer:
                         zip(columns["data_source"], solutions, columns["ground_truth"], columns["extra_info"])
                     )
                 ]
+        # a TRL-form reward's None (not applicable to that row) adds nothing; a NaN a reward
+        # returns stays NaN in the total, so the step's non-finite check sees it
         totals = [
-            sum(
-                t.weight * raw_by_name[t.name][i]
-                for t in self.terms
-                if not math.isnan(raw_by_name[t.name][i])
-            )
+            sum(t.weight * raw_by_name[t.name][i] for t in self.terms if raw_by_name[t.name][i] is not None)
             for i in range(n)
         ]
-        return totals, raw_by_name
+        return totals, {
+            name: [math.nan if v is None else v for v in raw] for name, raw in raw_by_name.items()
+        }
 
     def _one(self, term, fn, row, data_source, solution_str, ground_truth, extra_info) -> float:
         try:
@@ -145,7 +145,7 @@ class RewardComposer:
             ) from exc
 
 
-def _call_trl(name, fn, solutions, columns, prompts, completion_ids) -> list[float]:
+def _call_trl(name, fn, solutions, columns, prompts, completion_ids) -> list[float | None]:
     """One call of a TRL-form reward on the batch: completions, prompts, and the rows' columns
     (plus the keys inside extra_info, as TRL passes every dataset column) as keyword lists."""
     kwargs = dict(columns)
@@ -163,7 +163,7 @@ def _call_trl(name, fn, solutions, columns, prompts, completion_ids) -> list[flo
         ) from exc
     if len(out) != len(solutions):
         raise DataError(f"reward {name!r} returned {len(out)} scores for {len(solutions)} completions")
-    return [math.nan if v is None else float(v) for v in out]
+    return [None if v is None else float(v) for v in out]
 
 
 def describe_row(row: int, extra_info: dict | None) -> str:

@@ -39,7 +39,8 @@ def test_packing_bench_cpu_smoke(backend, tmp_path):
     ]
     for r in rows:
         assert r["backend"] == backend and r["padded_s"] > 0 and r["packed_s"] > 0
-        assert r["ratio"] == pytest.approx(r["packed_s"] / r["padded_s"], abs=2e-3)
+        # the printed seconds are rounded to 4 decimals: a few ms on the CPU leave ~2% in the ratio
+        assert r["ratio"] == pytest.approx(r["packed_s"] / r["padded_s"], rel=0.05)
         # the mixed lengths leave padding to remove; packing never adds any
         assert 0 <= r["packed_pad_fraction"] <= r["pad_fraction"] < 1
     assert rows[2]["packed_pad_fraction"] < rows[2]["pad_fraction"]
