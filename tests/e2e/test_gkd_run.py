@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import compose_config
-from tests.e2e.test_grpo_run import FAST, read_metrics, without_timing
+from tests.e2e.test_grpo_run import FAST, read_metrics, resume_matches
 
 
 @pytest.mark.slow
@@ -30,25 +30,8 @@ def test_default_gkd_run_learns(ray_local, tmp_path):
 
 def test_gkd_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
     """4 steps == 2 steps + resume + 2 steps, teacher role included."""
-    from dagrl.main import run
-
-    fast = ["algorithm=gkd", *FAST]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run(compose_config(*fast, "trainer.total_training_steps=4", f"trainer.default_local_dir={straight}"))
-    for steps in (2, 4):
-        run(
-            compose_config(
-                *fast,
-                f"trainer.total_training_steps={steps}",
-                "trainer.save_freq=2",
-                f"trainer.default_local_dir={resumed}",
-            )
-        )
-    a = [without_timing(r) for r in read_metrics(straight)]
-    b = [without_timing(r) for r in read_metrics(resumed)]
-    assert [r["step"] for r in b] == [1, 2, 3, 4]
-    assert all(r["distill/divergence"] > 0 for r in b)
-    assert a == b
+    rows = resume_matches(tmp_path, "algorithm=gkd")
+    assert all(r["distill/divergence"] > 0 for r in rows)
 
 
 @pytest.mark.slow

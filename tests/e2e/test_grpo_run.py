@@ -164,3 +164,26 @@ def test_exported_hf_model_reloads_with_identical_logits(tmp_path):
     ids = torch.randint(5, 60, (2, 9), generator=g)
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, backend.model.eval()(ids).logits)
+
+
+def resume_matches(tmp_path, *overrides: str) -> list[dict]:
+    """4 steps straight == 2 steps + resume + 2 steps; returns the resumed run's rows."""
+    from dagrl.main import run
+
+    fast = [*FAST, *overrides]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(compose_config(*fast, "trainer.total_training_steps=4", f"trainer.default_local_dir={straight}"))
+    for steps in (2, 4):
+        run(
+            compose_config(
+                *fast,
+                f"trainer.total_training_steps={steps}",
+                "trainer.save_freq=2",
+                f"trainer.default_local_dir={resumed}",
+            )
+        )
+    a = [without_timing(r) for r in read_metrics(straight)]
+    b = [without_timing(r) for r in read_metrics(resumed)]
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert a == b
+    return b

@@ -9,7 +9,7 @@ import pytest
 
 from dagrl.nodes.rollout import is_off_policy_step
 from tests.conftest import compose_config
-from tests.e2e.test_grpo_run import FAST, read_metrics, without_timing
+from tests.e2e.test_grpo_run import FAST, read_metrics, resume_matches
 
 
 def mean(values) -> float:
@@ -40,40 +40,15 @@ def test_default_opsd_run_learns(ray_local, tmp_path):
     assert all(f"timing_s/{node}" in train[-1] for node in ("rollout", "teacher_hidden", "actor_update"))
 
 
-def _resume_matches(tmp_path, *overrides: str) -> list[dict]:
-    """4 steps straight == 2 steps + resume + 2 steps; returns the resumed run's rows."""
-    from dagrl.main import run
-
-    fast = [*FAST, *overrides]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run(compose_config(*fast, "trainer.total_training_steps=4", f"trainer.default_local_dir={straight}"))
-    for steps in (2, 4):
-        run(
-            compose_config(
-                *fast,
-                f"trainer.total_training_steps={steps}",
-                "trainer.save_freq=2",
-                f"trainer.default_local_dir={resumed}",
-            )
-        )
-    a = [without_timing(r) for r in read_metrics(straight)]
-    b = [without_timing(r) for r in read_metrics(resumed)]
-    assert [r["step"] for r in b] == [1, 2, 3, 4]
-    assert a == b
-    return b
-
-
 def test_opsd_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
-    rows = _resume_matches(tmp_path, "algorithm=opsd")
+    rows = resume_matches(tmp_path, "algorithm=opsd")
     assert all(r["distill/divergence"] > 0 for r in rows)
 
 
 def test_off_policy_steps_and_sft_term_resume_bit_identically(ray_local, tmp_path):
     """lmbda 0.5: steps 2-4 draw the dataset's responses (trainer.seed 1), step 1 samples."""
     assert [is_off_policy_step(1, s, 0.5) for s in range(1, 5)] == [False, True, True, True]
-    rows = _resume_matches(
-        tmp_path, "algorithm=gkd", "algorithm.gkd.lmbda=0.5", "algorithm.gkd.sft_alpha=0.5"
-    )
+    rows = resume_matches(tmp_path, "algorithm=gkd", "algorithm.gkd.lmbda=0.5", "algorithm.gkd.sft_alpha=0.5")
     assert [r["distill/off_policy_step"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
     assert rows[0]["distill/sft_nll"] == 0.0 and all(r["distill/sft_nll"] > 0 for r in rows[1:])
     assert all(r["reward/mean"] == 1.0 for r in rows[1:])  # the reference answers are right
