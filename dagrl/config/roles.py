@@ -114,7 +114,7 @@ def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
                 else arr.ref.log_prob_micro_batch_size_per_gpu
             ),
             trains=trains,
-            offload=_offload(mega),
+            offload=_offload(cfg, mega),
             megatron=mega,
         )
     if name == ROLE_ROLLOUT:
@@ -175,7 +175,10 @@ def _layout(m: MegatronConfig | None) -> ParallelLayout:
     )
 
 
-def _offload(m: MegatronConfig | None) -> OffloadPolicy:
+def _offload(cfg: DagrlConfig, m: MegatronConfig | None) -> OffloadPolicy:
+    """The train/ref roles' offload: megatron's three switches, or the torch backend's one
+    (actor.offload moves params and optimizer state together)."""
     if m is None:
-        return OffloadPolicy()
+        on = cfg.actor_rollout_ref.actor.offload
+        return OffloadPolicy(params=on, grads=on, optimizer=on)
     return OffloadPolicy(m.param_offload, m.grad_offload, m.optimizer_offload)

@@ -58,6 +58,26 @@ def test_megatron_layout_comes_from_the_spec():
     assert (plan.roles["train"].dp, plan.roles["train"].tp, plan.roles["train"].pp) == (2, 2, 2)
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_torch_roles_offload_per_actor_offload(on):
+    """actor.offload reaches the torch train and ref backends built from the specs (a spec that
+    dropped it once left the actor resident on the GPU while vLLM ran)."""
+    import torch
+
+    from dagrl.backends import build_backend
+    from dagrl.core.worker import ParallelContext
+
+    cfg = compose_config(
+        f"actor_rollout_ref.actor.offload={str(on).lower()}", "actor_rollout_ref.actor.use_kl_loss=true"
+    )
+    validate(cfg)
+    specs = build_role_specs(cfg, ROLES)
+    ctx = ParallelContext(0, 1, torch.device("cpu"))
+    for role in ("train", "ref"):
+        assert specs[role].offload.params is on and specs[role].offload.optimizer is on
+        assert build_backend(cfg, specs[role], ctx).offload() is on  # False = stays resident
+
+
 def test_teacher_colocated_joins_the_train_group():
     cfg = compose_config("teacher.model=/some/teacher", "teacher.dtype=bfloat16", "trainer.n_gpus_per_node=2")
     validate(cfg)
