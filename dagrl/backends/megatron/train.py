@@ -106,6 +106,7 @@ class MegatronTrainBackend:
         self.objective = None if forward_only else build_objective(cfg)
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
         self.offload_freed_gib = 0.0
+        self.resident = True  # state on ctx.device (False after offload())
         self._cpu_params: dict = {}
 
     def _wrap(self, actor):
@@ -164,6 +165,8 @@ class MegatronTrainBackend:
         """Move what the offload policy names to CPU; the freed GiB is reported."""
         if not any(vars(self.offload_policy).values()):
             return False  # resident: the worker keeps the allocator's cache for the next phase
+        if not self.resident:  # a second offload (another role's turn) keeps the first one's figure
+            return True
         before = _allocated_gib()
         if self.offload_policy.params:
             self._offload_params()
@@ -176,9 +179,13 @@ class MegatronTrainBackend:
         if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
         self.offload_freed_gib = before - _allocated_gib()
+        self.resident = False
         return True
 
     def onload(self) -> None:
+        if self.resident:
+            return
+        self.resident = True
         if self.offload_policy.params:
             self._onload_params()
             self._move_teacher_head(self.ctx.device)

@@ -42,6 +42,7 @@ class TorchTrainBackend:
         self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
         self.offload_params = cfg.actor_rollout_ref.actor.offload if offload is None else offload.params
         self.offload_freed_gib = 0.0
+        self.resident = True  # state on ctx.device (False after offload())
         self._teacher_head: tuple[torch.Tensor, torch.Tensor | None] | None = None  # full-vocab GKD
         arr = cfg.actor_rollout_ref
         self.path = resolve_model_path(arr.model.path)
@@ -76,13 +77,17 @@ class TorchTrainBackend:
     def offload(self) -> bool:
         if not self.offload_params:  # the state stays resident on the GPU
             return False
-        before = _allocated_gib()
-        self._move(torch.device("cpu"))
-        self.offload_freed_gib = before - _allocated_gib()
+        if self.resident:  # a second offload (another role's turn) keeps the first one's figure
+            before = _allocated_gib()
+            self._move(torch.device("cpu"))
+            self.offload_freed_gib = before - _allocated_gib()
+            self.resident = False
         return True
 
     def onload(self) -> None:
-        self._move(self.ctx.device)
+        if not self.resident:
+            self._move(self.ctx.device)
+            self.resident = True
 
     def _move(self, device: torch.device) -> None:
         self.model.to(device)
