@@ -49,6 +49,7 @@ streams/events (`overlap_grad_reduce`, `overlap_param_gather`, partial distribut
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
@@ -222,29 +223,104 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(
-    rank: int, world_size: int, port: int, fn: Callable, args: tuple, timeout_s: float, results: Any
-) -> None:
-    """One rank: gloo init, patch, `fn`, teardown; puts (rank, "ok", pickled) or (rank, "error", tb)."""
+def _serve(rank: int, world_size: int, port: int, tasks: Any, results: Any, parent: int) -> None:
+    """One rank of a pool: gloo init and `apply()` once, then every task put on `tasks` until None.
+
+    After each task megatron's parallel state (and dagrl's record of it) is torn down, so the
+    next task starts from an initialised process group and nothing else. Exits when the test
+    process is gone."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)  # ranks share 2 cores; more threads only thrash
-    try:
-        torch.distributed.init_process_group(
-            "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
-        )
-        apply()
-        # Pickled here with the plain pickler: tensors travel by value, not as shared memory
-        # that would vanish with this process.
-        results.put((rank, "ok", pickle.dumps(fn(rank, world_size, *args))))
-    except BaseException:  # noqa: BLE001 - every failure must reach the parent
-        # Reported before teardown: with a peer stuck in a collective, teardown may hang.
-        results.put((rank, "error", traceback.format_exc()))
-    finally:
-        if "megatron.core.parallel_state" in sys.modules:
-            sys.modules["megatron.core.parallel_state"].destroy_model_parallel()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    torch.distributed.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=_POOL_TIMEOUT_S)
+    )
+    apply()
+    while (task := _next_task(tasks, parent)) is not None:
+        fn, args = task
+        try:
+            # Pickled here with the plain pickler: tensors travel by value, not as shared memory
+            # that would vanish with this process.
+            results.put((rank, "ok", pickle.dumps(fn(rank, world_size, *args))))
+        except BaseException:  # noqa: BLE001 - every failure must reach the parent
+            # Reported before teardown: with a peer stuck in a collective, teardown may hang.
+            results.put((rank, "error", traceback.format_exc()))
+        finally:
+            _reset_parallel_state()
+
+
+def _next_task(tasks: Any, parent: int) -> tuple | None:
+    """The next task; None when the pool closes or the test process is gone (no orphans)."""
+    while True:
+        try:
+            return tasks.get(timeout=2.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
+
+
+def _reset_parallel_state() -> None:
+    if "megatron.core.parallel_state" in sys.modules:
+        sys.modules["megatron.core.parallel_state"].destroy_model_parallel()
+    if "dagrl.backends.megatron.parallel" in sys.modules:
+        sys.modules["dagrl.backends.megatron.parallel"]._initialised = None
+
+
+_POOL_TIMEOUT_S = 600  # gloo's collective timeout in pool ranks; run_distributed's own is per call
+
+
+class _RankPool:
+    """`world_size` spawned gloo ranks kept for the whole test session: starting a rank (spawn,
+    import torch and megatron, patch) costs seconds of a 2-core machine, more than the work of
+    most tests. A failed call kills the pool (a peer may be stuck in a collective); the next
+    call starts a fresh one."""
+
+    def __init__(self, world_size: int):
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.results = ctx.Queue()
+        self.tasks = [ctx.Queue() for _ in range(world_size)]
+        port = _free_port()
+        self.procs = [
+            ctx.Process(
+                target=_serve, args=(rank, world_size, port, self.tasks[rank], self.results, os.getpid())
+            )  # not daemonic: megatron's checkpointing starts processes of its own
+            for rank in range(world_size)
+        ]
+        for proc in self.procs:
+            proc.start()
+
+    def run(self, fn: Callable, args: tuple, timeout_s: float) -> list:
+        for q in self.tasks:
+            q.put((fn, args))
+        outputs, errors = {}, ["interrupted"]
+        try:
+            outputs, errors = _collect(self.procs, self.results, timeout_s)
+        finally:
+            if errors:
+                self.close()
+        if errors:
+            raise RuntimeError("run_distributed failed:\n" + "\n".join(errors))
+        return [outputs[rank] for rank in range(len(self.procs))]
+
+    @property
+    def alive(self) -> bool:
+        return all(proc.is_alive() for proc in self.procs)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+        for proc in self.procs:
+            proc.join()
+
+
+_POOLS: dict[int, _RankPool] = {}
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
 
 
 def _collect(procs: list, results: Any, timeout_s: float) -> tuple[dict[int, Any], list[str]]:
@@ -272,33 +348,18 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float 
     """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks with `apply()`d patches.
 
     fn must be a top-level (picklable) function and return something picklable; CPU tensors
-    are fine. Each rank is a fresh spawned process that uses one thread, and tears down
-    megatron's parallel_state and the process group when fn returns or raises.
+    are fine. The ranks are processes of a pool kept for the session (one pool per world size),
+    each with one thread; megatron's parallel state is torn down after every call, the process
+    group stays. fn must leave no other process-wide state behind (patched module attributes,
+    environment variables).
 
     Returns: [fn's result on rank 0, ..., rank world_size - 1].
-    Raises: RuntimeError with the failing rank's traceback (the other ranks are killed).
+    Raises: RuntimeError with the failing rank's traceback (the pool is killed and restarts).
     """
-    ctx = torch.multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(rank, world_size, port, fn, args, timeout_s, results))
-        for rank in range(world_size)
-    ]
-    for proc in procs:
-        proc.start()
-    errors = ["interrupted"]
-    try:
-        outputs, errors = _collect(procs, results, timeout_s)
-    finally:
-        for proc in procs:
-            proc.join(timeout=5 if errors else 60)
-            if proc.is_alive():  # a peer failed and this rank waits on a collective forever
-                proc.kill()
-                proc.join()
-    if errors:
-        raise RuntimeError("run_distributed failed:\n" + "\n".join(errors))
-    return [outputs[rank] for rank in range(world_size)]
+    pool = _POOLS.get(world_size)
+    if pool is None or not pool.alive:
+        pool = _POOLS[world_size] = _RankPool(world_size)
+    return pool.run(fn, args, timeout_s)
 
 
 def tiny_gpt_config(**overrides: Any):
