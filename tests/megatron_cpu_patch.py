@@ -223,22 +223,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _serve(rank: int, world_size: int, port: int, tasks: Any, results: Any, parent: int) -> None:
-    """One rank of a pool: gloo init and `apply()` once, then every task put on `tasks` until None.
+def _serve(rank: int, world_size: int, tasks: Any, results: Any, parent: int) -> None:
+    """One rank of a pool: `apply()` once, then every task put on `tasks` until None.
 
-    After each task megatron's parallel state (and dagrl's record of it) is torn down, so the
-    next task starts from an initialised process group and nothing else. Exits when the test
-    process is gone."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    Each task gets a process group of its own (a fresh port) and leaves nothing behind: megatron's
+    parallel state, dagrl's record of it and every process group are torn down after it (gloo
+    keeps threads per group, which would pile up over a session). Exits when the test process
+    is gone."""
     torch.set_num_threads(1)  # ranks share 2 cores; more threads only thrash
-    torch.distributed.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=_POOL_TIMEOUT_S)
-    )
     apply()
     while (task := _next_task(tasks, parent)) is not None:
-        fn, args = task
+        fn, args, port, timeout_s = task
         try:
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(port)
+            torch.distributed.init_process_group(
+                "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+            )
             # Pickled here with the plain pickler: tensors travel by value, not as shared memory
             # that would vanish with this process.
             results.put((rank, "ok", pickle.dumps(fn(rank, world_size, *args))))
@@ -264,9 +265,8 @@ def _reset_parallel_state() -> None:
         sys.modules["megatron.core.parallel_state"].destroy_model_parallel()
     if "dagrl.backends.megatron.parallel" in sys.modules:
         sys.modules["dagrl.backends.megatron.parallel"]._initialised = None
-
-
-_POOL_TIMEOUT_S = 600  # gloo's collective timeout in pool ranks; run_distributed's own is per call
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # the default group and every group made from it
 
 
 class _RankPool:
@@ -279,19 +279,18 @@ class _RankPool:
         ctx = torch.multiprocessing.get_context("spawn")
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
-        port = _free_port()
         self.procs = [
-            ctx.Process(
-                target=_serve, args=(rank, world_size, port, self.tasks[rank], self.results, os.getpid())
-            )  # not daemonic: megatron's checkpointing starts processes of its own
+            ctx.Process(target=_serve, args=(rank, world_size, self.tasks[rank], self.results, os.getpid()))
+            # not daemonic: megatron's checkpointing starts processes of its own
             for rank in range(world_size)
         ]
         for proc in self.procs:
             proc.start()
 
     def run(self, fn: Callable, args: tuple, timeout_s: float) -> list:
+        port = _free_port()
         for q in self.tasks:
-            q.put((fn, args))
+            q.put((fn, args, port, timeout_s))
         outputs, errors = {}, ["interrupted"]
         try:
             outputs, errors = _collect(self.procs, self.results, timeout_s)
@@ -349,9 +348,9 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float 
 
     fn must be a top-level (picklable) function and return something picklable; CPU tensors
     are fine. The ranks are processes of a pool kept for the session (one pool per world size),
-    each with one thread; megatron's parallel state is torn down after every call, the process
-    group stays. fn must leave no other process-wide state behind (patched module attributes,
-    environment variables).
+    each with one thread; every call gets a fresh process group, and megatron's parallel state
+    and the groups are torn down after it. fn must leave no other process-wide state behind
+    (patched module attributes, environment variables).
 
     Returns: [fn's result on rank 0, ..., rank world_size - 1].
     Raises: RuntimeError with the failing rank's traceback (the pool is killed and restarts).

@@ -99,8 +99,10 @@ def check_resume_mode(value: str) -> None:
 
 
 def check_ray_address(value: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
-    """A host:port address must accept a TCP connection: ray.init waits forever on one that does
-    not (and ignores SIGTERM meanwhile). "auto" and ray:// client addresses are left to Ray."""
+    """A host:port address must be a Ray GCS: ray.init waits forever on one that does not accept
+    TCP, or that accepts it and is something else (and ignores SIGTERM meanwhile). The GCS is a
+    gRPC server, which answers an HTTP/2 client preface with a SETTINGS frame; anything else is
+    refused here. "auto" and ray:// client addresses are left to Ray."""
     if not value or value in ("auto", "local") or "://" in value:
         return
     host, _, port = value.rpartition(":")
@@ -108,8 +110,14 @@ def check_ray_address(value: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_
         raise ConfigError("trainer.ray_address", value, "use host:port of the Ray head (GCS), or auto")
     start = time.monotonic()
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+            if not _speaks_grpc(conn):
+                raise ConfigError(
+                    "trainer.ray_address",
+                    value,
+                    "something answers there but it is not a Ray GCS (no gRPC reply); pass the address"
+                    " `ray start --head` prints (port 6379 unless --port says otherwise), or auto",
+                )
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
         raise ConfigError(
@@ -118,3 +126,22 @@ def check_ray_address(value: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_
             f"nothing answers there ({why} after {time.monotonic() - start:.1f}s); start the cluster with"
             " `ray start --head` and pass the address it prints, or leave it unset for a local Ray",
         ) from None
+
+
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+_SETTINGS = 4
+
+
+def _speaks_grpc(conn: socket.socket) -> bool:
+    """Whether the peer replies to an HTTP/2 preface with a SETTINGS frame (frame type at byte 3)."""
+    try:
+        conn.sendall(_HTTP2_PREFACE)
+        header = b""
+        while len(header) < 9:
+            chunk = conn.recv(9 - len(header))
+            if not chunk:
+                return False  # closed on us
+            header += chunk
+    except OSError:  # silent past the timeout, or reset
+        return False
+    return header[3] == _SETTINGS

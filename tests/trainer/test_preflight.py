@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -83,6 +85,44 @@ def test_unreachable_ray_address_fails_fast_naming_the_key(tmp_path):
         assert time.monotonic() - start < 30
     with pytest.raises(ConfigError, match="host:port"):
         preflight.check_ray_address("no-port-here")
+
+
+class _Server(threading.Thread):
+    """A TCP server on a free local port that is not Ray: `reply` is written to each connection
+    (None: accept and stay silent)."""
+
+    def __init__(self, reply: bytes | None):
+        super().__init__(daemon=True)
+        self.reply, self.sock = reply, socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns = []
+
+    def run(self):
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                self.conns.append(conn)  # kept open: a silent peer must not look closed
+                if self.reply is not None:
+                    conn.recv(64)
+                    conn.sendall(self.reply)
+                    conn.close()
+
+
+@pytest.mark.parametrize(
+    "reply", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b"", None], ids=["http1", "closes", "silent"]
+)
+def test_an_address_that_answers_but_is_not_ray_is_refused(reply):
+    server = _Server(reply)
+    server.start()
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"'trainer.ray_address'.*it is not a Ray GCS"):
+        preflight.check_ray_address(server.address, timeout_s=2)
+    assert time.monotonic() - start < 5
+    server.sock.close()
+
+
+def test_a_ray_head_passes_the_address_check(ray_local):
+    preflight.check_ray_address(ray_local.get_runtime_context().gcs_address)
 
 
 def test_cli_unreachable_ray_address_exits_within_30s(tmp_path):

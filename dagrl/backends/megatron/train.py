@@ -25,6 +25,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from dagrl.algos import logprob_temperature
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
+from dagrl.backends.host_store import HostStore
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron.logprobs import response_logprobs
@@ -106,8 +107,8 @@ class MegatronTrainBackend:
         self.objective = None if forward_only else build_objective(cfg)
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
         self.offload_freed_gib = 0.0
-        self.resident = True  # state on ctx.device (False after offload())
-        self._cpu_params: dict = {}
+        self._host = HostStore()  # pinned host copies of the params' storages, reused
+        self._resident = True  # False between offload() and onload()
 
     def _wrap(self, actor):
         """megatron DDP + optimizer for the actor; the reference stays a bare forward-only model.
@@ -165,7 +166,7 @@ class MegatronTrainBackend:
         """Move what the offload policy names to CPU; the freed GiB is reported."""
         if not any(vars(self.offload_policy).values()):
             return False  # resident: the worker keeps the allocator's cache for the next phase
-        if not self.resident:  # a second offload (another role's turn) keeps the first one's figure
+        if not self._resident:  # a second offload (another role's turn) keeps the first one's figure
             return True
         before = _allocated_gib()
         if self.offload_policy.params:
@@ -179,13 +180,13 @@ class MegatronTrainBackend:
         if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
         self.offload_freed_gib = before - _allocated_gib()
-        self.resident = False
+        self._resident = False
         return True
 
     def onload(self) -> None:
-        if self.resident:
+        if self._resident:
             return
-        self.resident = True
+        self._resident = True
         if self.offload_policy.params:
             self._onload_params()
             self._move_teacher_head(self.ctx.device)
@@ -207,26 +208,11 @@ class MegatronTrainBackend:
     def _offload_params(self) -> None:
         # Parameters stay the same objects (the optimizer and DDP keep pointing at them); only
         # their storage moves. Under the distributed optimizer many params are views of one
-        # contiguous buffer, so whole storages are copied first and freed after.
-        storages = {}
-        for p in self._params():
-            storage = p.data.untyped_storage()
-            if storage.nbytes() > 0:
-                storages.setdefault(storage.data_ptr(), (storage, p.device))
-        for key, (storage, device) in storages.items():
-            cpu = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=device.type == "cuda")
-            cpu.copy_(_bytes_of(storage, device), non_blocking=True)
-            self._cpu_params[key] = (storage, device, cpu)
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize()
-        for storage, _, _ in self._cpu_params.values():
-            storage.resize_(0)
+        # contiguous buffer: the store copies whole storages, each once.
+        self._host.offload(self._params(), cpu_too=True)  # megatron allocates its own (resizable) storages
 
     def _onload_params(self) -> None:
-        for storage, device, cpu in self._cpu_params.values():
-            storage.resize_(cpu.numel())
-            _bytes_of(storage, device).copy_(cpu, non_blocking=True)
-        self._cpu_params = {}
+        self._host.onload()
 
     def _params(self) -> Iterator[torch.nn.Parameter]:
         seen = set()
@@ -540,11 +526,6 @@ def _padding_stats(micros: list[MicroInputs]) -> PaddingStats:
         packed = mi.input_ids.numel() if mi.attention_mask is not None else 0
         stats.add(mi.real_tokens, mi.padded_tokens, packed)
     return stats
-
-
-def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
-    """A uint8 tensor over a whole storage (to copy it regardless of the params viewing it)."""
-    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),))
 
 
 def _allocated_gib() -> float:

@@ -18,6 +18,7 @@ import torch
 
 from dagrl.algos import entropy_from_logits, logprob_temperature, logprobs_from_logits
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
+from dagrl.backends.host_store import HostStore
 from dagrl.backends.torch.distill import (
     final_hidden,
     grid_logprobs_at,
@@ -42,7 +43,7 @@ class TorchTrainBackend:
         self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
         self.offload_params = cfg.actor_rollout_ref.actor.offload if offload is None else offload.params
         self.offload_freed_gib = 0.0
-        self.resident = True  # state on ctx.device (False after offload())
+        self._host = HostStore()  # where offload() keeps the state between turns (pinned, reused)
         self._teacher_head: tuple[torch.Tensor, torch.Tensor | None] | None = None  # full-vocab GKD
         arr = cfg.actor_rollout_ref
         self.path = resolve_model_path(arr.model.path)
@@ -77,27 +78,23 @@ class TorchTrainBackend:
     def offload(self) -> bool:
         if not self.offload_params:  # the state stays resident on the GPU
             return False
-        if self.resident:  # a second offload (another role's turn) keeps the first one's figure
+        if not self._host.holds:  # a second offload (another role's turn) keeps the first one's figure
             before = _allocated_gib()
-            self._move(torch.device("cpu"))
+            self._host.offload(self._state_tensors())
             self.offload_freed_gib = before - _allocated_gib()
-            self.resident = False
         return True
 
     def onload(self) -> None:
-        if not self.resident:
-            self._move(self.ctx.device)
-            self.resident = True
+        self._host.onload()
 
-    def _move(self, device: torch.device) -> None:
-        self.model.to(device)
+    def _state_tensors(self) -> Iterator[torch.Tensor]:
+        """What offload moves: parameters, the full-vocabulary teacher head, Adam's moments."""
+        yield from self.model.parameters()
         if self._teacher_head is not None:
-            self._teacher_head = tuple(t if t is None else t.to(device) for t in self._teacher_head)
+            yield from (t for t in self._teacher_head if t is not None)
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
-                for k, v in state.items():
-                    if isinstance(v, torch.Tensor) and k != "step":
-                        state[k] = v.to(device)
+                yield from (v for k, v in state.items() if isinstance(v, torch.Tensor) and k != "step")
 
     # ---- forward -------------------------------------------------------------------------------
     def _token_outputs(self, module, mb: Batch, request: TokenRequest) -> TokenOutputs:
