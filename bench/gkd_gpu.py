@@ -12,7 +12,7 @@ Peak memory per phase: `teacher/max_memory_allocated_gib` is the teacher phase's
 its start); `perf/max_memory_allocated_gib`, read after the update, is the peak since the teacher
 phase started, i.e. max(teacher, update) — the update's when it is the larger.
 
-On one 80 GB card (the lead runs these; nothing here was run on a GPU yet):
+On one 80 GB card (results of the first two on 1× H100: docs/perf.md):
 
     python bench/gkd_gpu.py --out /tmp/gkd_bench --strategy megatron --rollout vllm
     python bench/gkd_gpu.py --out /tmp/gkd_bench --strategy torch --rollout vllm
