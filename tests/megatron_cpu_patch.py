@@ -52,6 +52,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import gc
 import importlib
 import logging
 import os
@@ -267,6 +268,7 @@ def _reset_parallel_state() -> None:
         sys.modules["dagrl.backends.megatron.parallel"]._initialised = None
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # the default group and every group made from it
+    gc.collect()  # groups still referenced from dead models keep gloo's threads alive until then
 
 
 class _RankPool:
