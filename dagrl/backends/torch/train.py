@@ -28,6 +28,7 @@ from dagrl.backends.torch.distill import (
     student_logprobs_at,
     teacher_topk,
 )
+from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
 from dagrl.backends.torch.packed import packed_token_outputs
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
@@ -63,10 +64,9 @@ class TorchTrainBackend:
         if arr.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.objective = build_objective(cfg)
-        o = arr.actor.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
-        )
+        # bf16 weights compute, fp32 masters and Adam state update them (mixed_precision.py)
+        host = torch.device("cpu") if arr.actor.optimizer_cpu_offload else None
+        self.optimizer = MasterWeightsAdamW(list(self.model.parameters()), arr.actor.optim, host)
         if ctx.distributed:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
@@ -92,9 +92,8 @@ class TorchTrainBackend:
         yield from self.model.parameters()
         if self._teacher_head is not None:
             yield from (t for t in self._teacher_head if t is not None)
-        if self.optimizer is not None:
-            for state in self.optimizer.state.values():
-                yield from (v for k, v in state.items() if isinstance(v, torch.Tensor) and k != "step")
+        if self.optimizer is not None:  # fp32 masters and Adam's moments (those on the device)
+            yield from self.optimizer.state_tensors()
 
     # ---- forward -------------------------------------------------------------------------------
     def _token_outputs(self, module, mb: Batch, request: TokenRequest) -> TokenOutputs:
@@ -310,12 +309,8 @@ class TorchTrainBackend:
         return outputs
 
     def optimizer_step(self) -> torch.Tensor:
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.actor_rollout_ref.actor.grad_clip
-        )
-        if torch.isfinite(grad_norm):  # a step on inf/nan gradients would ruin the weights
-            self.optimizer.step()
-        return grad_norm
+        """Clip and step on the fp32 masters; skipped (weights unchanged) on inf/nan gradients."""
+        return self.optimizer.step(self.cfg.actor_rollout_ref.actor.grad_clip)
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
