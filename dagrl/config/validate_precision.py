@@ -80,16 +80,23 @@ def _check_megatron(cfg: DagrlConfig) -> None:
                     getattr(m, key),
                     f"it tunes the optimizer's CPU offload: set {prefix}.optimizer_cpu_offload=true too",
                 )
-        if m.use_precision_aware_optimizer:
-            from dagrl.config.validate_megatron import transformer_engine_available
+    elif m.optimizer_offload:
+        raise ConfigError(
+            f"{prefix}.optimizer_offload",
+            True,
+            f"with {prefix}.optimizer_cpu_offload=true the optimizer state already lives in host memory"
+            " (moving it again between phases would put it on the device); leave optimizer_offload false",
+        )
+    if m.use_precision_aware_optimizer:
+        from dagrl.config.validate_megatron import transformer_engine_available
 
-            if not transformer_engine_available():
-                raise ConfigError(
-                    f"{prefix}.use_precision_aware_optimizer",
-                    True,
-                    "on the device it needs TransformerEngine's FusedAdam (not installed); use it with "
-                    f"{prefix}.optimizer_cpu_offload=true, or leave it false",
-                )
+        if not transformer_engine_available():
+            raise ConfigError(
+                f"{prefix}.use_precision_aware_optimizer",
+                True,
+                "megatron-core 0.16.1 needs TransformerEngine for it (its OptimizerConfig reads TE's "
+                "version), and TE is not installed; install transformer-engine or leave it false",
+            )
     if m.use_precision_aware_optimizer and not m.use_distributed_optimizer:
         raise ConfigError(
             f"{prefix}.use_precision_aware_optimizer",

@@ -30,6 +30,7 @@ from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.model import build_model, transformer_config
+from dagrl.backends.megatron.optimizer import optimizer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import get_sdpa_block_spec
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
@@ -127,7 +128,7 @@ class MegatronTrainBackend:
             DistributedDataParallelConfig,
             finalize_model_grads,
         )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer import get_megatron_optimizer
 
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
@@ -139,23 +140,7 @@ class MegatronTrainBackend:
             for i, chunk in enumerate(model)
         ]
         self.tcfg.finalize_model_grads_func = finalize_model_grads
-        o = actor.optim
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=o.lr,
-                weight_decay=o.weight_decay,
-                adam_beta1=o.betas[0],
-                adam_beta2=o.betas[1],
-                adam_eps=o.eps,
-                clip_grad=actor.grad_clip,
-                bf16=self.dtype == torch.bfloat16,
-                fp16=self.dtype == torch.float16,
-                params_dtype=self.dtype,
-                use_distributed_optimizer=self.m.use_distributed_optimizer,
-            ),
-            model,
-        )
+        optimizer = get_megatron_optimizer(optimizer_config(actor, self.m, self.dtype), model)
         return model, optimizer
 
     # ---- placement -----------------------------------------------------------------------------
