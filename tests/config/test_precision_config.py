@@ -9,6 +9,8 @@ import torch
 from dagrl.config.compat import translate
 from dagrl.config.validate import resolve_defaults, validate
 from dagrl.errors import ConfigError
+from dagrl.trainer.setup import prepare
+from tests.config.test_megatron_config import DENSE, dense_params, estimate, qwen3_dir
 from tests.conftest import compose_config
 
 A = "actor_rollout_ref.actor"
@@ -98,3 +100,33 @@ def test_megatron_optimizer_config_carries_the_offload_knobs():
         actor, compose_config(*MEGATRON).actor_rollout_ref.actor.megatron, torch.bfloat16
     )
     assert not plain.optimizer_cpu_offload and plain.optimizer_offload_fraction == 0.0
+
+
+def test_memory_estimate_counts_masters_and_cpu_offload(tmp_path, monkeypatch):
+    """Bytes per parameter on the device (TP 2 × PP 4, DP 1): megatron bf16 2 + 4 grads + 12
+    (master, m, v); the CPU optimizer takes m, v to the host, precision-aware the master too.
+    torch (one device): bf16 2 + 2 + 12, with the host step 2 + 2."""
+    from dagrl.config import validate_megatron
+
+    monkeypatch.setattr(validate_megatron, "transformer_engine_available", lambda: True)
+    model = qwen3_dir(tmp_path / "qwen3")
+    params, gib = dense_params(DENSE), 2**30
+    sizes = (f"{M}.tensor_model_parallel_size=2", f"{M}.pipeline_model_parallel_size=4")
+    cpu = f"{M}.optimizer_cpu_offload=true"
+    plan = estimate(model, *sizes, cpu)
+    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 10 / gib)
+    assert plan.offloaded_gib["train"] == pytest.approx(params / 8 * 8 / gib)
+    plan = estimate(model, *sizes, cpu, f"{M}.use_precision_aware_optimizer=true")
+    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 6 / gib)
+    plan = estimate(model, *sizes, cpu, f"{M}.optimizer_offload_fraction=0.5")
+    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 14 / gib)
+    for extra, per_param in (((), 16), ((f"{A}.optimizer_cpu_offload=true",), 4)):
+        cfg = compose_config(
+            f"actor_rollout_ref.model.path={model}",
+            f"{A}.optim.lr=1e-6",
+            "actor_rollout_ref.model.dtype=bfloat16",
+            "trainer.device=cuda",
+            "trainer.dry_run=true",
+            *extra,
+        )
+        assert prepare(cfg).plan.memory_gib["train"] == pytest.approx(params * per_param / gib)

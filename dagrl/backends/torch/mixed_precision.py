@@ -143,3 +143,12 @@ class MasterWeightsAdamW:
 
 def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
     return torch.empty(p.shape, dtype=dtype, device=device, pin_memory=pin)
+
+
+def device_bytes_per_param(compute_bytes: int, cpu_offload: bool) -> int:
+    """Bytes per trained parameter the torch backend keeps on its device: weights and gradients in
+    the compute dtype, then (unless the step runs on the host) fp32 Adam m and v and, for a
+    low-precision model, the fp32 master: bf16 16, fp32 16, with optimizer_cpu_offload 4 / 8."""
+    if cpu_offload:
+        return 2 * compute_bytes
+    return 2 * compute_bytes + 8 + (0 if compute_bytes == 4 else 4)

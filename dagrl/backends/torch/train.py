@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from dagrl.algos import entropy_from_logits, logprob_temperature, logprobs_from_logits
+from dagrl.backends import device_memory
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
 from dagrl.backends.torch.distill import (
@@ -221,6 +222,7 @@ class TorchTrainBackend:
         self.model.eval()
         request = TokenRequest(logprobs=True)
         out = [self._token_outputs(self.model, mb, request).logprobs.cpu() for mb in batch.chunks(self.micro)]
+        device_memory.note_phase_end()  # the log-prob pass's reserved peak, for the step's figure
         return Batch({output_key: torch.cat(out)}), {}
 
     def _teacher_micro_batches(self, batch: Batch):
@@ -265,14 +267,15 @@ class TorchTrainBackend:
 
     def _teacher_phase_start(self) -> float:
         if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
-            torch.cuda.reset_peak_memory_stats()
+            self._phase_allocated = device_memory.phase_start()
         return time.perf_counter()
 
     def _teacher_metrics(self, start: float) -> dict:
         # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
         metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
         if self.ctx.device.type == "cuda":
-            metrics["teacher/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics["teacher/peak_added_gib"] = device_memory.peak_added_gib(self._phase_allocated)
+            metrics["teacher/device_memory_used_gib"] = device_memory.note_phase_end()
             metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload
         return metrics
 
@@ -281,11 +284,14 @@ class TorchTrainBackend:
         assert not self.forward_only, "the reference model is not trained"
         (self.ddp or self.model).train()
         self.padding = PaddingStats()
+        cuda = self.ctx.device.type == "cuda"
+        allocated = device_memory.phase_start() if cuda else 0
         metrics = run_update(self, self.objective, batch, self.cfg, self.ctx.world_size, self.steps)
         self.steps += 1
         metrics.update(self.padding.metrics())
-        if self.ctx.device.type == "cuda":
-            metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if cuda:  # device_memory.py: figures that cannot exceed the card
+            metrics["perf/peak_added_gib"] = device_memory.peak_added_gib(allocated)
+            metrics["perf/device_memory_used_gib"] = device_memory.take_peak_used_gib()
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
