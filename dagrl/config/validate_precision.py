@@ -87,15 +87,16 @@ def _check_megatron(cfg: DagrlConfig) -> None:
             f"with {prefix}.optimizer_cpu_offload=true the optimizer state already lives in host memory"
             " (moving it again between phases would put it on the device); leave optimizer_offload false",
         )
-    if m.use_precision_aware_optimizer:
+    if m.use_precision_aware_optimizer and not m.optimizer_cpu_offload:
         from dagrl.config.validate_megatron import transformer_engine_available
 
         if not transformer_engine_available():
             raise ConfigError(
                 f"{prefix}.use_precision_aware_optimizer",
                 True,
-                "megatron-core 0.16.1 needs TransformerEngine for it (its OptimizerConfig reads TE's "
-                "version), and TE is not installed; install transformer-engine or leave it false",
+                "on the device it needs TransformerEngine's FusedAdam, which is not installed; use it "
+                f"with {prefix}.optimizer_cpu_offload=true (the CPU optimizer keeps the masters), or "
+                "leave it false",
             )
     if m.use_precision_aware_optimizer and not m.use_distributed_optimizer:
         raise ConfigError(

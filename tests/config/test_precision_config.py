@@ -130,3 +130,24 @@ def test_memory_estimate_counts_masters_and_cpu_offload(tmp_path, monkeypatch):
             *extra,
         )
         assert prepare(cfg).plan.memory_gib["train"] == pytest.approx(params * per_param / gib)
+
+
+def test_precision_aware_cpu_optimizer_needs_no_transformer_engine():
+    """megatron-core reads TE's version for a precision-aware config; on the CPU-offload path it only
+    picks store_param_remainders (TE's FusedAdam's), so dagrl sets the flags itself without TE."""
+    pytest.importorskip("megatron.core")
+    from dagrl.backends.megatron.optimizer import optimizer_config
+    from dagrl.config.validate_megatron import transformer_engine_available
+
+    if transformer_engine_available():
+        pytest.skip("TE installed: megatron-core builds the config itself")
+    cfg = compose_config(
+        *MEGATRON, f"{M}.optimizer_cpu_offload=true", f"{M}.use_precision_aware_optimizer=true"
+    )
+    actor = cfg.actor_rollout_ref.actor
+    got = optimizer_config(actor, actor.megatron, torch.bfloat16)
+    assert got.use_precision_aware_optimizer and got.use_precision_aware_optimizer_no_fp8_or_ds_fp8
+    assert got.optimizer_cpu_offload and not got.store_param_remainders
+    with pytest.raises(ConfigError) as err:  # on the device it is TE's FusedAdam or nothing
+        _validate(*MEGATRON, f"{M}.use_precision_aware_optimizer=true")
+    assert err.value.key == f"{M}.use_precision_aware_optimizer"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from dagrl.config.schema import ActorConfig, MegatronConfig
+from dagrl.config.validate_megatron import transformer_engine_available
 
 
 def optimizer_config(actor: ActorConfig, m: MegatronConfig, dtype: torch.dtype):
@@ -35,7 +36,13 @@ def optimizer_config(actor: ActorConfig, m: MegatronConfig, dtype: torch.dtype):
             optimizer_offload_fraction=m.optimizer_offload_fraction,
             overlap_cpu_optimizer_d2h_h2d=m.overlap_cpu_optimizer_d2h_h2d,
         )
-    return OptimizerConfig(
+    precision_aware = m.use_precision_aware_optimizer
+    # megatron-core 0.16.1's OptimizerConfig reads TransformerEngine's version whenever the optimizer
+    # is precision-aware (TypeError without TE), only to choose store_param_remainders, which TE's
+    # FusedAdam alone uses; the CPU optimizer returns right after. So without TE the config is built
+    # plain and given the two flags its __post_init__ would have set on the CPU-offload path.
+    late = precision_aware and m.optimizer_cpu_offload and not transformer_engine_available()
+    config = OptimizerConfig(
         optimizer="adam",
         lr=o.lr,
         weight_decay=o.weight_decay,
@@ -47,6 +54,11 @@ def optimizer_config(actor: ActorConfig, m: MegatronConfig, dtype: torch.dtype):
         fp16=dtype == torch.float16,
         params_dtype=dtype,
         use_distributed_optimizer=m.use_distributed_optimizer,
-        use_precision_aware_optimizer=m.use_precision_aware_optimizer,
+        use_precision_aware_optimizer=precision_aware and not late,
         **offload,
     )
+    if late:
+        config.use_precision_aware_optimizer = True
+        config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 = True  # decoupled fp32 grads to the CPU
+        config.store_param_remainders = False
+    return config
