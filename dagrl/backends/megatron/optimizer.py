@@ -11,8 +11,8 @@ and step on the CPU (torch's fused CPU AdamW); gradients are copied D2H and upda
 each step (`overlap_cpu_optimizer_d2h_h2d` overlaps the copies with the CPU step on side
 streams). Without `use_precision_aware_optimizer` the distributed optimizer still keeps its fp32
 main params on the device (device: 2 + 4 + 4 = 10 bytes per parameter); with it the fp32 masters
-live on the host only (device: 6). Host: 16 bytes per offloaded parameter (master, grad, m, v)
-plus 2 for the pinned weight copy.
+live on the host only (device: 6). Host: 16 bytes per offloaded parameter (fp32 master copy,
+pinned fp32 gradient, m, v).
 """
 
 from __future__ import annotations
