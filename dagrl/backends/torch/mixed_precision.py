@@ -45,8 +45,8 @@ class MasterWeightsAdamW:
         master_device = host or device
         self.copies = host is not None or any(p.dtype != torch.float32 for p in self.params)
         self.masters = self.params
+        pin = master_device.type == "cpu" and device.type == "cuda"  # async copies need pinned pages
         if self.copies:
-            pin = master_device.type == "cpu" and device.type == "cuda"  # async copies need pinned pages
             self.masters = [
                 _empty(p, torch.float32, master_device, pin).copy_(p.detach()) for p in self.params
             ]
