@@ -55,7 +55,8 @@ def _rollout_name(value: object) -> str:
 
 _FSDP = (
     "dagrl's torch backend is data-parallel (DDP), not FSDP: offload is "
-    f"{A}.offload (weights and optimizer state leave the GPU while other roles run); for sharding, "
+    f"{A}.offload (weights and optimizer state leave the GPU while other roles run) and "
+    f"{A}.optimizer_cpu_offload (fp32 masters and Adam on the host, the step on the CPU); for sharding, "
     f"TP/PP and offload use {A}.strategy=megatron with {A}.megatron.* (param_offload, optimizer_offload, "
     "use_distributed_optimizer)"
 )
