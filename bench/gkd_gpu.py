@@ -8,9 +8,11 @@ Runs `python -m dagrl.main algorithm=gkd` per mode and prints per step: step / r
 update seconds, the teacher's own seconds, peak memory per phase and the GiB the teacher's offload
 freed. Random weights teach nothing: this measures time and memory, not learning.
 
-Peak memory per phase: `teacher/max_memory_allocated_gib` is the teacher phase's own peak (reset at
-its start); `perf/max_memory_allocated_gib`, read after the update, is the peak since the teacher
-phase started, i.e. max(teacher, update) — the update's when it is the larger.
+Memory per phase (dagrl/backends/device_memory.py): `teacher/device_memory_used_gib` is the card's
+used memory (total - free) at the teacher phase's end; `perf/device_memory_used_gib`, read after the
+update, is the largest such sample of the step (rollout, log-prob, teacher and update ends);
+`*/peak_added_gib` is what each phase's own tensors added at its peak. (Before these, the allocator's
+`max_memory_allocated` was reported, which counts a sleeping vLLM pool and can exceed the card.)
 
 On one 80 GB card (results of the first two on 1× H100: docs/perf.md):
 
@@ -50,9 +52,11 @@ KEYS = (
     "timing_s/teacher_hidden",
     "timing_s/actor_update",
     "timing_s/teacher_forward",
-    "teacher/max_memory_allocated_gib",
+    "teacher/device_memory_used_gib",
+    "teacher/peak_added_gib",
     "teacher/offload_freed_gib",
-    "perf/max_memory_allocated_gib",
+    "perf/device_memory_used_gib",
+    "perf/peak_added_gib",
     "perf/offload_freed_gib",
     "response_length/mean",
     "distill/divergence",

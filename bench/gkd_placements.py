@@ -34,7 +34,7 @@ def summarise(name: str, metrics_path: str, nvsmi_path: str) -> str:
         f" teacher_s={median('timing_s/teacher_logprob'):.2f}"
         f" weight_sync_s={median('timing_s/weight_sync'):.2f}"
         f" rollout_s={median('timing_s/rollout'):.2f} update_s={median('timing_s/actor_update'):.2f}"
-        f" reward_s={median('timing_s/reward'):.3f} trainer_peak_alloc_gib={median('perf/max_memory_allocated_gib'):.1f}"
+        f" reward_s={median('timing_s/reward'):.3f} device_used_gib={median('perf/device_memory_used_gib'):.1f}"
         f" peak_used {gpus}"
     )
 

@@ -110,7 +110,7 @@ def main() -> None:
         "rollout/tokens_per_s",
         "response_length/mean",
         "weight_sync/GBps",
-        "perf/max_memory_allocated_gib",
+        "perf/device_memory_used_gib",
         "perf/offload_freed_gib",
         "perf/update_tokens_per_s",
         "perf/old_logprob_tokens_per_s",

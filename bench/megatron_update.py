@@ -214,7 +214,7 @@ def main() -> None:
                 "perf/update_tflops_per_gpu",
                 "perf/logprob_s",
                 "perf/logprob_tokens_per_s",
-                "perf/max_memory_allocated_gib",
+                "perf/device_memory_used_gib",
                 "loop_tokens_per_s",
                 "ratio",
             )

@@ -28,7 +28,7 @@ R=actor_rollout_ref.rollout
 A=actor_rollout_ref.actor
 if [ "${LEAN:-0}" = 1 ]; then
     MEMORY="$R.free_cache_engine=true $R.sleep_level=2 $A.offload=true"
-else  # a 0.6B trainer (~10 GiB with Adam) and a 32 GiB engine fit on one 80 GiB card together
+else  # a 0.6B trainer (~9 GiB: bf16 weights and grads, fp32 masters and Adam) and a 32 GiB engine fit on one 80 GiB card together
     MEMORY="$R.free_cache_engine=false $A.offload=false"
 fi
 DRY=()

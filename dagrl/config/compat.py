@@ -55,13 +55,20 @@ def _rollout_name(value: object) -> str:
 
 _FSDP = (
     "dagrl's torch backend is data-parallel (DDP), not FSDP: offload is "
-    f"{A}.offload (weights and optimizer state leave the GPU while other roles run); for sharding, "
+    f"{A}.offload (weights and optimizer state leave the GPU while other roles run) and "
+    f"{A}.optimizer_cpu_offload (fp32 masters and Adam on the host, the step on the CPU); for sharding, "
     f"TP/PP and offload use {A}.strategy=megatron with {A}.megatron.* (param_offload, optimizer_offload, "
     "use_distributed_optimizer)"
 )
 _REF_FSDP = (
     f"dagrl's reference model follows the actor's backend: torch keeps it beside the actor, megatron "
     f"takes {REF}.megatron.* (param_offload, tensor/pipeline sizes)"
+)
+_CPU_OPTIMIZER = (
+    "optimizer_cpu_offload",
+    "optimizer_offload_fraction",
+    "overlap_cpu_optimizer_d2h_h2d",
+    "use_precision_aware_optimizer",
 )
 _NO_CRITIC = "dagrl has no critic (its algorithms, GRPO, Dr. GRPO, GSPO and GKD, need none); remove the key"
 _PROFILER = "dagrl has no built-in profiler hooks; per-node seconds are the timing_s/<node> metrics"
@@ -75,6 +82,9 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "custom_reward_function.name": Alias(
         "reward.functions", _reward_terms
     ),  # the file itself goes in external_plugins
+    **{  # verl/siiRL's megatron optimizer overrides: megatron-core's CPU optimizer (HybridDeviceOptimizer)
+        f"{A}.optim.override_optimizer_config.{k}": Alias(f"{A}.megatron.{k}") for k in _CPU_OPTIMIZER
+    },
     # ---- verl: one value is what dagrl does
     "data.truncation": OnlyValue(
         ("error",),
@@ -128,6 +138,10 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     f"{A}.megatron.override_transformer_config": Unsupported(
         f"recompute is {A}.megatron.recompute_granularity / recompute_method / recompute_num_layers; "
         "other transformer settings come from the HF config"
+    ),
+    f"{A}.optim.override_optimizer_config": Unsupported(
+        f"dagrl takes megatron-core's CPU-offload settings ({', '.join(_CPU_OPTIMIZER)}) from here as "
+        f"{A}.megatron.*; the others follow {A}.optim and {A}.megatron.param_dtype"
     ),
     f"{A}.megatron.use_mbridge": Unsupported("dagrl converts HF weights itself; remove the key"),
     f"{M}.use_remove_padding_in_ref": Unsupported(f"{M}.use_remove_padding covers every pass"),
@@ -202,6 +216,7 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "rollout.vllm_max_model_len": Alias(f"{R}.max_model_len"),
     "teacher.vllm_tensor_parallel_size": Alias("teacher.tensor_model_parallel_size"),
     "teacher.vllm_engine_kwargs": Alias("teacher.engine_kwargs"),
+    **{k: Alias(f"{A}.megatron.{k}") for k in _CPU_OPTIMIZER},  # Megatron-SWIFT's optimizer offload
     # ---- ms-swift: ambiguous or missing here
     "beta": Unsupported(
         "ms-swift's beta is the KL weight in GRPO and the JSD mix in GKD: use "
@@ -213,7 +228,10 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "tuner_type": Unsupported("dagrl trains all weights (no LoRA yet)"),
     "train.tuner_type": Unsupported("dagrl trains all weights (no LoRA yet)"),
     "offload_model": Unsupported(f"torch: {A}.offload; megatron: {A}.megatron.param_offload"),
-    "offload_optimizer": Unsupported(f"torch: {A}.offload; megatron: {A}.megatron.optimizer_offload"),
+    "offload_optimizer": Unsupported(
+        f"between phases: torch {A}.offload, megatron {A}.megatron.optimizer_offload; the step on the "
+        f"CPU: torch {A}.optimizer_cpu_offload, megatron {A}.megatron.optimizer_cpu_offload"
+    ),
 }
 
 # verl's root configs given with --config-name: dagrl has one root config, the strategy picks megatron.

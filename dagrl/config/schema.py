@@ -123,6 +123,19 @@ class MegatronConfig:
     """Keep gradient buffers in host memory while another role holds the device."""
     optimizer_offload: bool = False
     """Keep the optimizer state in host memory while another role holds the device."""
+    optimizer_cpu_offload: bool = False
+    """Run the optimizer on the CPU: fp32 master weights and Adam's moments in host memory
+    (megatron-core's HybridDeviceOptimizer; verl's override_optimizer_config.optimizer_cpu_offload)."""
+    optimizer_offload_fraction: float = ranged(1.0, ge=0, le=1)
+    """With optimizer_cpu_offload: the share of the parameters whose optimizer state and step go to
+    the CPU (the rest stay on the device)."""
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    """With optimizer_cpu_offload: overlap the gradient D2H / weight H2D copies with the CPU step
+    (one CPU optimizer per parameter, side CUDA streams)."""
+    use_precision_aware_optimizer: bool = False
+    """Let the optimizer keep the fp32 master weights (on the CPU with optimizer_cpu_offload, so the
+    device holds none: 12 bytes per parameter less); needs use_distributed_optimizer. Without CPU
+    offload it needs TransformerEngine's FusedAdam."""
     recompute_granularity: Optional[RecomputeGranularity] = None
     """Activation recompute: full, selective, or None (off)."""
     recompute_method: Optional[RecomputeMethod] = None
@@ -180,6 +193,10 @@ class ActorConfig:
     offload: bool = True
     """torch strategy, colocated on a GPU: params and optimizer state go to CPU while other roles
     (rollout, ref) use the device; false keeps them resident (fastest when everything fits)."""
+    optimizer_cpu_offload: bool = False
+    """torch strategy: the fp32 master weights, their gradients and Adam's moments live in pinned
+    host memory and the optimizer step runs on the CPU (the device keeps the compute weights and
+    gradients: 4 bytes per parameter instead of 16 in bf16). megatron: megatron.optimizer_cpu_offload."""
     recompute_old_logprobs: bool = True
     """false: an on-policy update (ppo_mini_batch_size = data.train_batch_size, ppo_epochs = 1)
     takes the old log-probs from its own forward, detached, and the old_logprob pass is skipped."""

@@ -25,6 +25,7 @@ from dagrl.config.validate_megatron import (
     check_no_megatron_knobs,
     inherit_ref_megatron,
 )
+from dagrl.config.validate_precision import check_precision
 from dagrl.config.validate_rollout import check_overlap_placement, check_rollout_engine
 from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
@@ -151,6 +152,7 @@ def _check_actor(cfg: DagrlConfig) -> None:
         )
     if a.strategy == TrainStrategy.torch:
         check_no_megatron_knobs(cfg)
+    check_precision(cfg)
     model = cfg.actor_rollout_ref.model
     if a.strategy == TrainStrategy.torch and model.use_remove_padding and model.trust_remote_code:
         # packing relies on transformers' own masks reading sequence starts from the position ids

@@ -55,7 +55,8 @@ def check_output_dir(value: str) -> str:
 def checkpoint_bytes(cfg: DagrlConfig, plan: Plan, params: int) -> tuple[float, str]:
     """(bytes, how they were counted) of one checkpoint: params × bytes × (1 + optimizer factor).
 
-    torch: HF weights once + every train rank's AdamW m and v in the param dtype (2 per rank).
+    torch: HF weights once + every train rank's fp32 AdamW m and v (and fp32 master weights when
+    the params are not fp32: backends/torch/mixed_precision.py).
     megatron: weights in param_dtype + fp32 m, v (and fp32 master weights when the params are not
     fp32), stored once (dist_checkpointing deduplicates replicas). save_hf adds the weights again.
     """
@@ -67,7 +68,8 @@ def checkpoint_bytes(cfg: DagrlConfig, plan: Plan, params: int) -> tuple[float, 
         from dagrl.backends.hf_model import torch_dtype
 
         width = torch_dtype(arr.model.dtype).itemsize
-        factor = 2 * plan.roles[ROLE_TRAIN].workers if ROLE_TRAIN in plan.roles else 0
+        per_rank = (8 + (0 if width == 4 else 4)) / width
+        factor = per_rank * plan.roles[ROLE_TRAIN].workers if ROLE_TRAIN in plan.roles else 0
     if cfg.trainer.save_hf:
         factor += 1
     how = f"{params / 1e6:.1f}M params × {width} bytes × (1 + {factor:g} optimizer/export factor)"

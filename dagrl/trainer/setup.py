@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_model_path, torch_dtype
 from dagrl.backends.registry import check_backends
+from dagrl.backends.torch.mixed_precision import device_bytes_per_param
 from dagrl.config.enums import SelfTeacher
 from dagrl.config.placement import Plan, RoleLayout, make_plan
 from dagrl.config.roles import build_role_specs
@@ -153,7 +154,8 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
             if host:
                 plan.offloaded_gib[role] = host / 2**30
         elif spec.trains:
-            out[role] = params / (layout.tp * layout.pp) * 4 * width / 2**30  # weights, grads, Adam m, v
+            per_param = device_bytes_per_param(width, cfg.actor_rollout_ref.actor.optimizer_cpu_offload)
+            out[role] = params / (layout.tp * layout.pp) * per_param / 2**30  # + fp32 masters, Adam m, v
         else:
             out[role] = params / (layout.tp * layout.pp) * width / 2**30
     return out
@@ -202,14 +204,19 @@ def _megatron_bytes(
     if not trains:
         return (0.0, weights) if m.param_offload else (weights, 0.0)
     grads = (local_dense + local_experts) * 4
-    adam = 8 + (0 if m.param_dtype == "float32" else 4)  # m, v (+ fp32 master weights)
+    master = 0 if m.param_dtype == "float32" else 4  # fp32 master weights
+    # the CPU optimizer keeps Adam's m, v of its share on the host, and the masters too when it is
+    # precision-aware (else the distributed optimizer's fp32 masters stay on the device)
+    share = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0
+    on_host = (8 + (master if m.use_precision_aware_optimizer else 0)) * share
     if m.use_distributed_optimizer:  # shards over DP×CP, experts over the expert-data-parallel ranks
         local_dense /= layout.dp * layout.cp
         local_experts /= layout.workers // (etp * ep * layout.pp)
-    optim = adam * (local_dense + local_experts)
+    optim = (8 + master - on_host) * (local_dense + local_experts)
     parts = ((weights, m.param_offload), (grads, m.grad_offload), (optim, m.optimizer_offload))
     gpu = sum(size for size, offloaded in parts if not offloaded)
-    return gpu, sum(size for size, offloaded in parts if offloaded)
+    host = on_host * (local_dense + local_experts)
+    return gpu, host + sum(size for size, offloaded in parts if offloaded)
 
 
 def load_data(cfg: DagrlConfig, model_path: str):

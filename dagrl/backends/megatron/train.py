@@ -24,12 +24,14 @@ from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from dagrl.algos import logprob_temperature
+from dagrl.backends import device_memory
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.model import build_model, transformer_config
+from dagrl.backends.megatron.optimizer import optimizer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import get_sdpa_block_spec
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
@@ -127,7 +129,7 @@ class MegatronTrainBackend:
             DistributedDataParallelConfig,
             finalize_model_grads,
         )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer import get_megatron_optimizer
 
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
@@ -139,23 +141,7 @@ class MegatronTrainBackend:
             for i, chunk in enumerate(model)
         ]
         self.tcfg.finalize_model_grads_func = finalize_model_grads
-        o = actor.optim
-        optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=o.lr,
-                weight_decay=o.weight_decay,
-                adam_beta1=o.betas[0],
-                adam_beta2=o.betas[1],
-                adam_eps=o.eps,
-                clip_grad=actor.grad_clip,
-                bf16=self.dtype == torch.bfloat16,
-                fp16=self.dtype == torch.float16,
-                params_dtype=self.dtype,
-                use_distributed_optimizer=self.m.use_distributed_optimizer,
-            ),
-            model,
-        )
+        optimizer = get_megatron_optimizer(optimizer_config(actor, self.m, self.dtype), model)
         return model, optimizer
 
     # ---- placement -----------------------------------------------------------------------------
@@ -349,6 +335,7 @@ class MegatronTrainBackend:
         start = time.perf_counter()
         micros = [self._micro_inputs(mb, 1.0) for mb in batch.chunks(self.micro)]
         outputs = self._run_schedule(micros, loss_fn, forward_only=True)
+        device_memory.note_phase_end()  # the log-prob pass's reserved peak, for the step's figure
         if not outputs:  # not the last pipeline stage: nothing to return
             return Batch(), {}
         metrics = self._throughput("logprob", micros, time.perf_counter() - start, 1)
@@ -378,8 +365,8 @@ class MegatronTrainBackend:
         def loss_fn(mi: MicroInputs, hidden: torch.Tensor):
             return hidden.new_zeros(()), per_micro(mi, hidden)
 
-        if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
-            torch.cuda.reset_peak_memory_stats()
+        cuda = self.ctx.device.type == "cuda"
+        allocated = device_memory.phase_start() if cuda else 0  # the teacher phase's own peak
         start = time.perf_counter()
         micros = [
             self._micro_inputs(mb, 1.0)
@@ -389,8 +376,9 @@ class MegatronTrainBackend:
             outputs = self._run_schedule(micros, loss_fn, forward_only=True)
         # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
         metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
-        if self.ctx.device.type == "cuda":
-            metrics["teacher/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if cuda:  # device_memory.py: figures that cannot exceed the card
+            metrics["teacher/peak_added_gib"] = device_memory.peak_added_gib(allocated)
+            metrics["teacher/device_memory_used_gib"] = device_memory.note_phase_end()
             metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload
         if not outputs:  # not the last pipeline stage: nothing to return
             return Batch(), metrics
@@ -428,13 +416,16 @@ class MegatronTrainBackend:
         for chunk in self.model:
             chunk.train()
         self._step_micros: list[MicroInputs] = []  # for the throughput metrics
+        cuda = self.ctx.device.type == "cuda"
+        allocated = device_memory.phase_start() if cuda else 0
         start = time.perf_counter()
         metrics = run_update(self, self.objective, batch, self.cfg, dp_size, self.steps)
         self.steps += 1
         metrics.update(self._throughput("update", self._step_micros, time.perf_counter() - start, 3))
         metrics.update(_padding_stats(self._step_micros).metrics())
-        if self.ctx.device.type == "cuda":
-            metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if cuda:  # device_memory.py: figures that cannot exceed the card
+            metrics["perf/peak_added_gib"] = device_memory.peak_added_gib(allocated)
+            metrics["perf/device_memory_used_gib"] = device_memory.take_peak_used_gib()
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
         return Batch(), metrics
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from dagrl.algos import entropy_from_logits, logprob_temperature, logprobs_from_logits
+from dagrl.backends import device_memory
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
 from dagrl.backends.torch.distill import (
@@ -28,6 +29,7 @@ from dagrl.backends.torch.distill import (
     student_logprobs_at,
     teacher_topk,
 )
+from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
 from dagrl.backends.torch.packed import packed_token_outputs
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
@@ -63,10 +65,9 @@ class TorchTrainBackend:
         if arr.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.objective = build_objective(cfg)
-        o = arr.actor.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
-        )
+        # bf16 weights compute, fp32 masters and Adam state update them (mixed_precision.py)
+        host = torch.device("cpu") if arr.actor.optimizer_cpu_offload else None
+        self.optimizer = MasterWeightsAdamW(list(self.model.parameters()), arr.actor.optim, host)
         if ctx.distributed:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
@@ -92,9 +93,8 @@ class TorchTrainBackend:
         yield from self.model.parameters()
         if self._teacher_head is not None:
             yield from (t for t in self._teacher_head if t is not None)
-        if self.optimizer is not None:
-            for state in self.optimizer.state.values():
-                yield from (v for k, v in state.items() if isinstance(v, torch.Tensor) and k != "step")
+        if self.optimizer is not None:  # fp32 masters and Adam's moments (those on the device)
+            yield from self.optimizer.state_tensors()
 
     # ---- forward -------------------------------------------------------------------------------
     def _token_outputs(self, module, mb: Batch, request: TokenRequest) -> TokenOutputs:
@@ -222,6 +222,7 @@ class TorchTrainBackend:
         self.model.eval()
         request = TokenRequest(logprobs=True)
         out = [self._token_outputs(self.model, mb, request).logprobs.cpu() for mb in batch.chunks(self.micro)]
+        device_memory.note_phase_end()  # the log-prob pass's reserved peak, for the step's figure
         return Batch({output_key: torch.cat(out)}), {}
 
     def _teacher_micro_batches(self, batch: Batch):
@@ -266,14 +267,15 @@ class TorchTrainBackend:
 
     def _teacher_phase_start(self) -> float:
         if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
-            torch.cuda.reset_peak_memory_stats()
+            self._phase_allocated = device_memory.phase_start()
         return time.perf_counter()
 
     def _teacher_metrics(self, start: float) -> dict:
         # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
         metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
         if self.ctx.device.type == "cuda":
-            metrics["teacher/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics["teacher/peak_added_gib"] = device_memory.peak_added_gib(self._phase_allocated)
+            metrics["teacher/device_memory_used_gib"] = device_memory.note_phase_end()
             metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload
         return metrics
 
@@ -282,11 +284,14 @@ class TorchTrainBackend:
         assert not self.forward_only, "the reference model is not trained"
         (self.ddp or self.model).train()
         self.padding = PaddingStats()
+        cuda = self.ctx.device.type == "cuda"
+        allocated = device_memory.phase_start() if cuda else 0
         metrics = run_update(self, self.objective, batch, self.cfg, self.ctx.world_size, self.steps)
         self.steps += 1
         metrics.update(self.padding.metrics())
-        if self.ctx.device.type == "cuda":
-            metrics["perf/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if cuda:  # device_memory.py: figures that cannot exceed the card
+            metrics["perf/peak_added_gib"] = device_memory.peak_added_gib(allocated)
+            metrics["perf/device_memory_used_gib"] = device_memory.take_peak_used_gib()
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
@@ -310,12 +315,8 @@ class TorchTrainBackend:
         return outputs
 
     def optimizer_step(self) -> torch.Tensor:
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.actor_rollout_ref.actor.grad_clip
-        )
-        if torch.isfinite(grad_norm):  # a step on inf/nan gradients would ruin the weights
-            self.optimizer.step()
-        return grad_norm
+        """Clip and step on the fp32 masters; skipped (weights unchanged) on inf/nan gradients."""
+        return self.optimizer.step(self.cfg.actor_rollout_ref.actor.grad_clip)
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:

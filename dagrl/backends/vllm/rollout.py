@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
+from dagrl.backends import device_memory
 from dagrl.backends.hf_model import eos_token_ids, load_generation_config, load_tokenizer, resolve_model_path
 from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
 from dagrl.backends.vllm.engine import start_engine
@@ -120,6 +121,8 @@ class VLLMRolloutBackend:
         start = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
+        # the engine awake with its KV cache: the step's device_memory_used_gib includes this moment
+        metrics = {"rollout/device_memory_used_gib": device_memory.note_phase_end()}
         samples = [o.outputs[0] for o in outputs]
         logprobs = None
         if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
@@ -128,7 +131,7 @@ class VLLMRolloutBackend:
             [s.token_ids for s in samples], logprobs, self.cfg.data.max_response_length, self.pad_id
         )
         tokens = int(mask.sum())
-        metrics = {"rollout/tokens_per_s": tokens / max(seconds, 1e-9), "rollout/generate_s": seconds}
+        metrics.update({"rollout/tokens_per_s": tokens / max(seconds, 1e-9), "rollout/generate_s": seconds})
         metrics.update(self.memory)
         self.memory = {}
         out = Batch({"responses": responses, "response_mask": mask, "rollout_logprobs": rollout_logprobs})

@@ -1,0 +1,64 @@
+"""megatron-core's optimizer as the actor's settings ask for it: mixed precision and CPU offload.
+
+Mixed precision is megatron's own: with bf16/fp16 params (`bf16=True` / `fp16=True`) the optimizer
+keeps fp32 main params and fp32 Adam moments; gradients accumulate in fp32 main-grad buffers
+(`grad_reduce_in_fp32`). Bytes per parameter on the device, bf16, one DP rank: 2 weights + 4 grads
++ 4 master + 8 Adam = 18 (the distributed optimizer divides the last 12 by the DP size).
+
+`megatron.optimizer_cpu_offload` selects megatron-core's HybridDeviceOptimizer: the Adam moments of
+`optimizer_offload_fraction` of the parameters (and their fp32 step) live in pinned host memory
+and step on the CPU (torch's fused CPU AdamW); gradients are copied D2H and updated weights H2D
+each step (`overlap_cpu_optimizer_d2h_h2d` overlaps the copies with the CPU step on side
+streams). Without `use_precision_aware_optimizer` the distributed optimizer still keeps its fp32
+main params on the device (device: 2 + 4 + 4 = 10 bytes per parameter); with it the fp32 masters
+live on the host only (device: 6). Host: 16 bytes per offloaded parameter (fp32 master copy,
+pinned fp32 gradient, m, v).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dagrl.config.schema import ActorConfig, MegatronConfig
+from dagrl.config.validate_megatron import transformer_engine_available
+
+
+def optimizer_config(actor: ActorConfig, m: MegatronConfig, dtype: torch.dtype):
+    """megatron-core's OptimizerConfig for the actor: AdamW, actor.grad_clip, mixed precision by the
+    params' dtype, and the CPU offload knobs of actor.megatron (validate_precision.py checks them)."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    o = actor.optim
+    offload = {}
+    if m.optimizer_cpu_offload:
+        offload = dict(
+            optimizer_cpu_offload=True,
+            optimizer_offload_fraction=m.optimizer_offload_fraction,
+            overlap_cpu_optimizer_d2h_h2d=m.overlap_cpu_optimizer_d2h_h2d,
+        )
+    precision_aware = m.use_precision_aware_optimizer
+    # megatron-core 0.16.1's OptimizerConfig reads TransformerEngine's version whenever the optimizer
+    # is precision-aware (TypeError without TE), only to choose store_param_remainders, which TE's
+    # FusedAdam alone uses; the CPU optimizer returns right after. So without TE the config is built
+    # plain and given the two flags its __post_init__ would have set on the CPU-offload path.
+    late = precision_aware and m.optimizer_cpu_offload and not transformer_engine_available()
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=o.lr,
+        weight_decay=o.weight_decay,
+        adam_beta1=o.betas[0],
+        adam_beta2=o.betas[1],
+        adam_eps=o.eps,
+        clip_grad=actor.grad_clip,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        params_dtype=dtype,
+        use_distributed_optimizer=m.use_distributed_optimizer,
+        use_precision_aware_optimizer=precision_aware and not late,
+        **offload,
+    )
+    if late:
+        config.use_precision_aware_optimizer = True
+        config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 = True  # decoupled fp32 grads to the CPU
+        config.store_param_remainders = False
+    return config

@@ -1,0 +1,153 @@
+"""Mixed precision and optimizer CPU offload settings: refused where a backend cannot honour them
+(config/validate_precision.py), verl / ms-swift names, megatron-core's OptimizerConfig built from them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dagrl.config.compat import translate
+from dagrl.config.validate import resolve_defaults, validate
+from dagrl.errors import ConfigError
+from dagrl.trainer.setup import prepare
+from tests.config.test_megatron_config import DENSE, dense_params, estimate, qwen3_dir
+from tests.conftest import compose_config
+
+A = "actor_rollout_ref.actor"
+M = f"{A}.megatron"
+MEGATRON = (f"{A}.strategy=megatron", "trainer.device=cpu")
+
+
+def _validate(*overrides: str):
+    cfg = compose_config(*overrides)
+    resolve_defaults(cfg)
+    validate(cfg)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (("actor_rollout_ref.model.dtype=float16",), "actor_rollout_ref.model.dtype"),
+        ((f"{M}.optimizer_cpu_offload=true",), f"{M}.optimizer_cpu_offload"),
+        ((*MEGATRON, f"{A}.optimizer_cpu_offload=true"), f"{A}.optimizer_cpu_offload"),
+        ((*MEGATRON, f"{M}.optimizer_offload_fraction=0.5"), f"{M}.optimizer_offload_fraction"),
+        ((*MEGATRON, f"{M}.optimizer_cpu_offload=true"), f"{M}.optimizer_cpu_offload"),  # no CUDA
+        (
+            (*MEGATRON, f"{M}.use_precision_aware_optimizer=true", f"{M}.use_distributed_optimizer=false"),
+            f"{M}.use_precision_aware_optimizer",
+        ),
+        (
+            ("actor_rollout_ref.ref.megatron.optimizer_cpu_offload=true",),
+            "actor_rollout_ref.ref.megatron.optimizer_cpu_offload",
+        ),
+    ],
+    ids=[
+        "torch-fp16",
+        "torch-megatron-key",
+        "megatron-torch-key",
+        "fraction-alone",
+        "megatron-on-cpu",
+        "precision-aware-replicated",
+        "ref",
+    ],
+)
+def test_refused_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        _validate(*overrides)
+    assert err.value.key == key
+
+
+def test_torch_bf16_and_cpu_offload_are_accepted():
+    cfg = _validate("actor_rollout_ref.model.dtype=bfloat16", f"{A}.optimizer_cpu_offload=true")
+    assert cfg.actor_rollout_ref.actor.optimizer_cpu_offload
+
+
+def test_verl_and_ms_swift_names_land_on_megatron_keys():
+    verl = f"+{A}.optim.override_optimizer_config"
+    got = translate(
+        [
+            f"{verl}.optimizer_cpu_offload=True",
+            f"{verl}.optimizer_offload_fraction=1",
+            "overlap_cpu_optimizer_d2h_h2d=true",
+        ]
+    )
+    assert got == [
+        f"{M}.optimizer_cpu_offload=True",
+        f"{M}.optimizer_offload_fraction=1",
+        f"{M}.overlap_cpu_optimizer_d2h_h2d=true",
+    ]
+    with pytest.raises(ConfigError, match="override_optimizer_config.fp8_recipe"):
+        translate([f"{verl}.fp8_recipe=blockwise"])
+
+
+def test_megatron_optimizer_config_carries_the_offload_knobs():
+    pytest.importorskip("megatron.core")
+    from dagrl.backends.megatron.optimizer import optimizer_config
+
+    cfg = compose_config(
+        *MEGATRON,
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        f"{M}.optimizer_cpu_offload=true",
+        f"{M}.optimizer_offload_fraction=0.5",
+        f"{M}.overlap_cpu_optimizer_d2h_h2d=true",
+    )
+    actor = cfg.actor_rollout_ref.actor
+    got = optimizer_config(actor, actor.megatron, torch.bfloat16)
+    assert got.optimizer_cpu_offload and got.optimizer_offload_fraction == 0.5
+    assert got.overlap_cpu_optimizer_d2h_h2d and got.bf16 and not got.fp16 and got.lr == 1e-6
+    plain = optimizer_config(
+        actor, compose_config(*MEGATRON).actor_rollout_ref.actor.megatron, torch.bfloat16
+    )
+    assert not plain.optimizer_cpu_offload and plain.optimizer_offload_fraction == 0.0
+
+
+def test_memory_estimate_counts_masters_and_cpu_offload(tmp_path, monkeypatch):
+    """Bytes per parameter on the device (TP 2 × PP 4, DP 1): megatron bf16 2 + 4 grads + 12
+    (master, m, v); the CPU optimizer takes m, v to the host, precision-aware the master too.
+    torch (one device): bf16 2 + 2 + 12, with the host step 2 + 2."""
+    from dagrl.config import validate_megatron
+
+    monkeypatch.setattr(validate_megatron, "transformer_engine_available", lambda: True)
+    model = qwen3_dir(tmp_path / "qwen3")
+    params, gib = dense_params(DENSE), 2**30
+    sizes = (f"{M}.tensor_model_parallel_size=2", f"{M}.pipeline_model_parallel_size=4")
+    cpu = f"{M}.optimizer_cpu_offload=true"
+    plan = estimate(model, *sizes, cpu)
+    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 10 / gib)
+    assert plan.offloaded_gib["train"] == pytest.approx(params / 8 * 8 / gib)
+    plan = estimate(model, *sizes, cpu, f"{M}.use_precision_aware_optimizer=true")
+    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 6 / gib)
+    plan = estimate(model, *sizes, cpu, f"{M}.optimizer_offload_fraction=0.5")
+    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 14 / gib)
+    for extra, per_param in (((), 16), ((f"{A}.optimizer_cpu_offload=true",), 4)):
+        cfg = compose_config(
+            f"actor_rollout_ref.model.path={model}",
+            f"{A}.optim.lr=1e-6",
+            "actor_rollout_ref.model.dtype=bfloat16",
+            "trainer.device=cuda",
+            "trainer.dry_run=true",
+            *extra,
+        )
+        assert prepare(cfg).plan.memory_gib["train"] == pytest.approx(params * per_param / gib)
+
+
+def test_precision_aware_cpu_optimizer_needs_no_transformer_engine():
+    """megatron-core reads TE's version for a precision-aware config; on the CPU-offload path it only
+    picks store_param_remainders (TE's FusedAdam's), so dagrl sets the flags itself without TE."""
+    pytest.importorskip("megatron.core")
+    from dagrl.backends.megatron.optimizer import optimizer_config
+    from dagrl.config.validate_megatron import transformer_engine_available
+
+    if transformer_engine_available():
+        pytest.skip("TE installed: megatron-core builds the config itself")
+    cfg = compose_config(
+        *MEGATRON, f"{M}.optimizer_cpu_offload=true", f"{M}.use_precision_aware_optimizer=true"
+    )
+    actor = cfg.actor_rollout_ref.actor
+    got = optimizer_config(actor, actor.megatron, torch.bfloat16)
+    assert got.use_precision_aware_optimizer and got.use_precision_aware_optimizer_no_fp8_or_ds_fp8
+    assert got.optimizer_cpu_offload and not got.store_param_remainders
+    with pytest.raises(ConfigError) as err:  # on the device it is TE's FusedAdam or nothing
+        _validate(*MEGATRON, f"{M}.use_precision_aware_optimizer=true")
+    assert err.value.key == f"{M}.use_precision_aware_optimizer"
