@@ -137,6 +137,7 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    cfg: DagrlConfig | None = None
     try:
         action, overrides = parse_args(sys.argv[1:] if argv is None else argv)
         if action == "help":
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         if action == "cfg":
             print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
             return
-        cfg: DagrlConfig = OmegaConf.to_object(dcfg)
+        cfg = OmegaConf.to_object(dcfg)
         run(cfg)
     except Interrupted as exc:
         log(str(exc))
@@ -155,6 +156,10 @@ def main(argv: list[str] | None = None) -> None:
         log("stopped by SIGINT before training started")
         sys.exit(130)
     except DagrlError as exc:
+        if getattr(exc, "details", None) and cfg is not None:  # a worker's traceback: to the log file
+            from dagrl.trainer.run_log import write_failure
+
+            exc.log_path = write_failure(cfg.trainer.default_local_dir, exc)
         log(f"error: {exc}")
         sys.exit(2)
 
