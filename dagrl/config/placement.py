@@ -231,9 +231,24 @@ def format_plan(plan: Plan) -> str:
         for role in g.roles:
             r = plan.roles[role]
             lines.append(
-                f"  {role}: {r.workers} workers, DP={r.dp} TP={r.tp} PP={r.pp} CP={r.cp}{_memory(plan, role)}"
+                f"  {role}: {r.workers} workers, DP={r.dp} TP={r.tp} PP={r.pp} CP={r.cp}{_backend(plan, role)}"
+                f"{_memory(plan, role)}"
             )
     return "\n".join(lines)
+
+
+def _backend(plan: Plan, role: str) -> str:
+    """', rollout engine vllm' / ', train backend torch (forward only)': what the role runs."""
+    spec = plan.specs.get(role)
+    if spec is None:
+        return ""
+    if spec.kind == ROLE_ROLLOUT:
+        return f", rollout engine {spec.backend}"
+    if spec.kind == ROLE_TEACHER and spec.backend == "vllm":
+        return ", engine vllm (standalone teacher)"
+    if spec.builtin:
+        return f", train backend {spec.backend}" + ("" if spec.trains else " (forward only)")
+    return f", backend {spec.backend}"
 
 
 def _memory(plan: Plan, role: str) -> str:
