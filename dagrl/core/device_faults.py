@@ -41,9 +41,13 @@ def classify(exc: BaseException) -> str | None:
     """CUDA_OOM, VLLM_MEMORY, NCCL or None, from the exception's type (when it is known) and text."""
     import torch
 
-    if isinstance(exc, torch.OutOfMemoryError):
-        return CUDA_OOM
-    return classify_text(f"{type(exc).__name__}: {exc}")
+    seen: list[BaseException] = []
+    while exc is not None and len(seen) < 8:  # the chain: an engine may wrap its cause
+        if isinstance(exc, torch.OutOfMemoryError):
+            return CUDA_OOM
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return classify_text(" | ".join(f"{type(e).__name__}: {e}" for e in seen))
 
 
 def classify_text(text: str) -> str | None:
