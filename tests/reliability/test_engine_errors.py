@@ -102,3 +102,79 @@ def test_vllm_refusing_to_start_is_one_line(tmp_path, ray_local, capsys):
     assert line.endswith(f"full traceback in {tmp_path / 'dagrl.log'}"), line
     assert "less than desired GPU memory utilization" in (tmp_path / "dagrl.log").read_text()
     assert seconds < 60, seconds
+
+
+def _cfg():
+    from tests.conftest import compose_config
+
+    return compose_config(
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    )
+
+
+# (kind, phase, role, parts of the line): what each failure tells the user to change
+LEVERS = [
+    (
+        CUDA_OOM,
+        "train_step",
+        "train",
+        [
+            "ppo_micro_batch_size_per_gpu (now 8)",
+            "gradient_checkpointing=true",
+            "actor.offload=true",
+            "gpu_memory_utilization (now 0.6)",
+        ],
+    ),
+    (
+        CUDA_OOM,
+        "forward_logprobs",
+        "ref",
+        [
+            "rollout.log_prob_micro_batch_size_per_gpu (now",
+            "ref.log_prob_micro_batch_size_per_gpu",
+            "teacher.offload=true",
+        ],
+    ),
+    (CUDA_OOM, "teacher_topk", "teacher", ["teacher.log_prob_micro_batch_size_per_gpu"]),
+    (
+        CUDA_OOM,
+        "generate",
+        "rollout",
+        ["gpu_memory_utilization (now 0.6)", "max_num_seqs", "max_response_length"],
+    ),
+    (CUDA_OOM, "setup (building its backend)", "train", ["placement=separate", "actor.offload=true"]),
+    (
+        VLLM_MEMORY,
+        "setup (building its backend)",
+        "rollout",
+        [
+            "gpu_memory_utilization (now 0.6)",
+            "actor_rollout_ref.actor.offload=true",
+            "placement=separate",
+            "max_model_len",
+        ],
+    ),
+    (NCCL, "train_step", "train", ["another rank", "NCCL_DEBUG=INFO"]),
+    (NCCL, "setup (joining the process group)", "train+rollout", ["NCCL_SOCKET_IFNAME"]),
+]
+
+
+@pytest.mark.parametrize("kind, phase, role, parts", LEVERS, ids=[f"{c[0]}-{c[1]}" for c in LEVERS])
+def test_each_failure_names_where_and_its_levers(kind, phase, role, parts):
+    from dagrl.core.device_faults import device_error
+
+    error = device_error(
+        DeviceFault(kind, role, 1, phase, "Error: x", "Traceback ..."), _cfg(), "node 10.0.0.1"
+    )
+    error.node = "actor_update (kind actor_update)"
+    error.log_path = "/runs/a/dagrl.log"
+    line = str(error)
+    assert "\n" not in line
+    assert (
+        f"role {role}, rank 1 (node 10.0.0.1), DAG node actor_update (kind actor_update), phase {phase}"
+        in line
+    )
+    assert line.endswith("; full traceback in /runs/a/dagrl.log")
+    for part in parts:
+        assert part in line, f"{part!r} not in: {line}"
