@@ -75,7 +75,8 @@ def test_oom_in_the_update_is_one_line_on_the_console(tmp_path):
     assert proc.returncode == 2, out[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1]
     log = tmp_path / "dagrl.log"
-    assert re.match(r"error: CUDA out of memory: role train, rank 0 \(node .*, pid \d+, GPU none\)", line), line
+    where = r"error: CUDA out of memory: role train, rank 0 \(node .*, pid \d+, GPU none\)"
+    assert re.match(where, line), line
     assert "DAG node actor_update (kind actor_update), phase train_step" in line, line
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now" in line, line
     assert "gradient_checkpointing" in line and "gpu_memory_utilization" in line, line
