@@ -17,7 +17,7 @@ import time
 
 from omegaconf import DictConfig, OmegaConf
 
-from dagrl.config import compat, keys
+from dagrl.config import compat, keys, override_values
 from dagrl.config.placement import format_plan
 from dagrl.config.schema import DagrlConfig, register_configs
 from dagrl.errors import ConfigError, DagrlError, Interrupted
@@ -85,7 +85,7 @@ def compose(overrides: list[str]) -> DictConfig:
     open_defaults = {k: i.default for k, i in keys.schema_keys().items() if i.open}
     groups = keys.config_groups(CONF_DIR)  # presets (algorithm=gkd, experiment=gkd/...) are not keys
     for text in compat.translate(overrides):
-        o = parser.parse_override(text)
+        o, text = override_values.parse(parser, text)
         if o.key_or_group.startswith("hydra."):
             log(f"note: {text} has no effect: dagrl writes no Hydra output folder")
             continue
@@ -106,18 +106,8 @@ def compose(overrides: list[str]) -> DictConfig:
 
 
 def _composition_error(exc: Exception, overrides: list[str]) -> ConfigError:
-    """Hydra's multi-line composition failure as one ConfigError naming the override's key."""
-    cause = exc.__cause__ or exc
-    key = str(getattr(cause, "full_key", "") or "")
-    text = next((o for o in overrides if key and o.lstrip("+~").split("=")[0] == key), None)
-    if text is None:  # a config group option that does not exist (algorithm=foo)
-        text = next((o for o in overrides if o.split("=")[0] in str(cause)), "")
-        key = text.split("=")[0]
-    value = text.split("=", 1)[1] if "=" in text else None
-    reason = str(cause).strip().splitlines()[0]
-    if key in keys.config_groups(CONF_DIR):
-        reason = f"no such preset; options: {', '.join(keys.config_groups(CONF_DIR)[key])}"
-    return ConfigError(key or "command line", value, reason)
+    """Hydra's multi-line composition failure as one ConfigError naming the full key path."""
+    return override_values.composition_error(exc, overrides, keys.config_groups(CONF_DIR))
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -147,6 +137,7 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    cfg: DagrlConfig | None = None
     try:
         action, overrides = parse_args(sys.argv[1:] if argv is None else argv)
         if action == "help":
@@ -156,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         if action == "cfg":
             print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
             return
-        cfg: DagrlConfig = OmegaConf.to_object(dcfg)
+        cfg = OmegaConf.to_object(dcfg)
         run(cfg)
     except Interrupted as exc:
         log(str(exc))
@@ -165,6 +156,10 @@ def main(argv: list[str] | None = None) -> None:
         log("stopped by SIGINT before training started")
         sys.exit(130)
     except DagrlError as exc:
+        if getattr(exc, "details", None) and cfg is not None:  # a worker's traceback: to the log file
+            from dagrl.trainer.run_log import write_failure
+
+            exc.log_path = write_failure(cfg.trainer.default_local_dir, exc)
         log(f"error: {exc}")
         sys.exit(2)
 

@@ -259,10 +259,12 @@ def translate(overrides: list[str]) -> list[str]:
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from dagrl.config import override_values
+
     parser = OverridesParser.create()
     out = []
     for text in overrides:
-        override = parser.parse_override(text)
+        override, text = override_values.parse(parser, text)  # unreadable values: one line
         key = override.key_or_group
         found = None if override.is_delete() else lookup(key)
         if found is None:

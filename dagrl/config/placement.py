@@ -7,13 +7,22 @@ machine has, so an 8-GPU job can be dry-run on a laptop. Slots are numbered node
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dagrl.config.device_groups import parse_device_groups
-from dagrl.config.roles import ROLE_REF, ROLE_ROLLOUT, ROLE_TEACHER, ROLE_TRAIN, RoleSpec, build_role_specs
+from dagrl.config.roles import (
+    ROLE_REF,
+    ROLE_ROLLOUT,
+    ROLE_TEACHER,
+    ROLE_TRAIN,
+    RoleKind,
+    RoleSpec,
+    build_role_specs,
+)
 from dagrl.config.schema import DagrlConfig, TeacherPlacement
-from dagrl.errors import PlacementError
+from dagrl.errors import ConfigError, PlacementError
 
 __all__ = ["ROLE_REF", "ROLE_ROLLOUT", "ROLE_TEACHER", "ROLE_TRAIN", "Plan", "make_plan", "format_plan"]
 
@@ -125,6 +134,7 @@ def _device_group_plans(cfg: DagrlConfig, roles: set[str], total: int) -> list[G
 
 def _groups_for(cfg: DagrlConfig, roles: set[str]) -> list[list[str]]:
     groups, seen = [], set()
+    check_role_names(cfg, roles)
     for i, group in enumerate(cfg.placement.colocate_groups):
         dup = seen & set(group)
         if dup:
@@ -145,6 +155,23 @@ def _groups_for(cfg: DagrlConfig, roles: set[str]) -> list[list[str]]:
     return groups
 
 
+def check_role_names(cfg: DagrlConfig, roles: set[str]) -> None:
+    """Every role named in placement.colocate_groups is a built-in role, a plugin role of
+    `roles` (the DAG's) or of cfg.roles: a misspelt one would otherwise own devices of its own."""
+    known = sorted({k.value for k in RoleKind} | set(cfg.roles) | roles)
+    for i, group in enumerate(cfg.placement.colocate_groups):
+        for j, name in enumerate(group):
+            if name not in known:
+                near = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+                raise ConfigError(
+                    f"placement.colocate_groups[{i}][{j}]",
+                    name,
+                    "no such role"
+                    + (f"; did you mean {near[0]!r}?" if near else "")
+                    + f" (roles: {', '.join(known)})",
+                )
+
+
 def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[int]:
     gpus = cfg.placement.gpus
     sizes: list[int | None] = []
@@ -160,9 +187,23 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
         sizes.append(next(iter(asked.values()), None))
     fixed = sum(s for s in sizes if s is not None)
     free = [i for i, s in enumerate(sizes) if s is None]
+    for group, size in zip(groups, sizes):
+        if size is not None and size < 1:
+            role = next(r for r in group if gpus.get(r) is not None or r == ROLE_TEACHER)
+            key = "teacher.gpus" if gpus.get(role) is None else f"placement.gpus.{role}"
+            raise ConfigError(key, size, f"role {role!r} needs at least one device; set it to 1 or more")
     if free:
         share, rest = divmod(total - fixed, len(free))
-        if share < 1 or rest:
+        if share < 1:
+            named = [r for i in free for r in groups[i]]
+            raise ConfigError(
+                f"placement.gpus.{named[0]}",
+                None,
+                f"no device is left for role(s) {named}: placement.gpus takes {fixed} of the {total}"
+                " (trainer.nnodes × trainer.n_gpus_per_node); lower the others' placement.gpus,"
+                f" set placement.gpus.{named[0]}, or grow the cluster",
+            )
+        if rest:
             raise PlacementError(
                 f"cannot split the {total - fixed} devices left (of trainer.nnodes×trainer.n_gpus_per_node ="
                 f" {total}) evenly among groups {[groups[i] for i in free]}; set placement.gpus.<role>"
@@ -173,10 +214,6 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
         raise PlacementError(
             f"roles ask for {sum(sizes)} devices ({dict(zip(map(tuple, groups), sizes))}) but the cluster"
             f" declares trainer.nnodes×trainer.n_gpus_per_node = {total}; lower placement.gpus or grow the cluster"
-        )
-    if any(s < 1 for s in sizes):
-        raise PlacementError(
-            f"every role needs at least one device; got {dict(zip(map(tuple, groups), sizes))}"
         )
     return sizes
 
@@ -194,9 +231,24 @@ def format_plan(plan: Plan) -> str:
         for role in g.roles:
             r = plan.roles[role]
             lines.append(
-                f"  {role}: {r.workers} workers, DP={r.dp} TP={r.tp} PP={r.pp} CP={r.cp}{_memory(plan, role)}"
+                f"  {role}: {r.workers} workers, DP={r.dp} TP={r.tp} PP={r.pp} CP={r.cp}{_backend(plan, role)}"
+                f"{_memory(plan, role)}"
             )
     return "\n".join(lines)
+
+
+def _backend(plan: Plan, role: str) -> str:
+    """', rollout engine vllm' / ', train backend torch (forward only)': what the role runs."""
+    spec = plan.specs.get(role)
+    if spec is None:
+        return ""
+    if spec.kind == ROLE_ROLLOUT:
+        return f", rollout engine {spec.backend}"
+    if spec.kind == ROLE_TEACHER and spec.backend == "vllm":
+        return ", engine vllm (standalone teacher)"
+    if spec.builtin:
+        return f", train backend {spec.backend}" + ("" if spec.trains else " (forward only)")
+    return f", backend {spec.backend}"
 
 
 def _memory(plan: Plan, role: str) -> str:

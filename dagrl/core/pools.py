@@ -7,6 +7,7 @@ slots of one planned node stay on one real node. Pools may span nodes of a Ray c
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from dagrl.config.placement import GroupPlan, Plan
 from dagrl.core.batch import Batch
 from dagrl.core.calls import Execute, call_spec, collect_results, dispatch_shards
+from dagrl.core.device_faults import from_task_error
 from dagrl.core.worker_death import worker_died
 from dagrl.errors import PlacementError
 
@@ -139,11 +141,19 @@ class WorkerPool:
 
     def get(self, refs):
         """ray.get for calls into this pool: a dead worker becomes one WorkerDiedError line
-        naming role, rank, node and its last error (instead of Ray's actor-id paragraph)."""
+        naming role, rank, node and its last error (instead of Ray's actor-id paragraph); an
+        engine or device failure one DeviceError line (dagrl/core/device_faults.py)."""
         try:
             return ray.get(refs)
         except ray.exceptions.RayActorError as exc:
             raise worker_died(exc, [self]) from exc
+        except ray.exceptions.RayTaskError as exc:  # vLLM start refusal, CUDA OOM, NCCL: one line
+            error = from_task_error(exc, self)
+            if error is None:
+                raise
+            # the other ranks' copies of the same failure would print as "unhandled errors"
+            os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+            raise error from None
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Ask every worker to leave its process group, wait up to timeout_s for all of them

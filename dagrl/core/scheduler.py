@@ -24,6 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from dagrl.core.batch import Batch
 from dagrl.core.dag import Dag
+from dagrl.core.device_faults import DeviceError
 from dagrl.core.node import NodeResult, node_kinds
 from dagrl.core.runtime import Runtime
 
@@ -70,8 +71,12 @@ class Scheduler:
 
     def _run_node(self, runtime: Runtime, name: str, inputs: Batch) -> tuple[NodeResult, float]:
         start = time.perf_counter()
-        result = self.nodes[name].run(runtime, inputs)
         spec = self.dag.node(name)
+        try:
+            result = self.nodes[name].run(runtime, inputs)
+        except DeviceError as exc:  # an engine/device failure: name the node it happened in
+            exc.node = exc.node or f"{name} (kind {spec.kind})"
+            raise
         produced, declared = result.batch.keys(), set(spec.outputs)
         assert produced == declared, f"node {name} produced {sorted(produced)}, declared {sorted(declared)}"
         return result, time.perf_counter() - start

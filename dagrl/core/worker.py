@@ -68,11 +68,31 @@ class Worker:
 
     def setup(self, master_addr: str, master_port: int) -> dict:
         """Join the pool's process group (gloo on CPU, NCCL on GPU), then build each role's backend."""
+        from dagrl.core.device_faults import named_faults
+
+        group = "+".join(self.roles)
+        with named_faults(group, self.rank, "setup (joining the process group)"):
+            self._join_group(master_addr, master_port)
+        ctx = ParallelContext(self.rank, self.world_size, self.device)
+        from dagrl.core.plugins import load_plugins
+
+        # plugins run in every worker too: what they register or patch must exist where backends run
+        load_plugins(list(self.cfg.external_plugins))
+
+        start = time.perf_counter()
+        for role in self.roles:
+            with named_faults(role, self.rank, "setup (building its backend)"):
+                self.backends[role] = self.build(self.cfg, role, ctx)
+        self.active = self.roles[-1]
+        return {"build_s": time.perf_counter() - start}
+
+    def _join_group(self, master_addr: str, master_port: int) -> None:
         if self.device_kind == "cuda":
             device = torch.device("cuda", 0)  # Ray sets CUDA_VISIBLE_DEVICES to this bundle's GPU
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
+        self.device = device
         if self.world_size > 1 and not torch.distributed.is_initialized():
             backend = "nccl" if self.device_kind == "cuda" else "gloo"
             torch.distributed.init_process_group(
@@ -81,18 +101,6 @@ class Worker:
                 rank=self.rank,
                 world_size=self.world_size,
             )
-        ctx = ParallelContext(self.rank, self.world_size, device)
-        self.device = device
-        from dagrl.core.plugins import load_plugins
-
-        # plugins run in every worker too: what they register or patch must exist where backends run
-        load_plugins(list(self.cfg.external_plugins))
-
-        start = time.perf_counter()
-        for role in self.roles:
-            self.backends[role] = self.build(self.cfg, role, ctx)
-        self.active = self.roles[-1]
-        return {"build_s": time.perf_counter() - start}
 
     # ---- calls -------------------------------------------------------------------------------
     def dp_info(self, role: str) -> tuple[int, int, bool]:
@@ -104,11 +112,17 @@ class Worker:
         return self.rank, self.world_size, True
 
     def call(self, role: str, method: str, *args, **kwargs):
-        return getattr(self.activate(role), method)(*args, **kwargs)
+        from dagrl.core.device_faults import named_faults
+
+        with named_faults(role, self.rank, method):
+            return getattr(self.activate(role), method)(*args, **kwargs)
 
     def run(self, fn, *args, **kwargs):
         """Run a module-level service function with this worker as its first argument."""
-        return fn(self, *args, **kwargs)
+        from dagrl.core.device_faults import named_faults
+
+        with named_faults("+".join(self.roles), self.rank, fn.__name__):
+            return fn(self, *args, **kwargs)
 
     def activate(self, role: str):
         """Give the device to `role` and return its backend. Colocated roles take turns on a GPU:

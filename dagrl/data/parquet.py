@@ -76,6 +76,8 @@ def _read_file(path: str, *, key: str, prompt_key: str) -> list[dict]:
             f"{key}: file {path} is not a readable parquet file ({err}) — "
             "dagrl reads parquet only; convert json/jsonl with the scripts in examples/data_preprocess"
         ) from err
+    if table.num_rows == 0:  # the columns may all be there: say which file is empty
+        raise DataError(f"{key}: {path} has no rows — point {key} at a file with prompts in it")
     validate_columns(table.column_names, path, prompt_key=prompt_key)
     rows = apply_row_transforms(table.to_pylist())  # plugins' transforms, validated as any row
     for index, row in enumerate(rows):
@@ -177,7 +179,8 @@ class PromptDataset:
         )  # fmt: skip
         if not self.examples:
             raise DataError(
-                f"{key}: no prompts left out of {self.num_rows} rows (dropped {self.num_filtered} longer "
+                f"{key}: {', '.join(source for source, _ in tables)}: no prompts left out of"
+                f" {self.num_rows} rows (dropped {self.num_filtered} longer "
                 f"than data.max_prompt_length={max_prompt_length}) — raise data.max_prompt_length "
                 "or check the files"
             )

@@ -38,7 +38,12 @@ class RewardComposer:
                 )
             seen.add(term.name)
         self.terms = list(terms)
-        self._functions: dict[str, RewardFn] = {term.name: get_reward(term.name) for term in terms}
+        self._functions: dict[str, RewardFn] = {}
+        for index, term in enumerate(terms):
+            try:
+                self._functions[term.name] = get_reward(term.name)
+            except ConfigError as exc:  # name the entry of the list, not just the list
+                raise ConfigError(f"reward.functions[{index}].name", term.name, exc.fix) from None
 
     def _terms_for(self, data_source: str) -> list[tuple[RewardTerm, RewardFn]]:
         if self.terms:

@@ -14,6 +14,7 @@ without a decorator (a TRL reward file works as it is).
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable
 from enum import Enum
@@ -82,11 +83,13 @@ def get_reward(name: str) -> RewardFn:
     if found:
         return found[-1]
     known = ", ".join(registered_rewards())
+    near = difflib.get_close_matches(name, registered_rewards(), n=1, cutoff=0.6)
     raise ConfigError(
         key="reward.functions",
         value=name,
         fix=(
-            f"use one of: {known}, or define a function of that name (or one decorated with "
+            (f"did you mean {near[0]!r}? " if near else "")
+            + f"use one of: {known}, or define a function of that name (or one decorated with "
             "@register_reward) in a module listed in external_plugins"
         ),
     ) from None

@@ -38,16 +38,79 @@ def log(msg: str) -> None:
 
 
 def check_loggers(loggers: list[str]) -> None:
-    """Before Ray starts: an optional logger that is not installed is a ConfigError naming the key."""
-    if "wandb" in loggers:
-        import importlib.util
+    """Before Ray starts: a logger that cannot start is a ConfigError naming trainer.logger and the
+    fix. tensorboard must be importable; wandb installed and, unless WANDB_MODE is offline or
+    disabled, given credentials (wandb.init would otherwise fail after the workers started, or wait
+    for a key typed at a prompt). dagrl refuses rather than switching wandb to offline by itself:
+    a run the user expects on their dashboard must not quietly log to disk instead."""
+    if "tensorboard" in loggers and not _importable("tensorboard"):
+        raise ConfigError(
+            "trainer.logger",
+            "tensorboard",
+            "tensorboard is not installed (torch.utils.tensorboard needs it): pip install tensorboard,"
+            " or drop it from the list, e.g. 'trainer.logger=[console]'",
+        )
+    if "wandb" not in loggers:
+        return
+    if not _importable("wandb"):
+        raise ConfigError(
+            "trainer.logger", "wandb", "wandb is not installed: pip install wandb, or drop it from the list"
+        )
+    where = wandb_credentials()
+    if where is None:
+        raise ConfigError(
+            "trainer.logger",
+            "wandb",
+            "wandb has no credentials here (no WANDB_API_KEY, no entry for"
+            f" {_wandb_host()} in {_netrc_path()}): export WANDB_API_KEY=<key>, run `wandb login`,"
+            " or log offline with WANDB_MODE=offline (wandb sync uploads it later)",
+        )
 
-        if importlib.util.find_spec("wandb") is None:
-            raise ConfigError(
-                "trainer.logger",
-                "wandb",
-                "wandb is not installed: pip install wandb, or drop it from the list",
-            )
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # sys.modules[name] = None: the import is blocked
+        return False
+
+
+def wandb_credentials() -> str | None:
+    """Where wandb will find what it needs to start, or None: WANDB_MODE offline/disabled needs
+    nothing; else WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or a .netrc entry for the W&B host
+    (what `wandb login` writes). Nothing is imported and no network is used."""
+    import netrc
+
+    mode = os.environ.get("WANDB_MODE", "").strip().lower()
+    if mode in ("offline", "dryrun", "disabled"):
+        return f"WANDB_MODE={mode}"
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if os.environ.get(var):
+            return var
+    path = _netrc_path()
+    try:
+        entry = netrc.netrc(path).authenticators(_wandb_host())
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return path if entry and entry[2] else None
+
+
+def _wandb_host() -> str:
+    from urllib.parse import urlsplit
+
+    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
+    return urlsplit(url).netloc or url
+
+
+def _netrc_path() -> str:
+    if os.environ.get("NETRC"):
+        return os.environ["NETRC"]
+    home = os.path.expanduser("~")
+    for name in (".netrc", "_netrc"):
+        if os.path.exists(os.path.join(home, name)):
+            return os.path.join(home, name)
+    return os.path.join(home, ".netrc")
 
 
 class MetricsLogger:

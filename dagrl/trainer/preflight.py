@@ -100,16 +100,59 @@ def check_resume_mode(value: str) -> None:
         )
 
 
+def resolve_ray_address(value: str | None) -> str | None:
+    """The address `ray.init` joins for trainer.ray_address: "auto" means an existing cluster, as
+    in Ray: RAY_ADDRESS when set, else the one `ray start` recorded in <ray temp
+    dir>/ray_current_cluster. No cluster there is a ConfigError (never a local Ray instead; Ray
+    itself would also join any Ray it finds running on this machine, e.g. another user's job)."""
+    if value != "auto":
+        return value
+    found = os.environ.get("RAY_ADDRESS", "").strip()
+    if found and found != "auto":
+        return found
+    record = ray_cluster_record()
+    try:
+        with open(record) as f:
+            found = f.read().strip()
+    except OSError:
+        found = ""
+    if not found:
+        raise ConfigError(
+            "trainer.ray_address",
+            value,
+            f"auto joins a running cluster, and there is none: RAY_ADDRESS is unset and {record} does"
+            " not exist; start one with `ray start --head` (other nodes: `ray start --address=<head>:6379`),"
+            " or leave trainer.ray_address unset for a local Ray of this run's own",
+        )
+    return found
+
+
+def ray_cluster_record() -> str:
+    """Where `ray start` records the cluster address on this machine (Ray's own helper when Ray is
+    importable, which it is wherever dagrl runs)."""
+    try:
+        from ray._private.utils import get_ray_address_file
+
+        return get_ray_address_file(None)
+    except Exception:  # a Ray without the helper: its long-standing default
+        return "/tmp/ray/ray_current_cluster"
+
+
 def check_ray_address(value: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
     """A host:port address must be a Ray GCS: ray.init waits forever on one that does not accept
     TCP, or that accepts it and is something else (and ignores SIGTERM meanwhile). The GCS is a
     gRPC server, which answers an HTTP/2 client preface with a SETTINGS frame; anything else is
-    refused here. "auto" and ray:// client addresses are left to Ray."""
-    if not value or value in ("auto", "local") or "://" in value:
+    refused here. "auto" is resolved first (`resolve_ray_address`) and the address it finds probed
+    the same way; ray:// client addresses are left to Ray."""
+    address = resolve_ray_address(value)
+    if not address or address == "local" or "://" in address:
         return
-    host, _, port = value.rpartition(":")
+    found = "" if address == value else f" (auto found {address!r} in {_where_found()})"
+    host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError("trainer.ray_address", value, "use host:port of the Ray head (GCS), or auto")
+        raise ConfigError(
+            "trainer.ray_address", value, f"use host:port of the Ray head (GCS), or auto{found}"
+        )
     start = time.monotonic()
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
@@ -117,17 +160,22 @@ def check_ray_address(value: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_
                 raise ConfigError(
                     "trainer.ray_address",
                     value,
-                    "something answers there but it is not a Ray GCS (no gRPC reply); pass the address"
-                    " `ray start --head` prints (port 6379 unless --port says otherwise), or auto",
+                    f"something answers there{found} but it is not a Ray GCS (no gRPC reply); pass the"
+                    " address `ray start --head` prints (port 6379 unless --port says otherwise), or auto",
                 )
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
         raise ConfigError(
             "trainer.ray_address",
             value,
-            f"nothing answers there ({why} after {time.monotonic() - start:.1f}s); start the cluster with"
-            " `ray start --head` and pass the address it prints, or leave it unset for a local Ray",
+            f"nothing answers there{found} ({why} after {time.monotonic() - start:.1f}s); start the cluster"
+            " with `ray start --head` and pass the address it prints, or leave it unset for a local Ray",
         ) from None
+
+
+def _where_found() -> str:
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    return "RAY_ADDRESS" if env and env != "auto" else ray_cluster_record()
 
 
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS

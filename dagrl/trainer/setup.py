@@ -267,7 +267,10 @@ def init_ray(cfg: DagrlConfig) -> None:
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cfg.trainer.ray_address:
-        ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
+        from dagrl.trainer.preflight import resolve_ray_address
+
+        # auto: the cluster the preflight found, not Ray's fallback to any Ray running on this machine
+        ray.init(address=resolve_ray_address(cfg.trainer.ray_address), log_to_driver=True)
     else:
         # "local": trainer.ray_address=null means a Ray of this run's own, even when another is running here
         ray.init(address="local", include_dashboard=False, log_to_driver=True, configure_logging=False)

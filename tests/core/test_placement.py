@@ -255,3 +255,17 @@ def test_device_and_cpu_groups_on_two_ray_nodes(two_node_cluster):
         assert [i["device_kind"] for i in judge] == ["cpu", "cpu"]
     finally:
         release(bundles, pools)
+
+
+def test_plan_names_each_role_engine_and_backend():
+    cfg = compose_config(
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.actor.strategy=megatron",
+        "trainer.n_gpus_per_node=2",
+    )
+    text = format_plan(make_plan(cfg, ROLES, "cuda"))
+    assert "rollout: 2 workers, DP=2 TP=1 PP=1 CP=1, rollout engine vllm" in text
+    assert "train: 2 workers, DP=2 TP=1 PP=1 CP=1, train backend megatron" in text
+    assert ", train backend megatron (forward only)" in text  # ref
+    text = format_plan(make_plan(compose_config(), ROLES, "cpu"))
+    assert "rollout engine hf" in text and "train backend torch" in text

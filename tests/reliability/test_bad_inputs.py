@@ -370,3 +370,307 @@ def test_cli_sigterm_during_the_ray_address_probe_exits_at_once(tmp_path):
     assert time.perf_counter() - sent < 5, out
     assert proc.returncode != 0 and "workers ready" not in out
     server.close()
+
+
+# ---- round 3: values Hydra cannot read, typos inside list and dict values, logger and Ray-address
+# prerequisites. Composed as the CLI composes (dagrl.main.compose, not Hydra's bare compose), with
+# the environment of each case; every message is one dagrl line holding all the listed parts.
+# (overrides, environment (None = unset), imports blocked, parts of the message); {tmp} = corpus dir
+NO_WANDB_CREDENTIALS = {
+    "HOME": "{tmp}/home",
+    "NETRC": None,
+    "WANDB_API_KEY": None,
+    "WANDB_MODE": None,
+    "WANDB_IDENTITY_TOKEN_FILE": None,
+    "WANDB_BASE_URL": None,
+}
+SMALL = ["data.train_batch_size=4", MINI4]
+ROUND3 = [
+    # values Hydra's grammar cannot read: say how to quote
+    (
+        ["trainer.default_local_dir=runs/lr=1e-6"],
+        {},
+        [],
+        [
+            "trainer.default_local_dir",
+            "'runs/lr=1e-6'",
+            "quote it: 'trainer.default_local_dir=\"runs/lr=1e-6\"'",
+        ],
+    ),
+    (["trainer.experiment_name=lr=1e-6"], {}, [], ["trainer.experiment_name", "quote it"]),
+    (["data.train_files=data/a=b.parquet"], {}, [], ["data.train_files", "'data/a=b.parquet'", "quote it"]),
+    (
+        ["trainer.default_local_dir={tmp}/a,b"],
+        {},
+        [],
+        ["trainer.default_local_dir", "sweep", "quote the value"],
+    ),
+    (["trainer.project_name=team]x"], {}, [], ["trainer.project_name", "'team]x'", "quote it"]),
+    (["trainer.default_local_dir={tmp}/it's"], {}, [], ["trainer.default_local_dir", "quote it"]),
+    (["trainer.total_epochs=[1"], {}, [], ["trainer.total_epochs", "'[1'", "it takes int"]),
+    # quoted, or a plain path: read as written, then checked like any value
+    (
+        [f"{A}.optim.lr=1e-5", "actor_rollout_ref.model.path={tmp}/no_model=x"],
+        {},
+        [],
+        ["actor_rollout_ref.model.path", "no_model=x"],
+    ),
+    (
+        ['data.train_files="{tmp}/missing=1,2.parquet"'],
+        {},
+        [],
+        ["data.train_files", "missing=1,2.parquet", "no such file"],
+    ),
+    # typos inside list and dict values: the full key path, the value, the nearest valid choice
+    (
+        ["placement.colocate_groups=[[trian,rollout]]"],
+        {},
+        [],
+        ["placement.colocate_groups[0][0]", "'trian'", "did you mean 'train'", "roles: ref, reward, rollout"],
+    ),
+    (
+        [
+            "placement=separate",
+            "trainer.n_gpus_per_node=2",
+            "placement.colocate_groups=[[train,ref],[rolout]]",
+        ],
+        {},
+        [],
+        ["placement.colocate_groups[1][0]", "'rolout'", "did you mean 'rollout'"],
+    ),
+    (
+        ["placement.colocate_groups=[[train,rollout,reff]]"],
+        {},
+        [],
+        ["placement.colocate_groups[0][2]", "did you mean 'ref'"],
+    ),
+    (
+        ["reward.functions=[{name: arith, weight: abc}]"],
+        {},
+        [],
+        ["reward.functions[0].weight", "'abc'", "must be a number"],
+    ),
+    (
+        ["reward.functions=[{name: arith}, {name: boxed_format, weight: heavy}]"],
+        {},
+        [],
+        ["reward.functions[1].weight", "'heavy'", "must be a number"],
+    ),
+    (
+        ["reward.functions=[{name: arith, wieght: 1}]"],
+        {},
+        [],
+        ["reward.functions[0].wieght", "did you mean 'weight'"],
+    ),
+    (
+        ["reward.functions=[{name: arith}, {name: arth}]"],
+        {},
+        [],
+        ["reward.functions[1].name", "'arth'", "did you mean 'arith'"],
+    ),
+    (
+        ["placement=separate", "trainer.n_gpus_per_node=2", "placement.gpus.rollout=0"],
+        {},
+        [],
+        ["placement.gpus.rollout' = 0", "at least one device"],
+    ),
+    (
+        ["placement=separate", "trainer.n_gpus_per_node=2", "placement.gpus.train=2"],
+        {},
+        [],
+        ["placement.gpus.rollout", "no device is left", "['rollout']"],
+    ),
+    (["placement.gpus.rollout=two"], {}, [], ["placement.gpus.rollout", "'two'", "whole number"]),
+    (
+        ["trainer.logger=[console,tensorbord]"],
+        {},
+        [],
+        ["trainer.logger[1]", "'tensorbord'", "did you mean 'tensorboard'"],
+    ),
+    ([f"{A}.strategy=megatorn"], {}, [], [f"{A}.strategy", "'megatorn'", "did you mean 'megatron'"]),
+    (["algorithm=gkdd"], {}, [], ["'algorithm' = 'gkdd'", "did you mean 'gkd'"]),
+    (
+        ["data.train_files={tmp}/good.parquet", "data.val_files={tmp}/no_rows.parquet", *SMALL],
+        {},
+        [],
+        ["data.val_files", "{tmp}/no_rows.parquet", "has no rows"],
+    ),
+    (
+        ["data.train_files={tmp}/no_rows.parquet", "data.val_files={tmp}/good.parquet", *SMALL],
+        {},
+        [],
+        ["data.train_files", "{tmp}/no_rows.parquet"],
+    ),
+    # loggers that cannot start: refused before Ray
+    (
+        ["trainer.logger=[console,wandb]"],
+        NO_WANDB_CREDENTIALS,
+        [],
+        ["'trainer.logger' = 'wandb'", "WANDB_API_KEY", "wandb login", "WANDB_MODE=offline"],
+    ),
+    (
+        ["trainer.logger=[console,wandb]"],
+        {**NO_WANDB_CREDENTIALS, "NETRC": "{tmp}/netrc_github"},
+        [],
+        ["no entry for api.wandb.ai in {tmp}/netrc_github"],
+    ),
+    (
+        ["trainer.logger=[wandb]"],
+        {**NO_WANDB_CREDENTIALS, "NETRC": "{tmp}/netrc_wandb", "WANDB_BASE_URL": "https://wandb.example.com"},
+        [],
+        ["no entry for wandb.example.com"],
+    ),
+    (
+        ["trainer.logger=[console,tensorboard]"],
+        {},
+        ["tensorboard"],
+        ["'trainer.logger' = 'tensorboard'", "pip install tensorboard", "'trainer.logger=[console]'"],
+    ),
+    (["trainer.logger=[wandb]"], {}, ["wandb"], ["'trainer.logger' = 'wandb'", "pip install wandb"]),
+    # trainer.ray_address=auto joins a running cluster or stops
+    (
+        ["trainer.ray_address=auto"],
+        {"RAY_ADDRESS": None, "RAY_TMPDIR": "{tmp}/ray_none"},
+        [],
+        [
+            "'trainer.ray_address' = 'auto'",
+            "there is none",
+            "{tmp}/ray_none/ray/ray_current_cluster",
+            "ray start --head",
+        ],
+    ),
+    (
+        ["trainer.ray_address=auto"],
+        {"RAY_ADDRESS": "127.0.0.1:1"},
+        [],
+        ["'trainer.ray_address' = 'auto'", "auto found '127.0.0.1:1' in RAY_ADDRESS", "nothing answers"],
+    ),
+    (
+        ["trainer.ray_address=auto"],
+        {"RAY_ADDRESS": None, "RAY_TMPDIR": "{tmp}/ray_stale"},
+        [],
+        ["auto found '127.0.0.1:1' in {tmp}/ray_stale/ray/ray_current_cluster", "nothing answers"],
+    ),
+    (["trainer.ray_address=auto"], {"RAY_ADDRESS": "just-a-host"}, [], ["'auto'", "use host:port"]),
+]
+
+
+@pytest.fixture(scope="module")
+def corpus3(corpus):
+    """The round-3 files, next to the corpus's."""
+    _write(str(corpus / "good.parquet"), _rows())
+    pq.write_table(pq.read_table(corpus / "good.parquet").slice(0, 0), corpus / "no_rows.parquet")
+    (corpus / "home").mkdir()
+    (corpus / "netrc_github").write_text("machine github.com login x password y\n")
+    (corpus / "netrc_wandb").write_text("machine api.wandb.ai login user password 0123456789abcdef\n")
+    (corpus / "ray_stale" / "ray").mkdir(parents=True)  # RAY_TMPDIR/ray/: where `ray start` records it
+    (corpus / "ray_stale" / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")
+    return corpus
+
+
+def stop_as_the_cli_does(overrides, monkeypatch, out_dir) -> tuple[BaseException, float]:
+    """stop_before_workers, composing through dagrl.main.compose (quoting, full key paths)."""
+    from omegaconf import OmegaConf
+
+    import dagrl.trainer.setup as setup
+    from dagrl.main import compose, run
+
+    monkeypatch.setattr(setup, "launch", lambda *a, **k: pytest.fail(f"workers were started for {overrides}"))
+    start = time.perf_counter()
+    with pytest.raises(DagrlError) as err:
+        run(OmegaConf.to_object(compose([f"trainer.default_local_dir={out_dir}", *overrides])))
+    return err.value, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("overrides, env, blocked, parts", ROUND3, ids=[" ".join(c[0])[:80] for c in ROUND3])
+def test_round3_bad_value_stops_before_workers(
+    overrides, env, blocked, parts, corpus3, monkeypatch, tmp_path
+):
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, fill([value], corpus3)[0])
+    for module in blocked:  # as if not installed: `import module` fails, find_spec finds nothing
+        monkeypatch.setitem(sys.modules, module, None)
+    error, seconds = stop_as_the_cli_does(fill(overrides, corpus3), monkeypatch, tmp_path / "out")
+    message = str(error)
+    assert "\n" not in message, message
+    for part in fill(parts, corpus3):
+        assert part in message, f"{part!r} not in: {message}"
+    assert seconds < 60, seconds  # the first case to read data pays for importing the tokenizer
+    print(f"seconds to the message: {seconds:.3f}")  # docs/reliability.md's figures (pytest -s)
+
+
+@pytest.mark.parametrize(
+    "override, value",
+    [
+        ('trainer.default_local_dir="/runs/lr=1e-6,bs=64"', "/runs/lr=1e-6,bs=64"),
+        ("trainer.default_local_dir='/runs/a b [x] {y}'", "/runs/a b [x] {y}"),
+        ("trainer.default_local_dir=/runs/lr=1e-6", "/runs/lr=1e-6"),  # a plain path, unquoted
+        ("trainer.default_local_dir=/runs/a[0]{b}", "/runs/a[0]{b}"),
+        ("trainer.default_local_dir=./runs/lr=1e-6", "./runs/lr=1e-6"),
+        ("data.train_files=~/d/x=1.parquet", "~/d/x=1.parquet"),
+        ("trainer.default_local_dir=~/runs", "~/runs"),  # Hydra alone refuses a leading ~
+        ("+trainer.experiment_name=../lr=3", "../lr=3"),
+    ],
+)
+def test_quoted_values_and_plain_paths_are_read_as_written(override, value):
+    from omegaconf import OmegaConf
+
+    from dagrl.main import compose
+
+    key = override.lstrip("+").split("=")[0]
+    assert OmegaConf.select(compose([override]), key) == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "trainer.default_local_dir=runs/lr=1",  # not plainly a path: no leading / ~ ./ ../
+        "trainer.default_local_dir=/runs/$x=1",  # $: Hydra's interpolation inside quotes
+        "trainer.default_local_dir=/runs/a\\b=1",
+        "trainer.default_local_dir=/runs/a'b=1",
+        "trainer.default_local_dir=/runs/a,b=1",
+        "trainer.total_epochs=/1=2",  # not a string key
+        "trainer.no_such_key=/a=b",
+    ],
+)
+def test_plain_path_rule_takes_nothing_else(text):
+    from dagrl.config.override_values import plain_path
+
+    assert plain_path(text) is None
+    assert plain_path("trainer.default_local_dir=/runs/lr=1") == "trainer.default_local_dir='/runs/lr=1'"
+
+
+def test_loggers_start_with_credentials_or_offline(tmp_path, monkeypatch):
+    from dagrl.trainer.logger import check_loggers
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    with pytest.raises(DagrlError, match="WANDB_MODE=offline"):
+        check_loggers(["wandb"])
+    (tmp_path / "netrc").write_text("machine api.wandb.ai login user password 0123456789abcdef\n")
+    check_loggers(["console", "tensorboard", "wandb"])  # `wandb login` wrote this
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_loggers(["wandb"])
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef")
+    check_loggers(["wandb"])
+
+
+def test_ray_address_auto_resolves_as_ray_does(tmp_path, monkeypatch):
+    from dagrl.trainer.preflight import resolve_ray_address
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert resolve_ray_address("auto") == "10.0.0.1:6379"
+    monkeypatch.delenv("RAY_ADDRESS")
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("10.0.0.2:6379\n")
+    assert resolve_ray_address("auto") == "10.0.0.2:6379"
+    assert resolve_ray_address(None) is None and resolve_ray_address("local") == "local"
+    assert resolve_ray_address("10.0.0.3:1") == "10.0.0.3:1"
