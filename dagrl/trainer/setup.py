@@ -272,6 +272,7 @@ def launch(prepared: Prepared, tokenizer, rewarder):
     """Start (or join) Ray, reserve bundles, build pools and role handles; returns (runtime, pools)."""
     from dagrl.backends import build_role_backend
     from dagrl.backends.handles import make_handle
+    from dagrl.backends.registry import startup_order
     from dagrl.core.pools import WorkerPool, allocate
     from dagrl.core.runtime import Runtime
 
@@ -280,7 +281,10 @@ def launch(prepared: Prepared, tokenizer, rewarder):
     pools: list[WorkerPool] = []
     try:
         for group in prepared.plan.groups:
-            pools.append(WorkerPool(group, bundles, prepared.plan, prepared.cfg, build=build_role_backend))
+            startup = startup_order(prepared.plan.specs[r] for r in group.roles)  # engines first
+            pools.append(
+                WorkerPool(group, bundles, prepared.plan, prepared.cfg, build=build_role_backend, startup=startup)
+            )
     except BaseException:
         # a pool that failed to start (a backend raised, an actor died) must not keep the devices
         for pool in pools:
