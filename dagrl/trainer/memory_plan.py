@@ -139,7 +139,7 @@ def role_memory(
         work = _workload(cfg, spec.micro_batch_size, None, layout.dp)
         parts = hf_memory.generate_bytes(shape, _width(spec.model.dtype), work)
         weights = {"weights": parts.pop("weights")}
-        return RoleMemory(weights, weights, {"rollout": parts})
+        return RoleMemory(weights, {}, {"rollout": parts})  # offload() moves its model to the CPU
     if spec.backend == "megatron":
         return _megatron_memory(cfg, spec, layout, shape)
     if spec.backend == "torch":

@@ -1,6 +1,6 @@
 """Memory of the hf rollout (transformers `generate`) per device, in bytes: the weights, the KV
-cache of the sequences generated at once, and one step's fp32 logits. It never frees the device
-for colocated roles (no sleep), so its weights stay while they run."""
+cache of the sequences generated at once, and one step's fp32 logits. While colocated roles run,
+its model waits in host memory."""
 
 from __future__ import annotations
 
