@@ -339,7 +339,9 @@ def _check_interleaved_micro_batches(cfg: DagrlConfig, plan: Plan) -> None:
         ):
             if on:
                 raise ConfigError(
-                    key, True, "the interleaved pipeline (VPP) needs a micro-batch count that is a multiple "
+                    key,
+                    True,
+                    "the interleaved pipeline (VPP) needs a micro-batch count that is a multiple "
                     "of PP, which a token budget cannot promise; use fixed micro-batches or no VPP",
                 )
     mini, batch = arr.actor.ppo_mini_batch_size * n, cfg.data.train_batch_size * n

@@ -64,7 +64,9 @@ def plan_device_memory(cfg: DagrlConfig, plan: Plan, model_path: str) -> tuple[M
     return memory, check_memory(cfg, memory, plan)
 
 
-def _resolve_recompute(cfg: DagrlConfig, plan: Plan, model_path: str, capacity: float, source: str) -> MemoryPlan:
+def _resolve_recompute(
+    cfg: DagrlConfig, plan: Plan, model_path: str, capacity: float, source: str
+) -> MemoryPlan:
     """model.gradient_checkpointing=None (auto) on the torch backend: off when the update fits
     without it, else on; the choice and both figures become a note of the plan."""
     model = cfg.actor_rollout_ref.model
@@ -117,6 +119,18 @@ def _pinned(cfg: DagrlConfig, plan: Plan, row) -> tuple[str, object]:
         if cfg.actor_rollout_ref.model.gradient_checkpointing is False:
             return f"{M}.gradient_checkpointing", False
     return "trainer.gpu_memory_gib", cfg.trainer.gpu_memory_gib
+
+
+def oom_hint(memory: MemoryPlan | None, plan: Plan, phase: str) -> str:
+    """For an out-of-memory error in `phase`: what the plan expected resident there and the keys
+    that lower it, in one line ('' when the plan has no such phase)."""
+    for group in memory.groups if memory is not None else ():
+        for row in group.rows:
+            if row.phase == phase:
+                return (
+                    f"planned {row.total / GIB:.1f} GiB: {describe(row)}; levers: {phase_levers(plan, row)}"
+                )
+    return ""
 
 
 def phase_levers(plan: Plan, row) -> str:

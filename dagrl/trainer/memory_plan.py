@@ -147,7 +147,9 @@ def role_memory(
     return RoleMemory({}, {})  # a plugin backend: its own estimate is not known here
 
 
-def _vllm_memory(cfg: DagrlConfig, spec: RoleSpec, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
+def _vllm_memory(
+    cfg: DagrlConfig, spec: RoleSpec, shape: ModelShape, card: float, colocated: int
+) -> RoleMemory:
     if spec.kind == ROLE_TEACHER:  # standalone: its own devices, never asleep
         from dagrl.backends.vllm.engine_args import TEACHER_GPU_MEMORY_UTILIZATION
 
@@ -174,7 +176,9 @@ def _torch_memory(cfg: DagrlConfig, spec: RoleSpec, layout: RoleLayout, shape: M
         mem.phases[phase] = torch_memory.forward_bytes(shape, width, work)
     if spec.trains:
         recompute = bool(arr.model.gradient_checkpointing)
-        mem.phases["update"] = torch_memory.update_bytes(shape, width, update_workload(cfg, layout.dp), recompute)
+        mem.phases["update"] = torch_memory.update_bytes(
+            shape, width, update_workload(cfg, layout.dp), recompute
+        )
     return mem
 
 
@@ -191,7 +195,9 @@ def _megatron_memory(cfg: DagrlConfig, spec: RoleSpec, layout: RoleLayout, shape
         sequence_parallel=m.sequence_parallel,
     )
     # issue 20a's CPU optimizer keys (megatron.optimizer_cpu_offload / optimizer_offload_fraction)
-    fraction = getattr(m, "optimizer_offload_fraction", 1.0) if getattr(m, "optimizer_cpu_offload", False) else 0.0
+    fraction = (
+        getattr(m, "optimizer_offload_fraction", 1.0) if getattr(m, "optimizer_cpu_offload", False) else 0.0
+    )
     state, host = megatron_memory.state_bytes(
         shape, mlayout, m.param_dtype, spec.trains, m.use_distributed_optimizer, fraction
     )
@@ -202,7 +208,9 @@ def _megatron_memory(cfg: DagrlConfig, spec: RoleSpec, layout: RoleLayout, shape
         mem.phases[phase] = megatron_memory.forward_bytes(shape, width, mlayout, work)
     if spec.trains:
         work = update_workload(cfg, layout.dp)
-        mem.phases["update"] = megatron_memory.update_bytes(shape, width, mlayout, work, recompute_layers(m, shape))
+        mem.phases["update"] = megatron_memory.update_bytes(
+            shape, width, mlayout, work, recompute_layers(m, shape)
+        )
     return mem
 
 
@@ -225,7 +233,9 @@ def _seq(cfg: DagrlConfig) -> tuple[int, int]:
     return d.max_prompt_length + d.max_response_length, d.max_response_length
 
 
-def _workload(cfg: DagrlConfig, micro_rows: int, budget: int | None, dp: int, rows_per_device=None) -> Workload:
+def _workload(
+    cfg: DagrlConfig, micro_rows: int, budget: int | None, dp: int, rows_per_device=None
+) -> Workload:
     """The largest forward of a pass: `micro_rows` sequences, or as many whole sequences as the
     token `budget` holds (at least one), never more than the device's share of the batch."""
     seq, response = _seq(cfg)

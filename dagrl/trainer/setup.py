@@ -283,7 +283,9 @@ def launch(prepared: Prepared, tokenizer, rewarder):
         for group in prepared.plan.groups:
             startup = startup_order(prepared.plan.specs[r] for r in group.roles)  # engines first
             pools.append(
-                WorkerPool(group, bundles, prepared.plan, prepared.cfg, build=build_role_backend, startup=startup)
+                WorkerPool(
+                    group, bundles, prepared.plan, prepared.cfg, build=build_role_backend, startup=startup
+                )
             )
     except BaseException:
         # a pool that failed to start (a backend raised, an actor died) must not keep the devices

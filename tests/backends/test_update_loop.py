@@ -88,7 +88,10 @@ def test_epochs_times_mini_batches_optimizer_steps():
     assert {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"} <= set(metrics)
 
 
-BUDGET = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20")
+BUDGET = (
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20",
+)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])

@@ -30,5 +30,9 @@ def test_micro_batches_count_real_tokens_of_prompt_and_response():
     response_mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
     batch = Batch({"prompt_mask": prompt_mask, "response_mask": response_mask, "group_ids": torch.arange(4)})
     # real tokens per row: 4, 4, 3, 5 -> budget 7: [0], [1, 2], [3]
-    assert [mb["group_ids"].tolist() for mb in micro_batches(batch, rows=99, token_budget=7)] == [[0], [1, 2], [3]]
+    assert [mb["group_ids"].tolist() for mb in micro_batches(batch, rows=99, token_budget=7)] == [
+        [0],
+        [1, 2],
+        [3],
+    ]
     assert [len(mb) for mb in micro_batches(batch, rows=3)] == [3, 1]

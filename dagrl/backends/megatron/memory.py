@@ -101,7 +101,9 @@ def update_bytes(
     in_flight = min(layout.pp, work.micro_batches) if layout.pp > 1 else 1
     layer = layer_activation_bytes(shape, width, layout) * work.tokens
     recomputed = min(recompute_layers, stage_layers)
-    kept_input = width * shape.hidden * work.tokens / layout.cp / (layout.tp if layout.sequence_parallel else 1)
+    kept_input = (
+        width * shape.hidden * work.tokens / layout.cp / (layout.tp if layout.sequence_parallel else 1)
+    )
     per_micro = (stage_layers - recomputed) * layer + recomputed * kept_input
     activations = per_micro * in_flight + (layer if recomputed else 0.0)
     logits = 2 * width * work.tokens / layout.cp * shape.vocab / layout.tp
