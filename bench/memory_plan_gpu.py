@@ -33,6 +33,11 @@ SHAPES = {  # hidden, layers, heads, kv heads, intermediate (Qwen3 shapes, vocab
 A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
 BF16 = (f"{M}.dtype=bfloat16",)
 MEGATRON = (f"{A}.strategy=megatron",)
+MICRO16 = (f"{A}.ppo_micro_batch_size_per_gpu=16",)  # activations kept: no recomputation needed
+RECOMPUTE = tuple(  # megatron's full recompute, one layer per unit
+    f"{A}.megatron.{k}"
+    for k in ("recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=1")
+)
 
 
 def teacher(models: dict) -> tuple[str, ...]:
@@ -40,12 +45,12 @@ def teacher(models: dict) -> tuple[str, ...]:
 
 
 CONFIGS = {  # name -> (student shape, overrides(models))
-    "0.6b-torch": ("0.6b", lambda m: BF16),
-    "0.6b-megatron": ("0.6b", lambda m: BF16 + MEGATRON),
-    "1.7b-torch": ("1.7b", lambda m: BF16),
-    "1.7b-megatron": ("1.7b", lambda m: BF16 + MEGATRON),
+    "0.6b-torch": ("0.6b", lambda m: BF16 + MICRO16),  # the plan leaves recomputation off
+    "0.6b-megatron": ("0.6b", lambda m: BF16 + MEGATRON + MICRO16),
+    "1.7b-torch": ("1.7b", lambda m: BF16),  # micro-batch 64: the plan turns recomputation on
+    "1.7b-megatron": ("1.7b", lambda m: BF16 + MEGATRON + RECOMPUTE),
     "0.6b-torch-teacher": ("0.6b", lambda m: BF16 + teacher(m)),
-    "0.6b-megatron-teacher": ("0.6b", lambda m: BF16 + MEGATRON + teacher(m)),
+    "0.6b-megatron-teacher": ("0.6b", lambda m: BF16 + MEGATRON + RECOMPUTE + teacher(m)),
     # the default run: fp32, 64 prompts x 8 x 512 (use with --prompts 64)
     "0.6b-default": ("0.6b", lambda m: ()),
 }
