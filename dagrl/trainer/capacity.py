@@ -10,6 +10,8 @@ here from the plan (gradient checkpointing).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 
 from dagrl.backends.memory import GIB
 from dagrl.config.placement import Plan
@@ -51,7 +53,9 @@ def device_memory_gib(cfg: DagrlConfig) -> tuple[float | None, str]:
     return None, ""
 
 
-def plan_device_memory(cfg: DagrlConfig, plan: Plan, model_path: str) -> tuple[MemoryPlan | None, str | None]:
+def plan_device_memory(
+    cfg: DagrlConfig, plan: Plan, model_path: str, phases: set[str] | None = None
+) -> tuple[MemoryPlan | None, str | None]:
     """The per-phase memory plan of a GPU plan (None on CPU or with no figure for the card), with
     the defaults it chooses (gradient checkpointing when left to auto), and the warning a dry run
     prints where a phase does not fit; a real run raises ConfigError instead."""
@@ -60,27 +64,27 @@ def plan_device_memory(cfg: DagrlConfig, plan: Plan, model_path: str) -> tuple[M
     capacity, source = device_memory_gib(cfg)
     if capacity is None:
         return None, None
-    memory = _resolve_recompute(cfg, plan, model_path, capacity, source)
+    memory = _resolve_recompute(
+        cfg, plan, partial(plan_memory, cfg, plan, model_path, capacity, source, phases)
+    )
     return memory, check_memory(cfg, memory, plan)
 
 
-def _resolve_recompute(
-    cfg: DagrlConfig, plan: Plan, model_path: str, capacity: float, source: str
-) -> MemoryPlan:
+def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan]) -> MemoryPlan:
     """model.gradient_checkpointing=None (auto) on the torch backend: off when the update fits
     without it, else on; the choice and both figures become a note of the plan."""
     model = cfg.actor_rollout_ref.model
     spec = plan.specs.get(ROLE_TRAIN)
     if model.gradient_checkpointing is not None or spec is None or spec.backend != "torch":
-        return plan_memory(cfg, plan, model_path, capacity, source)
+        return make_plan()
     model.gradient_checkpointing = False
-    memory = plan_memory(cfg, plan, model_path, capacity, source)
+    memory = make_plan()
     without = _phase_total(memory, "update")
     if without <= memory.card_bytes:
         memory.notes.append(f"{M}.gradient_checkpointing: auto -> false (update {without / GIB:.1f} GiB)")
         return memory
     model.gradient_checkpointing = True
-    memory = plan_memory(cfg, plan, model_path, capacity, source)
+    memory = make_plan()
     memory.notes.append(
         f"{M}.gradient_checkpointing: auto -> true (update {without / GIB:.1f} GiB without, "
         f"{_phase_total(memory, 'update') / GIB:.1f} GiB with)"

@@ -82,8 +82,31 @@ class MemoryPlan:
         return sorted(found, key=lambda gr: -gr[1].total)
 
 
-def plan_memory(cfg: DagrlConfig, plan: Plan, model_path: str, card_gib: float, source: str) -> MemoryPlan:
-    """The per-phase table of every GPU group of `plan`."""
+# DAG node kind -> the phase it runs in (validation and driver-side nodes take no device phase)
+NODE_PHASES = {
+    "rollout": "rollout",
+    "old_logprob": "old_logprob",
+    "ref_logprob": "ref_logprob",
+    "teacher_logprob": "teacher",
+    "teacher_hidden": "teacher",
+    "actor_update": "update",
+}
+
+
+def dag_phases(node_kinds) -> set[str]:
+    """The phases a step's DAG runs (e.g. no old_logprob phase when recompute_old_logprobs=false)."""
+    return {NODE_PHASES[k] for k in node_kinds if k in NODE_PHASES}
+
+
+def plan_memory(
+    cfg: DagrlConfig,
+    plan: Plan,
+    model_path: str,
+    card_gib: float,
+    source: str,
+    phases: set[str] | None = None,
+) -> MemoryPlan:
+    """The per-phase table of every GPU group of `plan`, for the `phases` the DAG runs (None: all)."""
     shapes = _shapes(cfg, plan, model_path)
     card = card_gib * GIB
     out = MemoryPlan(card, source, [])
@@ -97,7 +120,8 @@ def plan_memory(cfg: DagrlConfig, plan: Plan, model_path: str, card_gib: float, 
                 out.notes.append(f"role {role}: model shape unknown here, not counted")
                 continue
             roles[role] = role_memory(cfg, plan.specs[role], plan.roles[role], shape, card, len(group.roles))
-        out.groups.append(GroupMemory(gi, list(group.roles), _rows(roles)))
+        rows = [r for r in _rows(roles) if phases is None or r.phase in phases]
+        out.groups.append(GroupMemory(gi, list(group.roles), rows))
     return out
 
 

@@ -32,7 +32,7 @@ from dagrl.data.parquet import PromptDataset, PromptLoader
 from dagrl.rewards import RewardComposer, RewardTerm
 from dagrl.trainer.capacity import check_dataset_size, plan_device_memory
 from dagrl.trainer.logger import check_loggers
-from dagrl.trainer.memory_plan import MemoryPlan
+from dagrl.trainer.memory_plan import MemoryPlan, dag_phases
 from dagrl.trainer.preflight import check_run_outside
 
 
@@ -69,7 +69,8 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
     check_dataset_size(cfg)
     check_loggers([getattr(x, "value", x) for x in cfg.trainer.logger])
-    memory, warning = plan_device_memory(cfg, plan, model_path)  # a real run raises instead
+    phases = dag_phases(n.kind for n in dag.nodes)
+    memory, warning = plan_device_memory(cfg, plan, model_path, phases)  # a real run raises instead
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     warnings = (warning,) if warning else ()
     return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)), warnings, memory)

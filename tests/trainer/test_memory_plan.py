@@ -163,3 +163,9 @@ def test_pinned_gradient_checkpointing_off_is_named_when_it_cannot_fit(tmp_path)
     with pytest.raises(ConfigError) as info:
         check_memory(prepared.cfg, prepared.memory, prepared.plan)
     assert info.value.key == f"{M}.gradient_checkpointing" and info.value.value is False
+
+
+def test_phases_follow_the_dag(small):
+    """No old-log-prob pass on-policy (recompute_old_logprobs=false): no such phase in the plan."""
+    prepared = dry(small, *SMALL_JOB, f"{A}.recompute_old_logprobs=false")
+    assert [r.phase for r in prepared.memory.groups[0].rows] == ["rollout", "update"]
