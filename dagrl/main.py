@@ -34,6 +34,10 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
 
     prepared = prepare(cfg)
     log(format_plan(prepared.plan))
+    if prepared.memory is not None:
+        from dagrl.trainer.memory_plan import format_memory_plan
+
+        log(format_memory_plan(prepared.memory))
     for warning in prepared.warnings:
         log(f"warning: {warning}")
     if cfg.trainer.dry_run:

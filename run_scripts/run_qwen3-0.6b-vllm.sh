@@ -17,7 +17,10 @@ VAL_FILE=${VAL_FILE:-$HOME/data/gsm8k/test.parquet}
 STRATEGY=${STRATEGY:-torch}
 TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-32}   # prompts; one mini-batch of them: the update is on-policy
 ROLLOUT_N=${ROLLOUT_N:-8}
-MICRO=${MICRO:-16}                         # responses per forward/backward
+MICRO=${MICRO:-16}                         # responses per forward/backward (MAX_TOKENS=0)
+# tokens per forward/backward (verl's use_dynamic_bsz): GSM8K's ~380-token sequences give ~21 per
+# micro-batch, and the memory plan (docs/memory.md) holds for any response length up to the maximum
+MAX_TOKENS=${MAX_TOKENS:-8192}
 MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-512}
 MAX_RESPONSE_LENGTH=${MAX_RESPONSE_LENGTH:-1024}
 LR=${LR:-1e-6}
@@ -31,6 +34,8 @@ if [ "${LEAN:-0}" = 1 ]; then
 else  # a 0.6B trainer (~9 GiB: bf16 weights and grads, fp32 masters and Adam) and a 32 GiB engine fit on one 80 GiB card together
     MEMORY="$R.free_cache_engine=false $A.offload=false"
 fi
+BUDGET=()
+[ "$MAX_TOKENS" != 0 ] && BUDGET=($A.use_dynamic_bsz=true $A.ppo_max_token_len_per_gpu="$MAX_TOKENS")
 DRY=()
 [ "$DRY_RUN" = 1 ] && DRY=(trainer.dry_run=true)
 
@@ -43,4 +48,4 @@ python3 -m dagrl.main \
     $A.ppo_micro_batch_size_per_gpu="$MICRO" $A.recompute_old_logprobs=false \
     $R.name=vllm $R.n="$ROLLOUT_N" $R.gpu_memory_utilization="$GPU_MEMORY_UTILIZATION" $MEMORY \
     trainer.device=cuda trainer.n_gpus_per_node=1 \
-    "${DRY[@]}" "$@"
+    "${BUDGET[@]}" "${DRY[@]}" "$@"

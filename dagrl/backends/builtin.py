@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from dagrl.backends.registry import register_backend, restrict_devices
+from dagrl.backends.registry import register_backend, restrict_devices, start_before_others
 from dagrl.config.roles import RoleKind, RoleSpec
 
 
@@ -61,6 +61,11 @@ def _vllm(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
     return VLLMRolloutBackend(cfg, ctx)
+
+
+# vLLM asks for gpu_memory_utilization × the card at start and refuses to start when less is free:
+# it starts on the empty device, then sleeps while the colocated trainer loads (core/worker.py)
+start_before_others("vllm")
 
 
 @register_backend(RoleKind.teacher, "vllm")

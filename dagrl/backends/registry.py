@@ -28,6 +28,8 @@ _BACKENDS: dict[tuple[str, str], BackendFactory] = {}
 # backend name -> devices it runs on, for backends that do not run everywhere
 _DEVICES: dict[str, set[str]] = {}
 _DEVICE_FIX: dict[str, str] = {}
+# backends that take a share of the device when they start (an engine's pool): built first
+_STARTS_FIRST: set[str] = set()
 
 
 def register_backend(kind: str | Enum, name: str) -> Callable[[BackendFactory], BackendFactory]:
@@ -52,6 +54,22 @@ def allow_device(name: str, device: str) -> None:
     """Let backend `name` run on `device` (a plugin that makes it work there, e.g. a CPU port)."""
     if name in _DEVICES:
         _DEVICES[name].add(device)
+
+
+def start_before_others(name: str) -> None:
+    """Backend `name` reserves a share of the device as it starts (vLLM's gpu_memory_utilization
+    is checked against the memory free at that moment): colocated roles build it first, on an
+    empty device, and it hands the device over before the next role is built."""
+    _STARTS_FIRST.add(name)
+
+
+def startup_order(specs: Iterable[RoleSpec]) -> list[str]:
+    """Role names in the order a worker builds them: engines that reserve a share of the device
+    first, the others as listed."""
+    specs = list(specs)
+    return [s.name for s in specs if s.backend in _STARTS_FIRST] + [
+        s.name for s in specs if s.backend not in _STARTS_FIRST
+    ]
 
 
 def backend_names(kind: str | Enum) -> list[str]:

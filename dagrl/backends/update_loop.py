@@ -27,6 +27,7 @@ import torch
 from dagrl.config.schema import DagrlConfig, OptimConfig
 from dagrl.core.batch import Batch
 from dagrl.core.metrics import fold, reduce
+from dagrl.core.micro_batches import micro_batches
 from dagrl.objectives import Objective
 
 
@@ -65,6 +66,7 @@ def run_update(
     actor = cfg.actor_rollout_ref.actor
     mini_rows = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // dp_size
     micro_rows = actor.ppo_micro_batch_size_per_gpu
+    budget = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None  # tokens per micro-batch
     lr = lr_at(actor.optim, step)
     engine.set_lr(lr)
     history: dict[str, list[float]] = {}
@@ -73,7 +75,7 @@ def run_update(
     for _ in range(actor.ppo_epochs):
         order = torch.randperm(len(batch), generator=gen) if actor.shuffle else torch.arange(len(batch))
         for mini in batch.index(order).chunks(mini_rows):
-            for k, v in _update_mini_batch(engine, objective, mini, micro_rows).items():
+            for k, v in _update_mini_batch(engine, objective, mini, micro_rows, budget).items():
                 if k in counts:
                     counts[k] += v
                 else:
@@ -85,11 +87,11 @@ def run_update(
 
 
 def _update_mini_batch(
-    engine: UpdateEngine, objective: Objective, mini: Batch, micro_rows: int
+    engine: UpdateEngine, objective: Objective, mini: Batch, micro_rows: int, budget: int | None
 ) -> dict[str, float]:
-    micro_batches = mini.chunks(micro_rows)
-    weights = objective.micro_batch_weights(mini, micro_batches)
-    outputs = engine.forward_backward(micro_batches, weights)
+    micros = micro_batches(mini, micro_rows, budget)
+    weights = objective.micro_batch_weights(mini, micros)  # token or row shares: any micro-batch sizes
+    outputs = engine.forward_backward(micros, weights)
     grad_norm = engine.optimizer_step()
     sums: dict[str, torch.Tensor | float] = {}
     for weight, metrics in zip(weights, outputs):

@@ -91,9 +91,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "dagrl never truncates a prompt: it drops over-long ones (data.filter_overlong_prompts=true) or "
         "refuses them (false), which is verl's truncation=error",
     ),
-    f"{A}.use_dynamic_bsz": OnlyValue(
-        (False,), f"micro-batches are fixed: {A}.ppo_micro_batch_size_per_gpu responses each"
-    ),
     f"{M}.use_shm": OnlyValue((False,), "models are read from their path"),
     f"{A}.megatron.use_dist_checkpointing": OnlyValue(
         (False,), "megatron starts from the HF weights at actor_rollout_ref.model.path"
@@ -114,9 +111,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     ),
     f"{REF}.log_prob_micro_batch_size": Unsupported(
         f"give the per-device size: {REF}.log_prob_micro_batch_size_per_gpu"
-    ),
-    f"{A}.ppo_max_token_len_per_gpu": Unsupported(
-        f"micro-batches count responses: {A}.ppo_micro_batch_size_per_gpu"
     ),
     f"{A}.ulysses_sequence_parallel_size": Unsupported(
         f"sequence splitting is megatron's context parallel: {A}.strategy=megatron "

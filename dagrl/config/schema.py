@@ -75,8 +75,10 @@ class ModelConfig:
     """Weights dtype: float32, bfloat16 or float16 (fp32/bf16/fp16 also accepted)."""
     trust_remote_code: bool = False
     """Let transformers run the model repository's own code."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (torch backend): less memory, more time."""
+    gradient_checkpointing: Optional[bool] = None
+    """Recompute activations in the backward pass (torch backend): less memory, more time. None =
+    auto: on when the memory plan's update phase would not fit the card without it (the dry run
+    says which was chosen; dagrl/trainer/memory_plan.py)."""
     use_remove_padding: bool = False
     """Pack sequences without padding in the train and log-prob passes (docs/packing.md)."""
 
@@ -156,6 +158,12 @@ class ActorConfig:
     """Prompts per optimizer step, as in verl (× rollout.n responses); must divide data.train_batch_size."""
     ppo_micro_batch_size_per_gpu: int = ranged(64, ge=1)
     """Responses per forward/backward on each device; gradients accumulate over a mini-batch."""
+    use_dynamic_bsz: bool = False
+    """Cut micro-batches to a token budget (ppo_max_token_len_per_gpu) instead of a count of
+    responses, as verl: rows are taken in order while their prompt + response tokens fit."""
+    ppo_max_token_len_per_gpu: int = ranged(16384, ge=1)
+    """use_dynamic_bsz: prompt + response tokens per micro-batch on each device (a longer single
+    sequence forms a micro-batch of its own)."""
     ppo_epochs: int = ranged(1, ge=1)
     """Passes over each step's batch."""
     shuffle: bool = False
@@ -272,6 +280,10 @@ class RolloutConfig:
     """Engine arguments passed through (engine_kwargs.vllm.*)."""
     log_prob_micro_batch_size_per_gpu: int = ranged(64, ge=1)
     """Responses per forward of the old-log-prob pass."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Cut the old-log-prob pass's micro-batches to log_prob_max_token_len_per_gpu tokens (verl)."""
+    log_prob_max_token_len_per_gpu: int = ranged(16384, ge=1)
+    """log_prob_use_dynamic_bsz: prompt + response tokens per forward of the old-log-prob pass."""
     micro_batch_size_per_gpu: int = ranged(256, ge=1)
     """hf: prompts × n sequences generated at once."""
     weight_sync_bucket_mb: int = ranged(256, ge=1)
@@ -288,6 +300,10 @@ class RolloutConfig:
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = ranged(64, ge=1)
     """Sequences per forward pass of the reference model."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Cut the reference pass's micro-batches to log_prob_max_token_len_per_gpu tokens (verl)."""
+    log_prob_max_token_len_per_gpu: int = ranged(16384, ge=1)
+    """log_prob_use_dynamic_bsz: prompt + response tokens per forward of the reference model."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """The reference model's megatron layout; unset fields follow the actor's."""
 

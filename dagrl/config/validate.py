@@ -113,7 +113,12 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
             f"ppo_mini_batch_size × rollout.n = {a.ppo_mini_batch_size * n} must divide evenly over DP = {dp}",
         )
     per_rank = a.ppo_mini_batch_size * n // dp
-    if per_rank % a.ppo_micro_batch_size_per_gpu and a.ppo_micro_batch_size_per_gpu < per_rank:
+    fixed_micro = not a.use_dynamic_bsz  # a token budget cuts micro-batches of any row count
+    if (
+        fixed_micro
+        and per_rank % a.ppo_micro_batch_size_per_gpu
+        and a.ppo_micro_batch_size_per_gpu < per_rank
+    ):
         raise ConfigError(
             f"{A}.ppo_micro_batch_size_per_gpu",
             a.ppo_micro_batch_size_per_gpu,

@@ -331,6 +331,19 @@ def _check_interleaved_micro_batches(cfg: DagrlConfig, plan: Plan) -> None:
     """Megatron's interleaved (VPP) schedule runs micro-batches in groups of PP: their count per
     pass must be a multiple of PP, for the update and for each log-prob pass."""
     arr, n = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout.n
+    if arr.actor.megatron.virtual_pipeline_model_parallel_size is not None:
+        for key, on in (
+            (f"{A}.use_dynamic_bsz", arr.actor.use_dynamic_bsz),
+            (f"{R}.log_prob_use_dynamic_bsz", arr.rollout.log_prob_use_dynamic_bsz),
+            ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", arr.ref.log_prob_use_dynamic_bsz),
+        ):
+            if on:
+                raise ConfigError(
+                    key,
+                    True,
+                    "the interleaved pipeline (VPP) needs a micro-batch count that is a multiple "
+                    "of PP, which a token budget cannot promise; use fixed micro-batches or no VPP",
+                )
     mini, batch = arr.actor.ppo_mini_batch_size * n, cfg.data.train_batch_size * n
     passes = [  # (role, its megatron config, rows per pass, micro-batch key, micro-batch size)
         (

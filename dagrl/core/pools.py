@@ -101,8 +101,10 @@ class WorkerPool:
         actor_cls=None,
         setup: bool = True,
         build=None,
+        startup: list[str] | None = None,
     ):
-        """build(cfg, role, ctx) -> backend runs in each worker (dagrl.backends.build_role_backend)."""
+        """build(cfg, role, ctx) -> backend runs in each worker (dagrl.backends.build_role_backend);
+        `startup`: the group's roles in the order the workers build them (None = as listed)."""
         from dagrl.core.worker import Worker
 
         cls = actor_cls or Worker
@@ -122,7 +124,9 @@ class WorkerPool:
             if device == "cuda":
                 options["num_gpus"] = 1
             self.actors.append(
-                remote.options(**options).remote(cfg, self.roles, rank, len(group.slots), device, cpus, build)
+                remote.options(**options).remote(
+                    cfg, startup or self.roles, rank, len(group.slots), device, cpus, build
+                )
             )
         if setup:
             try:

@@ -80,10 +80,7 @@ class Worker:
         load_plugins(list(self.cfg.external_plugins))
 
         start = time.perf_counter()
-        for role in self.roles:
-            with named_faults(role, self.rank, "setup (building its backend)"):
-                self.backends[role] = self.build(self.cfg, role, ctx)
-        self.active = self.roles[-1]
+        self.build_roles(ctx, hand_over=self.device_kind == "cuda")
         return {"build_s": time.perf_counter() - start}
 
     def _join_group(self, master_addr: str, master_port: int) -> None:
@@ -101,6 +98,22 @@ class Worker:
                 rank=self.rank,
                 world_size=self.world_size,
             )
+
+    def build_roles(self, ctx: ParallelContext, hand_over: bool) -> None:
+        """Build each role's backend in `self.roles` order (the pool gives engines that reserve a
+        share of the device first: backends.registry.startup_order). With `hand_over` (colocated
+        on a GPU) every role but the last gives the device up as soon as it is built, so the next
+        one starts on a device that holds only what the earlier roles keep while idle: an engine
+        sleeps before the trainer's weights land, and is never asked for its pool while they sit
+        there."""
+        from dagrl.core.device_faults import named_faults
+
+        for i, role in enumerate(self.roles):
+            with named_faults(role, self.rank, "setup (building its backend)"):
+                self.backends[role] = self.build(self.cfg, role, ctx)
+            if hand_over and i < len(self.roles) - 1:
+                self.backends[role].offload()
+        self.active = self.roles[-1]
 
     # ---- calls -------------------------------------------------------------------------------
     def dp_info(self, role: str) -> tuple[int, int, bool]:

@@ -1,18 +1,32 @@
-"""Does the job fit? Device memory against the plan's estimate, the dataset against the batch size.
+"""Does the job fit? Device memory against the per-phase memory plan (dagrl/trainer/memory_plan.py),
+the dataset against the batch size.
 
 Both run in `prepare`, before Ray starts: a dry run prints the memory warning and goes on (the plan
-is often made on a laptop for a cluster), a real run refuses; a batch larger than the dataset is
-refused by both.
+is often made on a laptop for a cluster), a real run refuses, naming the phase and the keys that
+lower it; a batch larger than the dataset is refused by both. Defaults left to `auto` are chosen
+here from the plan (gradient checkpointing).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 
+from dagrl.backends.memory import GIB
 from dagrl.config.placement import Plan
+from dagrl.config.roles import ROLE_TRAIN
 from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import data_files
 from dagrl.errors import ConfigError
+from dagrl.trainer.memory_plan import MemoryPlan, describe, plan_memory
+
+A, R, REF, M = (
+    "actor_rollout_ref.actor",
+    "actor_rollout_ref.rollout",
+    "actor_rollout_ref.ref",
+    "actor_rollout_ref.model",
+)
 
 ASSUMED_GPU_GIB = 80.0  # a dry run on a machine without a GPU checks against an 80 GB card
 
@@ -39,25 +53,115 @@ def device_memory_gib(cfg: DagrlConfig) -> tuple[float | None, str]:
     return None, ""
 
 
-def check_memory(cfg: DagrlConfig, plan: Plan) -> str | None:
-    """The roles whose estimated GiB per device (plan.memory_gib) exceed the device, as a warning
-    for a dry run; a real run raises ConfigError instead. None when everything fits."""
-    if plan.device != "cuda" or not plan.memory_gib:
-        return None
+def plan_device_memory(
+    cfg: DagrlConfig, plan: Plan, model_path: str, phases: set[str] | None = None
+) -> tuple[MemoryPlan | None, str | None]:
+    """The per-phase memory plan of a GPU plan (None on CPU or with no figure for the card), with
+    the defaults it chooses (gradient checkpointing when left to auto), and the warning a dry run
+    prints where a phase does not fit; a real run raises ConfigError instead."""
+    if plan.device != "cuda":
+        return None, None
     capacity, source = device_memory_gib(cfg)
     if capacity is None:
-        return None
-    over = {role: gib for role, gib in plan.memory_gib.items() if gib > capacity}
+        return None, None
+    memory = _resolve_recompute(
+        cfg, plan, partial(plan_memory, cfg, plan, model_path, capacity, source, phases)
+    )
+    return memory, check_memory(cfg, memory, plan)
+
+
+def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan]) -> MemoryPlan:
+    """model.gradient_checkpointing=None (auto) on the torch backend: off when the update fits
+    without it, else on; the choice and both figures become a note of the plan."""
+    model = cfg.actor_rollout_ref.model
+    spec = plan.specs.get(ROLE_TRAIN)
+    if model.gradient_checkpointing is not None or spec is None or spec.backend != "torch":
+        return make_plan()
+    model.gradient_checkpointing = False
+    memory = make_plan()
+    without = _phase_total(memory, "update")
+    if without <= memory.card_bytes:
+        memory.notes.append(f"{M}.gradient_checkpointing: auto -> false (update {without / GIB:.1f} GiB)")
+        return memory
+    model.gradient_checkpointing = True
+    memory = make_plan()
+    memory.notes.append(
+        f"{M}.gradient_checkpointing: auto -> true (update {without / GIB:.1f} GiB without, "
+        f"{_phase_total(memory, 'update') / GIB:.1f} GiB with)"
+    )
+    return memory
+
+
+def _phase_total(memory: MemoryPlan, phase: str) -> float:
+    return max((r.total for g in memory.groups for r in g.rows if r.phase == phase), default=0.0)
+
+
+def check_memory(cfg: DagrlConfig, memory: MemoryPlan, plan: Plan) -> str | None:
+    """The largest phase that exceeds the card, as a warning for a dry run; a real run raises
+    ConfigError instead (under the key the user pinned, when unpinning it is the way out). None
+    when every phase fits."""
+    over = memory.over()
     if not over:
         return None
-    roles = ", ".join(f"{role} {gib:.1f} GiB" for role, gib in sorted(over.items()))
+    group, row = over[0]
     message = (
-        f"estimated memory per device ({roles}) exceeds the device's {capacity:.0f} GiB ({source});"
-        f" levers: {LEVERS}"
+        f"estimated memory per device exceeds the device's {memory.card_bytes / GIB:.0f} GiB "
+        f"({memory.card_source}) in phase {row.phase} on group {group.group} ({', '.join(group.roles)}): "
+        f"{row.total / GIB:.1f} GiB = {describe(row)}; levers: {phase_levers(plan, row)}; {LEVERS}"
     )
     if not cfg.trainer.dry_run:
-        raise ConfigError("trainer.gpu_memory_gib", capacity, message)
+        key, value = _pinned(cfg, plan, row)
+        raise ConfigError(key, value, message)
     return message
+
+
+def _pinned(cfg: DagrlConfig, plan: Plan, row) -> tuple[str, object]:
+    """The key to name: gradient checkpointing pinned off where recomputation is the lever, else
+    the card's size."""
+    spec = plan.specs.get(ROLE_TRAIN)
+    if row.phase == "update" and spec is not None and spec.backend == "torch":
+        if cfg.actor_rollout_ref.model.gradient_checkpointing is False:
+            return f"{M}.gradient_checkpointing", False
+    return "trainer.gpu_memory_gib", cfg.trainer.gpu_memory_gib
+
+
+def oom_hint(memory: MemoryPlan | None, plan: Plan, phase: str) -> str:
+    """For an out-of-memory error in `phase`: what the plan expected resident there and the keys
+    that lower it, in one line ('' when the plan has no such phase)."""
+    for group in memory.groups if memory is not None else ():
+        for row in group.rows:
+            if row.phase == phase:
+                return (
+                    f"planned {row.total / GIB:.1f} GiB: {describe(row)}; levers: {phase_levers(plan, row)}"
+                )
+    return ""
+
+
+def phase_levers(plan: Plan, row) -> str:
+    """The keys that lower a phase's total: its own workload's, then what the idle roles keep."""
+    spec = plan.specs.get(row.role)
+    megatron = spec is not None and spec.backend == "megatron"
+    levers = {
+        "update": (
+            f"{A}.megatron.recompute_granularity=full" if megatron else f"{M}.gradient_checkpointing=true"
+        )
+        + f", a smaller {A}.ppo_micro_batch_size_per_gpu or {A}.use_dynamic_bsz=true with "
+        f"{A}.ppo_max_token_len_per_gpu, the optimizer on the host ("
+        + (f"{A}.megatron.optimizer_cpu_offload=true" if megatron else f"{A}.optimizer_cpu_offload=true")
+        + ")",
+        "old_logprob": f"a smaller {R}.log_prob_micro_batch_size_per_gpu or {R}.log_prob_use_dynamic_bsz=true "
+        f"with {R}.log_prob_max_token_len_per_gpu",
+        "ref_logprob": f"a smaller {REF}.log_prob_micro_batch_size_per_gpu or {REF}.log_prob_use_dynamic_bsz=true "
+        f"with {REF}.log_prob_max_token_len_per_gpu",
+        "teacher": "a smaller teacher.log_prob_micro_batch_size_per_gpu, teacher.offload=true",
+        "rollout": f"a lower {R}.gpu_memory_utilization",
+    }[row.phase]
+    if any(size > 0 for size in row.others.values()):
+        levers += (
+            f"; what idle roles keep: {R}.free_cache_engine=true (the engine sleeps), {A}.offload=true "
+            f"(torch) or {A}.megatron.param_offload / grad_offload / optimizer_offload, teacher.offload=true"
+        )
+    return levers
 
 
 def check_dataset_size(cfg: DagrlConfig) -> None:

@@ -31,8 +31,9 @@ from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
 from dagrl.rewards import RewardComposer, RewardTerm
-from dagrl.trainer.capacity import check_dataset_size, check_memory
+from dagrl.trainer.capacity import check_dataset_size, plan_device_memory
 from dagrl.trainer.logger import check_loggers
+from dagrl.trainer.memory_plan import MemoryPlan, dag_phases
 from dagrl.trainer.preflight import check_run_outside
 
 
@@ -45,6 +46,7 @@ class Prepared:
     model_path: str
     val_dags: tuple[Dag, Dag] | None = None  # (before any update: no weight sync, later: with it)
     warnings: tuple[str, ...] = ()  # printed with the plan (a dry run's memory warning)
+    memory: MemoryPlan | None = None  # per device and phase (GPU plans with a known card size)
 
 
 def prepare(cfg: DagrlConfig) -> Prepared:
@@ -68,10 +70,11 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
     check_dataset_size(cfg)
     check_loggers([getattr(x, "value", x) for x in cfg.trainer.logger])
-    warning = check_memory(cfg, plan)  # a real run raises instead
+    phases = dag_phases(n.kind for n in dag.nodes)
+    memory, warning = plan_device_memory(cfg, plan, model_path, phases)  # a real run raises instead
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     warnings = (warning,) if warning else ()
-    return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)), warnings)
+    return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)), warnings, memory)
 
 
 def check_models(cfg: DagrlConfig) -> None:
@@ -280,6 +283,7 @@ def launch(prepared: Prepared, tokenizer, rewarder):
     """Start (or join) Ray, reserve bundles, build pools and role handles; returns (runtime, pools)."""
     from dagrl.backends import build_role_backend
     from dagrl.backends.handles import make_handle
+    from dagrl.backends.registry import startup_order
     from dagrl.core.pools import WorkerPool, allocate
     from dagrl.core.runtime import Runtime
 
@@ -288,7 +292,12 @@ def launch(prepared: Prepared, tokenizer, rewarder):
     pools: list[WorkerPool] = []
     try:
         for group in prepared.plan.groups:
-            pools.append(WorkerPool(group, bundles, prepared.plan, prepared.cfg, build=build_role_backend))
+            startup = startup_order(prepared.plan.specs[r] for r in group.roles)  # engines first
+            pools.append(
+                WorkerPool(
+                    group, bundles, prepared.plan, prepared.cfg, build=build_role_backend, startup=startup
+                )
+            )
     except BaseException:
         # a pool that failed to start (a backend raised, an actor died) must not keep the devices
         for pool in pools:

@@ -86,3 +86,48 @@ def test_epochs_times_mini_batches_optimizer_steps():
     assert metrics["actor/lr"] == optim.lr / optim.lr_warmup_steps
     assert backend.optimizer.param_groups[0]["lr"] == metrics["actor/lr"]
     assert {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"} <= set(metrics)
+
+
+BUDGET = (
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20",
+)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_token_budget_update_equals_the_fixed_micro_batch_update(mode):
+    """Micro-batches cut to 20 tokens (verl's use_dynamic_bsz) give the loss, gradient norm and
+    updated weights of fixed micro-batches of 3 rows, to fp32 rounding; no micro-batch holds more
+    than 20 real tokens unless it is a single row."""
+    agg = f"actor_rollout_ref.actor.loss_agg_mode={mode}"
+    fixed = torch_backend(agg, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3")
+    budget = torch_backend(agg, *BUDGET)
+    batch = make_batch(fixed)
+    seen: list[int] = []
+    forward_backward = budget.forward_backward
+
+    def spy(micro_batches, weights):
+        seen.extend(int(mb["prompt_mask"].sum() + mb["response_mask"].sum()) for mb in micro_batches)
+        assert all(n <= 20 or len(mb) == 1 for n, mb in zip(seen[-len(micro_batches) :], micro_batches))
+        return forward_backward(micro_batches, weights)
+
+    budget.forward_backward = spy
+    _, want = fixed.train_step(batch)
+    _, got = budget.train_step(batch)
+    assert len(seen) > 2 and sum(seen) == int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+    assert got["actor/pg_loss"] == pytest.approx(want["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
+    for a, b in zip(fixed.model.parameters(), budget.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_token_budget_log_probs_equal_fixed_micro_batches():
+    fixed = torch_backend("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3")
+    budget = torch_backend(
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=15",
+    )
+    batch = make_batch(fixed).select(("prompts", "prompt_mask", "responses", "response_mask"))
+    want = fixed.forward_logprobs(batch, "old_logprobs")[0]["old_logprobs"]
+    got = budget.forward_logprobs(batch, "old_logprobs")[0]["old_logprobs"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # fp32 rounding of other shapes

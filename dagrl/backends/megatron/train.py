@@ -41,6 +41,7 @@ from dagrl.config.roles import OffloadPolicy
 from dagrl.config.schema import LayerSpec
 from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.micro_batches import log_prob_token_budget, micro_batches
 from dagrl.core.packing import PaddingStats, pack_sequences
 from dagrl.objectives import TokenOutputs, build_objective
 
@@ -86,6 +87,7 @@ class MegatronTrainBackend:
             if forward_only
             else (arr.rollout.log_prob_micro_batch_size_per_gpu)
         )
+        self.budget = log_prob_token_budget(cfg, forward_only)
         init_parallel(self.m, cfg.trainer.seed)
         self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=arr.model.trust_remote_code)
         self.dtype = DTYPES[self.m.param_dtype]  # validate_megatron checked the name
@@ -333,7 +335,7 @@ class MegatronTrainBackend:
             return logprobs.sum() * 0, {"logprobs": logprobs}
 
         start = time.perf_counter()
-        micros = [self._micro_inputs(mb, 1.0) for mb in batch.chunks(self.micro)]
+        micros = [self._micro_inputs(mb, 1.0) for mb in micro_batches(batch, self.micro, self.budget)]
         outputs = self._run_schedule(micros, loss_fn, forward_only=True)
         device_memory.note_phase_end()  # the log-prob pass's reserved peak, for the step's figure
         if not outputs:  # not the last pipeline stage: nothing to return

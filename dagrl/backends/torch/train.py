@@ -35,6 +35,7 @@ from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import OffloadPolicy
 from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.micro_batches import log_prob_token_budget, micro_batches
 from dagrl.core.packing import PaddingStats, sequence_lengths
 from dagrl.objectives import TokenOutputs, TokenRequest, build_objective
 
@@ -57,6 +58,7 @@ class TorchTrainBackend:
         self.optimizer = None
         self.ddp = None
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
+        self.budget = log_prob_token_budget(cfg, forward_only)
         if forward_only:
             self.model.eval().requires_grad_(False)
             self.micro = arr.ref.log_prob_micro_batch_size_per_gpu
@@ -221,7 +223,10 @@ class TorchTrainBackend:
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
         self.model.eval()
         request = TokenRequest(logprobs=True)
-        out = [self._token_outputs(self.model, mb, request).logprobs.cpu() for mb in batch.chunks(self.micro)]
+        out = [
+            self._token_outputs(self.model, mb, request).logprobs.cpu()
+            for mb in micro_batches(batch, self.micro, self.budget)
+        ]
         device_memory.note_phase_end()  # the log-prob pass's reserved peak, for the step's figure
         return Batch({output_key: torch.cat(out)}), {}
 

@@ -49,6 +49,7 @@ class VLLMRolloutBackend:
         self.eos_ids = eos_token_ids(tok, load_generation_config(path, arr.model.trust_remote_code))
         self.llm, self.model, self.start_s = start_engine(llm_kwargs(cfg, path), ctx.rank, ctx.world_size)
         self.asleep = False
+        self.synced = False  # weights loaded by a sync since the start (level 2 may drop them then)
         self.memory: dict[str, float] = {}  # phase -> free GiB, reported by the next generate
 
     # ---- placement -----------------------------------------------------------------------------
@@ -61,7 +62,11 @@ class VLLMRolloutBackend:
         if not self.cfg.actor_rollout_ref.rollout.free_cache_engine:
             return False
         if not self.asleep:
-            self.llm.sleep(level=self.cfg.actor_rollout_ref.rollout.sleep_level)
+            # level 2 drops the weights for the next sync to refill; before the first sync (the
+            # engine sleeps right after it starts, and validation before training samples without
+            # a sync) only level 1 keeps them
+            level = self.cfg.actor_rollout_ref.rollout.sleep_level if self.synced else 1
+            self.llm.sleep(level=level)
             self.asleep = True
             self.memory["memory/rollout_asleep_free_gib"] = _free_gib()
         return True
@@ -90,6 +95,7 @@ class VLLMRolloutBackend:
         for bucket in buckets:
             self.model.load_weights(bucket.items())
             nbytes += sum(t.numel() * t.element_size() for t in bucket.values())
+        self.synced = True
         return nbytes
 
     def finish_weight_update(self) -> None:

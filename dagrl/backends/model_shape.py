@@ -1,0 +1,65 @@
+"""A model's shape as the memory estimates need it, read from its config.json (nothing is loaded).
+
+The backends' estimates (dagrl/backends/*/memory.py) are pure functions of this shape, the role's
+spec and the workload of a phase; reading the shape is the only part that touches the disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int  # the MLP's width (a routed expert's width times top-k for MoE models)
+    vocab: int
+    tied: bool  # input embedding and output layer share one matrix
+    params: int  # every parameter, counted once when tied
+    expert_params: int = 0  # those in routed experts (split over EP by megatron)
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+def shape_from_config(hf_cfg, params: int, expert_params: int = 0) -> ModelShape:
+    """The shape of a transformers config (Qwen/Llama-style keys); `params` counted elsewhere."""
+    heads = hf_cfg.num_attention_heads
+    head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // heads
+    intermediate = hf_cfg.intermediate_size
+    experts_per_token = getattr(hf_cfg, "num_experts_per_tok", None)
+    if getattr(hf_cfg, "num_experts", None) and experts_per_token:  # MoE: the routed experts' width
+        intermediate = getattr(hf_cfg, "moe_intermediate_size", intermediate) * experts_per_token
+    return ModelShape(
+        hidden=hf_cfg.hidden_size,
+        layers=hf_cfg.num_hidden_layers,
+        heads=heads,
+        kv_heads=getattr(hf_cfg, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        intermediate=intermediate,
+        vocab=hf_cfg.vocab_size,
+        tied=bool(getattr(hf_cfg, "tie_word_embeddings", False)),
+        params=params,
+        expert_params=expert_params,
+    )
+
+
+def read_model_shape(path: str, trust_remote_code: bool = False) -> ModelShape:
+    """The shape of the model directory (or hub id) `path`; parameters counted on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        named = list(AutoModelForCausalLM.from_config(hf_cfg).named_parameters())
+    experts = sum(p.numel() for name, p in named if ".experts." in name)
+    return shape_from_config(hf_cfg, sum(p.numel() for _, p in named), experts)

@@ -1,0 +1,171 @@
+"""The per-phase memory plan: hand-checked numbers for a small colocated job, the defaults it
+chooses, and refusals that name the phase and the keys (dry runs on a machine without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagrl.backends.memory import GIB
+from dagrl.errors import ConfigError
+from dagrl.trainer.capacity import check_memory
+from dagrl.trainer.memory_plan import CONTEXT_BYTES, format_memory_plan
+from dagrl.trainer.setup import prepare
+from tests.conftest import compose_config
+
+A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
+
+
+def qwen3_dir(path, hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) -> str:
+    from transformers import Qwen3Config
+
+    Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        tie_word_embeddings=True,
+    ).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> str:
+    return qwen3_dir(tmp_path_factory.mktemp("small"), 64, 2, 4, 2, 16, 128, 1000)
+
+
+@pytest.fixture(scope="module")
+def qwen3_4b(tmp_path_factory) -> str:
+    return qwen3_dir(tmp_path_factory.mktemp("q4b"), 2560, 36, 32, 8, 128, 9728, 151936)
+
+
+def dry(model: str, *overrides: str):
+    return prepare(
+        compose_config(
+            "trainer.dry_run=true",
+            "trainer.device=cuda",
+            f"{M}.path={model}",
+            f"{A}.optim.lr=1e-6",
+            f"{R}.name=vllm",
+            *overrides,
+        )
+    )
+
+
+SMALL_JOB = (
+    f"{M}.dtype=bfloat16",
+    "data.train_batch_size=2",
+    f"{A}.ppo_mini_batch_size=2",
+    f"{R}.n=4",
+    f"{A}.ppo_micro_batch_size_per_gpu=4",
+    "data.max_prompt_length=16",
+    "data.max_response_length=8",
+    "trainer.gpu_memory_gib=10",
+)
+
+
+def test_small_colocated_job_by_hand(small):
+    prepared = dry(small, *SMALL_JOB)
+    [group] = prepared.memory.groups
+    rows = {r.phase: r for r in group.rows}
+    assert list(rows) == ["rollout", "old_logprob", "update"]
+    # parameters: embedding 1000×64 (tied) + 2 layers × (q 64×64, k, v 64×32, o 64×64, q/k norms 16,
+    # two norms 64, MLP 3×64×128) + final norm 64
+    params = 64_000 + 2 * (4096 + 2048 + 2048 + 4096 + 16 + 16 + 64 + 64 + 24_576) + 64
+    assert params == 138_112
+    # rollout: vLLM's pool 0.5 × 10 GiB; the trainer offloaded its weights and Adam, kept its bf16 grads
+    assert rows["rollout"].parts == {"pool": 5 * GIB}
+    assert rows["rollout"].others == {"train": 2 * params}
+    assert rows["rollout"].total == 5 * GIB + 2 * params + CONTEXT_BYTES
+    # update: bf16 weights 2 B + grads 2 B + fp32 master, m, v 12 B; micro-batch 4 rows × 24 tokens;
+    # per token and layer (8 + 4·2)·64 + (4 + 3·2)·(64 + 32) + 4·2·128 = 3008 B, 2 layers;
+    # logits + their gradient 2 × 2 B × 4 rows × (8 + 1) positions × 1000
+    update = rows["update"].parts
+    assert update == {
+        "weights": 2 * params,
+        "grads": 2 * params,
+        "optimizer": 12 * params,
+        "activations": 2 * 3008 * 96,
+        "logits": 2 * 2 * 4 * 9 * 1000,
+    }
+    assert rows["update"].others == {"rollout": 0.5 * GIB}  # the engine asleep
+    # old log-probs: all 8 rows of the device at once (micro-batch 64), one layer at a time, no grad
+    assert rows["old_logprob"].parts["activations"] == 3008 * 8 * 24
+    assert rows["old_logprob"].parts["logits"] == 2 * 8 * 9 * 1000
+    text = format_memory_plan(prepared.memory)
+    assert "update" in text and "gradient_checkpointing: auto -> false" in text
+
+
+def test_token_budget_sets_the_update_workload(small):
+    prepared = dry(small, *SMALL_JOB, f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=48")
+    update = next(r for r in prepared.memory.groups[0].rows if r.phase == "update")
+    assert update.parts["activations"] == 2 * 3008 * 48  # 2 whole sequences of 24 tokens
+
+
+def test_default_vllm_job_at_0_6b_turns_recomputation_on_and_fits(tmp_path):
+    """0.6B shape, 64 prompts × 8 × 512 tokens, rollout.name=vllm and nothing else: without
+    recomputation the update needs far more than 80 GiB (a CUDA OOM on the card); auto turns it on."""
+    model = qwen3_dir(tmp_path, 1024, 28, 16, 8, 128, 3072, 151936)
+    prepared = dry(
+        model,
+        "data.train_batch_size=64",
+        f"{A}.ppo_mini_batch_size=64",
+        f"{R}.n=8",
+        "data.max_response_length=512",
+        "data.max_prompt_length=128",
+        "trainer.gpu_memory_gib=80",
+    )
+    assert prepared.cfg.actor_rollout_ref.model.gradient_checkpointing is True
+    assert prepared.warnings == ()
+    assert "gradient_checkpointing: auto -> true" in format_memory_plan(prepared.memory)
+
+
+def test_4b_megatron_with_vllm_no_longer_plans_as_fitting(qwen3_4b):
+    """Qwen3-4B shape, megatron + vLLM colocated, 16 × 4 × 512 tokens: the old estimate (weights,
+    grads, optimizer: 67.4 GiB) printed no warning; the engine's pool beside the resident trainer and
+    the update's activations do not fit an 80 GiB card."""
+    overrides = (
+        f"{A}.strategy=megatron",
+        f"{M}.dtype=bfloat16",
+        "data.train_batch_size=16",
+        f"{A}.ppo_mini_batch_size=16",
+        f"{R}.n=4",
+        "data.max_response_length=512",
+        "data.max_prompt_length=128",
+        "trainer.gpu_memory_gib=80",
+    )
+    prepared = dry(qwen3_4b, *overrides)
+    assert prepared.plan.memory_gib["train"] == pytest.approx(67.43, abs=0.01)
+    [warning] = prepared.warnings
+    assert "in phase update" in warning and f"{A}.megatron.recompute_granularity=full" in warning
+    over = {r.phase for _, r in prepared.memory.over()}
+    assert over == {"rollout", "old_logprob", "update"}  # the resident trainer + the pool, too
+    prepared.cfg.trainer.dry_run = False  # a real run: refused before Ray starts
+    with pytest.raises(ConfigError, match="in phase update") as info:
+        check_memory(prepared.cfg, prepared.memory, prepared.plan)
+    assert info.value.key == "trainer.gpu_memory_gib"
+
+
+def test_pinned_gradient_checkpointing_off_is_named_when_it_cannot_fit(tmp_path):
+    model = qwen3_dir(tmp_path, 1024, 28, 16, 8, 128, 3072, 151936)
+    overrides = (
+        "data.train_batch_size=64",
+        f"{A}.ppo_mini_batch_size=64",
+        f"{R}.n=8",
+        "data.max_response_length=512",
+        "trainer.gpu_memory_gib=80",
+    )
+    prepared = dry(model, *overrides, f"{M}.gradient_checkpointing=false")
+    assert "in phase update" in prepared.warnings[0]
+    prepared.cfg.trainer.dry_run = False
+    with pytest.raises(ConfigError) as info:
+        check_memory(prepared.cfg, prepared.memory, prepared.plan)
+    assert info.value.key == f"{M}.gradient_checkpointing" and info.value.value is False
+
+
+def test_phases_follow_the_dag(small):
+    """No old-log-prob pass on-policy (recompute_old_logprobs=false): no such phase in the plan."""
+    prepared = dry(small, *SMALL_JOB, f"{A}.recompute_old_logprobs=false")
+    assert [r.phase for r in prepared.memory.groups[0].rows] == ["rollout", "update"]
