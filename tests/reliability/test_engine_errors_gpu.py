@@ -26,7 +26,8 @@ from tools.random_qwen3 import build_random_qwen3  # noqa: E402
 
 
 def run_cli(*overrides: str, timeout_s: int = 900) -> tuple[int, str, list[str]]:
-    env = dict(os.environ, PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)  # keep site dirs
+    env = dict(os.environ, PYTHONPATH=path, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     cmd = [sys.executable, "-m", "dagrl.main", "trainer.device=cuda", "trainer.progress_bar=false"]
     cmd += ["trainer.logger=[console]", "trainer.val_before_train=false", "trainer.total_training_steps=1"]
     proc = subprocess.run(
@@ -72,6 +73,7 @@ def test_cuda_oom_in_the_update_is_one_line(tmp_path):
         "data.max_response_length=1024",
         "actor_rollout_ref.actor.ppo_mini_batch_size=32",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=256",
+        "trainer.gpu_memory_gib=4096",  # past the memory plan's refusal: the OOM must really happen
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.micro_batch_size_per_gpu=256",
         f"trainer.default_local_dir={tmp_path / 'run'}",

@@ -55,8 +55,8 @@ def test_colocated_turns_free_what_each_role_holds(tmp_path, offload):
     w = worker(tmp_path, f"actor_rollout_ref.actor.offload={flag}", f"teacher.offload={flag}")
     actor, teacher = w.backends["train"], w.backends["teacher"]
     b = batch()
+    w.activate("train")  # roles hand the device over as they are built: the actor takes it back
     snapshot = [p.detach().clone() for p in actor.model.parameters()]
-    w.activate("train")  # built last, the teacher held the device: it leaves
     assert on_gpu(actor.model)
     assert on_gpu(teacher.model) is not offload
     assert teacher.offload_freed_gib >= (0.99 * gib(teacher.model) if offload else 0)
