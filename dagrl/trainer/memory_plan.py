@@ -189,7 +189,7 @@ def _vllm_memory(
 
 def _torch_memory(cfg: DagrlConfig, spec: RoleSpec, layout: RoleLayout, shape: ModelShape) -> RoleMemory:
     arr, width = cfg.actor_rollout_ref, _width(spec.model.dtype)
-    on_host = spec.trains and getattr(arr.actor, "optimizer_cpu_offload", False)  # issue 20a's switch
+    on_host = spec.trains and arr.actor.optimizer_cpu_offload  # the optimizer step on the host
     state = torch_memory.state_bytes(shape, width, spec.trains, on_host)
     mem = RoleMemory(state, torch_memory.idle_bytes(state, spec.offload.params))
     if on_host:
@@ -218,10 +218,7 @@ def _megatron_memory(cfg: DagrlConfig, spec: RoleSpec, layout: RoleLayout, shape
         workers=layout.workers,
         sequence_parallel=m.sequence_parallel,
     )
-    # issue 20a's CPU optimizer keys (megatron.optimizer_cpu_offload / optimizer_offload_fraction)
-    fraction = (
-        getattr(m, "optimizer_offload_fraction", 1.0) if getattr(m, "optimizer_cpu_offload", False) else 0.0
-    )
+    fraction = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0  # on the host
     state, host = megatron_memory.state_bytes(
         shape, mlayout, m.param_dtype, spec.trains, m.use_distributed_optimizer, fraction
     )

@@ -91,7 +91,8 @@ def test_each_override_accepted_or_refused_in_one_line(name, local_files):
 )
 def test_accepted_overrides_dry_run_with_memory_warning(name, gib, warns, local_files):
     args = [a for a in script_args(name, local_files) if a.split("=")[0] not in SCRIPTS[name]]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "CUDA_VISIBLE_DEVICES": ""}
+    # the scripts log to wandb: offline mode, since the logger preflight refuses wandb without credentials
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "offline"}
     cmd = [sys.executable, "-m", "dagrl.main", *args, "trainer.dry_run=true", f"trainer.gpu_memory_gib={gib}"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
