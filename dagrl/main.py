@@ -17,7 +17,8 @@ import time
 
 from omegaconf import DictConfig, OmegaConf
 
-from dagrl.config import compat, keys
+from dagrl.config import compat, keys, swift_keys
+from dagrl.config.config_file import check_group_option, file_overrides
 from dagrl.config.placement import format_plan
 from dagrl.config.schema import DagrlConfig, register_configs
 from dagrl.errors import ConfigError, DagrlError, Interrupted
@@ -81,6 +82,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    overrides, deferred = swift_keys.split_deferred(overrides)  # resolved once the config is composed
     parser, checked = OverridesParser.create(), []
     open_defaults = {k: i.default for k, i in keys.schema_keys().items() if i.open}
     groups = keys.config_groups(CONF_DIR)  # presets (algorithm=gkd, experiment=gkd/...) are not keys
@@ -89,7 +91,9 @@ def compose(overrides: list[str]) -> DictConfig:
         if o.key_or_group.startswith("hydra."):
             log(f"note: {text} has no effect: dagrl writes no Hydra output folder")
             continue
-        if not o.is_delete() and o.key_or_group not in groups:
+        if not o.is_delete() and o.key_or_group in groups:
+            check_group_option(o.key_or_group, o.value(), CONF_DIR)
+        elif not o.is_delete():
             keys.check_key(o.key_or_group, o.value(), open_defaults)
         if o.is_add() and o.key_or_group in keys.schema_keys():
             text = text[1:]  # `+` on a key the schema has: an ordinary override
@@ -102,7 +106,15 @@ def compose(overrides: list[str]) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as exc:
         raise _composition_error(exc, checked) from None
     keys.check_tree(OmegaConf.to_container(dcfg, resolve=False))
+    swift_keys.apply_deferred(dcfg, deferred, lambda i: _keys_of(compat.translate(overrides[i:], notes=False)))
     return dcfg
+
+
+def _keys_of(overrides: list[str]) -> set[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    return {parser.parse_override(o).key_or_group.lstrip("+~") for o in overrides}
 
 
 def _composition_error(exc: Exception, overrides: list[str]) -> ConfigError:
@@ -127,19 +139,23 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
     while i < len(argv):
         arg = argv[i]
         flag, _, attached = arg.partition("=")
-        takes_value = flag in ("--cfg", "-c", "--config-name", "-cn", "--config-path", "-cp")
+        takes_value = flag in ("--cfg", "-c", "--config-name", "-cn", "--config-path", "-cp", "--config")
         value = attached if attached or not takes_value else (argv[i + 1] if i + 1 < len(argv) else "")
         i += 1 if attached or not takes_value else 2
         if flag in ("--help", "-h"):
             action = "help"
         elif flag in ("--cfg", "-c"):
             action = action or "cfg"
+        elif flag == "--config":  # one YAML file, dagrl's keys or ms-swift's Ray form (config_file.py)
+            overrides += file_overrides(value, CONF_DIR)
         elif flag in ("--config-name", "-cn"):
             overrides += compat.config_name_overrides(value)
         elif flag in ("--config-path", "-cp", "--resolve"):
             pass  # the root config is dagrl's own, always resolved
         elif arg.startswith("-"):
-            raise ConfigError("command line", arg, "unknown option; use --help, --cfg job or key=value")
+            raise ConfigError(
+                "command line", arg, "unknown option; use --help, --cfg job, --config FILE.yaml or key=value"
+            )
         else:
             overrides.append(arg)
     return action, overrides

@@ -396,7 +396,8 @@ class TeacherConfig:
     placement: TeacherPlacement = TeacherPlacement.colocate
     """colocate: forward-only train backend on the train devices; standalone: vLLM on teacher.gpus."""
     gpus: int = ranged(0, ge=0)
-    """Devices of a standalone teacher (>= 1); a colocated teacher uses the train devices (0)."""
+    """Devices of a standalone teacher; 0 = an even share of the declared cluster with the other
+    groups (standalone), or none of its own (a colocated teacher uses the train devices)."""
     tensor_model_parallel_size: int = ranged(1, ge=1)
     """vLLM tensor parallel size of a standalone teacher; must divide teacher.gpus."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -190,9 +190,8 @@ def _check_teacher(cfg: DagrlConfig) -> None:
     if t.model is None:
         return
     if t.placement == TeacherPlacement.standalone:
-        if t.gpus < 1:
-            raise ConfigError("teacher.gpus", t.gpus, "a standalone teacher needs its own devices: set >= 1")
-        if t.gpus % t.tensor_model_parallel_size:
+        # teacher.gpus=0: an even share of the declared cluster (the plan checks TP divides it)
+        if t.gpus and t.gpus % t.tensor_model_parallel_size:
             raise ConfigError(
                 "teacher.tensor_model_parallel_size",
                 t.tensor_model_parallel_size,
