@@ -106,7 +106,9 @@ def compose(overrides: list[str]) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as exc:
         raise _composition_error(exc, checked) from None
     keys.check_tree(OmegaConf.to_container(dcfg, resolve=False))
-    swift_keys.apply_deferred(dcfg, deferred, lambda i: _keys_of(compat.translate(overrides[i:], notes=False)))
+    swift_keys.apply_deferred(
+        dcfg, deferred, lambda i: _keys_of(compat.translate(overrides[i:], notes=False))
+    )
     return dcfg
 
 

@@ -267,7 +267,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "rollout.vllm_gpu_memory_utilization": Alias(f"{R}.gpu_memory_utilization"),
     "rollout.vllm_max_model_len": Alias(f"{R}.max_model_len"),
     "teacher.vllm_tensor_parallel_size": Alias("teacher.tensor_model_parallel_size"),
-    "teacher.vllm_engine_kwargs": Alias("teacher.engine_kwargs"),
     "model": Alias(f"{M}.path"),  # the student's model, as ms-swift's `model`
     "torch_dtype": Alias(f"{M}.dtype"),
     "max_length": Alias("data.max_prompt_length"),  # ms-swift Ray: the prompt is capped at max_length
@@ -311,7 +310,9 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "attention_backend": NoEffect("the attention kernel follows the backend (megatron: layer_spec)"),
     "cross_entropy_loss_fusion": NoEffect("dagrl picks its log-prob kernel itself"),
     "gradient_accumulation_fusion": NoEffect("a megatron kernel choice; dagrl sets it"),
-    "no_save_optim": NoEffect("checkpoints always hold the optimizer state (trainer.save_freq=-1 saves none)"),
+    "no_save_optim": NoEffect(
+        "checkpoints always hold the optimizer state (trainer.save_freq=-1 saves none)"
+    ),
     "no_save_rng": NoEffect("checkpoints always hold the data and sampling state"),
     "log_rollout_offpolicy_metrics": NoEffect("rollout-vs-trainer mismatch metrics are always logged"),
     # ---- ms-swift: missing here
@@ -332,7 +333,9 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "generation_batch_size": Unsupported(
         "give global_batch_size and steps_per_generation (rollout prompts = their product / num_generations)"
     ),
-    "rlhf_type": Unsupported("choose the preset: algorithm=grpo or algorithm=gkd (a --config file takes rlhf_type)"),
+    "rlhf_type": Unsupported(
+        "choose the preset: algorithm=grpo or algorithm=gkd (a --config file takes rlhf_type)"
+    ),
 }
 
 # verl's root configs given with --config-name: dagrl has one root config, the strategy picks megatron.

@@ -138,7 +138,9 @@ def _dagrl_pairs(tree: dict, prefix: str):
     for name, value in tree.items():
         key = prefix + str(name)
         info = known.get(key)
-        if isinstance(value, dict) and (key in sections or (info is not None and info.open and info.default == {})):
+        if isinstance(value, dict) and (
+            key in sections or (info is not None and info.open and info.default == {})
+        ):
             yield from _dagrl_pairs(value, key + ".")
         elif isinstance(value, dict) and info is not None and info.open and isinstance(info.default, dict):
             yield from _dagrl_pairs(value, key + ".")
@@ -152,7 +154,9 @@ def _swift_pairs(raw: dict) -> list[tuple[str, object]]:
     groups = {g: dict(raw.pop(g) or {}) for g in SWIFT_GROUPS if isinstance(raw.get(g), dict)}
     rlhf_type = raw.pop("rlhf_type", "grpo")
     if rlhf_type not in RLHF_TYPES:
-        raise ConfigError("rlhf_type", rlhf_type, f"dagrl runs rlhf_type {' or '.join(RLHF_TYPES)} from a Ray YAML")
+        raise ConfigError(
+            "rlhf_type", rlhf_type, f"dagrl runs rlhf_type {' or '.join(RLHF_TYPES)} from a Ray YAML"
+        )
     pairs: list[tuple[str, object]] = [("algorithm", RLHF_TYPES[rlhf_type]), ("trainer.device", "cuda")]
     trainer_keys = set(raw) | set(groups.get("train", {}))
     if any(k in trainer_keys for k in MEGATRON_ONLY):
@@ -192,7 +196,9 @@ def _placement_pairs(raw: dict, groups: dict[str, dict]) -> list[tuple[str, obje
     for i, group in enumerate(colocate):
         unknown = [r for r in group if r not in SWIFT_ROLES]
         if unknown:
-            raise ConfigError(f"colocate_groups[{i}]", group, f"unknown role(s) {unknown}; roles: train, rollout, teacher")
+            raise ConfigError(
+                f"colocate_groups[{i}]", group, f"unknown role(s) {unknown}; roles: train, rollout, teacher"
+            )
     dagrl_groups = [[*g, "ref"] if "train" in g else list(g) for g in colocate]
     listed = {r for g in colocate for r in g}
     if "train" not in listed:

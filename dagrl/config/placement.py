@@ -150,7 +150,11 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
     sizes: list[int | None] = []
     for group in groups:
         asked = {r: gpus.get(r) for r in group if gpus.get(r) is not None}
-        if ROLE_TEACHER in group and cfg.teacher.placement == TeacherPlacement.standalone and cfg.teacher.gpus:
+        if (
+            ROLE_TEACHER in group
+            and cfg.teacher.placement == TeacherPlacement.standalone
+            and cfg.teacher.gpus
+        ):
             asked[ROLE_TEACHER] = cfg.teacher.gpus
         if len(set(asked.values())) > 1:
             raise PlacementError(

@@ -16,7 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 from dagrl.errors import ConfigError
 
 A = "actor_rollout_ref.actor"
-DEFERRED = ("offload_model", "offload_optimizer", "beta", "temperature", "global_batch_size", "steps_per_generation")
+DEFERRED = (
+    "offload_model",
+    "offload_optimizer",
+    "beta",
+    "temperature",
+    "global_batch_size",
+    "steps_per_generation",
+)
 
 
 def split_deferred(overrides: list[str]) -> tuple[list[str], list[tuple[int, str, object]]]:
