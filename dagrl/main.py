@@ -121,6 +121,9 @@ def _keys_of(overrides: list[str]) -> set[str]:
 
 def _composition_error(exc: Exception, overrides: list[str]) -> ConfigError:
     """Hydra's multi-line composition failure as one ConfigError naming the override's key."""
+    inside = _preset_error(exc)
+    if inside is not None:
+        return inside
     cause = exc.__cause__ or exc
     key = str(getattr(cause, "full_key", "") or "")
     text = next((o for o in overrides if key and o.lstrip("+~").split("=")[0] == key), None)
@@ -132,6 +135,27 @@ def _composition_error(exc: Exception, overrides: list[str]) -> ConfigError:
     if key in keys.config_groups(CONF_DIR):
         reason = f"no such preset; options: {', '.join(keys.config_groups(CONF_DIR)[key])}"
     return ConfigError(key or "command line", value, reason)
+
+
+def _preset_error(exc: Exception) -> ConfigError | None:
+    """A preset that exists but holds a key the schema lacks (e.g. ms-swift's): name the key, its
+    dagrl name when it has one, and the preset's file."""
+    import re
+
+    text = str(exc)
+    where = re.match(r"In '([^']+)':", text)
+    key = re.search(r"full_key: (\S+)", text)
+    if where is None or key is None or "/" not in where.group(1):
+        return None
+    found = compat.lookup(key.group(1))
+    rule = found[1] if found else None
+    name = f"; dagrl's key is {rule.target}" if isinstance(rule, compat.Alias) else keys.suggest(key.group(1))
+    return ConfigError(
+        key.group(1),
+        None,
+        f"in preset conf/{where.group(1)}.yaml: not a dagrl key{name}. Presets hold dagrl keys; a file"
+        " in ms-swift's (or your own) form runs with --config FILE.yaml",
+    )
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -203,9 +203,10 @@ def _placement_pairs(raw: dict, groups: dict[str, dict]) -> list[tuple[str, obje
     listed = {r for g in colocate for r in g}
     if "train" not in listed:
         dagrl_groups.insert(0, ["train", "ref"])
-    if "rollout" not in listed:
-        dagrl_groups.append(["rollout"])
     pairs: list[tuple[str, object]] = [("placement.colocate_groups", dagrl_groups)]
+    if "rollout" not in listed:  # a rollout on GPUs of its own never sleeps (ms-swift's separate mode)
+        dagrl_groups.append(["rollout"])
+        pairs.append(("actor_rollout_ref.rollout.free_cache_engine", False))
     teacher_gpus = gpus.pop("teacher", None)
     if teacher_gpus:
         pairs += [("teacher.placement", "standalone"), ("teacher.gpus", teacher_gpus)]
