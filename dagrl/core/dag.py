@@ -57,7 +57,9 @@ def load_dag_specs(name: str) -> tuple[list[str], list[NodeSpec]]:
         available = sorted(f[:-5] for f in os.listdir(DAG_DIR) if f.endswith(".yaml"))
         near = difflib.get_close_matches(os.path.basename(name).removesuffix(".yaml"), available, n=1)
         hint = f"did you mean '{near[0]}'? " if near else ""
-        raise DagError(f"dag={name!r}: no file {path}; {hint}use one of {available} or a path to a .yaml file")
+        raise DagError(
+            f"dag={name!r}: no file {path}; {hint}use one of {available} or a path to a .yaml file"
+        )
     try:
         with open(path) as f:
             raw = yaml.safe_load(f) or {}

@@ -118,7 +118,11 @@ def test_run_sh_runs_the_users_file_not_the_preset_of_that_name(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "cluster: 1 node(s) × 3 GPU(s), 3 used" in proc.stdout  # train 2 + rollout 1, separate
     missing = subprocess.run(
-        ["bash", "run_scripts/gkd/run.sh", "/path/to/my_edit.yaml"], cwd=REPO, env=env, capture_output=True, text=True
+        ["bash", "run_scripts/gkd/run.sh", "/path/to/my_edit.yaml"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert missing.returncode != 0 and "no such file: /path/to/my_edit.yaml" in missing.stderr
 
@@ -157,7 +161,10 @@ def test_every_key_a_file_cannot_honour_is_named_at_once(tmp_path):
     "argv,says",
     [
         (["experiment=/path/to/my_gkd"], "no such preset"),
-        (["experiment=gkd/rollout_colocate_teacher_colocat"], "did you mean 'experiment=gkd/rollout_colocate_teacher_colocate'"),
+        (
+            ["experiment=gkd/rollout_colocate_teacher_colocat"],
+            "did you mean 'experiment=gkd/rollout_colocate_teacher_colocate'",
+        ),
         (["algorithm=gdk"], "did you mean 'algorithm=gkd'"),
         (["--config", "/path/to/my_gkd.yaml"], "no such file"),
         (["dag=gkdd"], "did you mean 'gkd'"),
@@ -190,7 +197,9 @@ def test_a_preset_holding_ms_swift_keys_names_the_key_and_the_file(tmp_path, mon
     with pytest.raises(ConfigError) as info:
         dm.compose(["experiment=gkd/mine"])
     text = str(info.value)
-    assert "num_generations" in text and "actor_rollout_ref.rollout.n" in text and "no such preset" not in text
+    assert (
+        "num_generations" in text and "actor_rollout_ref.rollout.n" in text and "no such preset" not in text
+    )
 
 
 def test_dag_suggests_the_nearest():
