@@ -213,7 +213,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "dagrl's rollout runs one engine per worker on whole batches; to sample the next batch while "
         f"this one trains use placement=separate {R}.overlap_steps=1"
     ),
-    f"{R}.dtype": Unsupported(f"the rollout loads the weights in {M}.dtype"),
     f"{R}.multi_turn": Unsupported("dagrl's rollout is single-turn"),
     f"{R}.agent": Unsupported("dagrl's rollout is single-turn, without agent loops"),
     "data.return_raw_chat": Unsupported(
@@ -367,7 +366,7 @@ def translate(overrides: list[str], notes: bool = True) -> list[str]:
     out = []
     for text in overrides:
         text = json_override(text)
-        override = parser.parse_override(text)
+        override = _parse(parser, text)
         key = override.key_or_group
         found = None if override.is_delete() else lookup(key)
         if found is None:
@@ -401,6 +400,22 @@ def translate(overrides: list[str], notes: bool = True) -> list[str]:
     if "trainer.total_epochs" in keys and "trainer.total_training_steps" not in keys:
         out.append("trainer.total_training_steps=null")
     return out
+
+
+def _parse(parser, text: str):
+    """Hydra's parse of one override; a value it cannot read is a ConfigError naming the key (a
+    refused key is refused for itself first)."""
+    from hydra.errors import HydraException
+
+    try:
+        return parser.parse_override(text)
+    except HydraException as exc:
+        key, _, raw = text.partition("=")
+        found = lookup(key.lstrip("+~"))
+        if found is not None and isinstance(found[1], Unsupported):
+            raise ConfigError(key, raw, f"not a dagrl setting: {found[1].fix}") from None
+        reason = str(exc).strip().splitlines()[0]
+        raise ConfigError(key, raw, f"the value cannot be read ({reason}); quote it: {key}='...'") from None
 
 
 def json_override(text: str) -> str:

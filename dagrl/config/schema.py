@@ -212,6 +212,9 @@ class VLLMEngineKwargs:
 class RolloutConfig:
     name: RolloutName = RolloutName.hf
     """Rollout engine: hf (transformers, CPU default) or vllm (GPUs; docs/vllm.md)."""
+    dtype: Optional[ModelDtype] = None
+    """The engine's weights dtype; None = the trainer's compute dtype (actor.megatron.param_dtype
+    under strategy=megatron, actor_rollout_ref.model.dtype under torch)."""
     n: int = ranged(8, ge=1)
     """Responses sampled per prompt."""
     temperature: float = ranged(1.0, ge=0, hint="0 = greedy")
