@@ -16,6 +16,7 @@ import torch
 
 from dagrl.algos import logprob_temperature
 from dagrl.backends.hf_model import eos_token_ids, load_causal_lm, load_tokenizer, resolve_model_path
+from dagrl.config.roles import rollout_dtype
 from dagrl.core.batch import Batch
 
 
