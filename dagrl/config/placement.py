@@ -173,6 +173,7 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
             raise PlacementError(
                 f"cannot split the {total - fixed} devices left (of trainer.nnodes×trainer.n_gpus_per_node ="
                 f" {total}) evenly among groups {[groups[i] for i in free]}; set placement.gpus.<role>"
+                " (a standalone teacher: teacher.gpus) or grow the cluster"
             )
         for i in free:
             sizes[i] = share

@@ -85,6 +85,20 @@ def test_shipped_ms_swift_grpo_yaml_plans_like_the_dagrl_command_line():
     assert dataclasses.asdict(swift_cfg) == dataclasses.asdict(dagrl_cfg)
 
 
+@pytest.mark.parametrize(
+    "name,groups",
+    [
+        ("rollout_separate_teacher_colocate", [(["train", "teacher"], 4), (["rollout"], 4)]),
+        ("rollout_colocate_teacher_standalone", [(["train", "rollout"], 4), (["teacher"], 4)]),
+    ],
+)
+def test_gkd_presets_split_the_declared_cluster(name, groups):
+    """No 1 + 1 pinned: on a declared 8-GPU node the two groups get 4 each, none idle."""
+    _, prep = planned(f"experiment=gkd/{name}", "trainer.n_gpus_per_node=8")
+    assert [(g.roles, len(g.slots)) for g in prep.plan.groups] == groups
+    assert "idle" not in format_plan(prep.plan)
+
+
 def test_ms_swift_gpus_without_colocate_groups_are_separate(tmp_path):
     """ms-swift: a role in no colocate group owns its GPUs; 4 + 4 on 8, none idle."""
     path = tmp_path / "my.yaml"
