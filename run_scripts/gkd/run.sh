@@ -21,16 +21,15 @@ CONFIG=${1:?usage: run.sh CONFIG [overrides...] (CONFIG: a preset under conf/exp
 shift
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PRESETS="$ROOT/dagrl/conf/experiment/gkd"
-if [[ "$CONFIG" == */* || "$CONFIG" == *.yaml ]] && [ -f "$CONFIG" ] \
-    && [ "$(cd "$(dirname "$CONFIG")" && pwd)" != "$PRESETS" ]; then
+NAME=$(basename "${CONFIG%.yaml}")
+if [ -f "$CONFIG" ] && [ "$(cd "$(dirname "$CONFIG")" && pwd)" != "$PRESETS" ]; then
     EXPERIMENT=(--config "$CONFIG")  # the user's own file, never the shipped preset of that name
-    NAME=$CONFIG
-elif [[ "$CONFIG" == */* && "$CONFIG" != gkd/* ]] || [[ "$CONFIG" == *.yaml && ! -f "$CONFIG" ]]; then
-    echo "run.sh: no such file: $CONFIG" >&2
-    exit 2
 else
-    NAME=$(basename "${CONFIG%.yaml}")
-    EXPERIMENT=("experiment=gkd/$NAME")  # dagrl names the nearest preset when there is none
+    case "$CONFIG" in
+        "$NAME" | "$NAME.yaml" | "gkd/$NAME" | "gkd/$NAME.yaml") ;;  # dagrl names the nearest preset if none
+        *) [ -f "$CONFIG" ] || { echo "run.sh: no such file: $CONFIG" >&2; exit 2; } ;;
+    esac
+    EXPERIMENT=("experiment=gkd/$NAME")
 fi
 PY=${PYTHON:-python3}
 
