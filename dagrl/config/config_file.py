@@ -88,9 +88,11 @@ def _read(path: str) -> dict:
         near = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
         hint = f"; did you mean {os.path.join(os.path.dirname(path), near[0])!r}?" if near else ""
         raise ConfigError("--config", path, f"no such file{hint}")
+    from omegaconf._utils import get_yaml_loader  # Hydra's YAML reading: 1e-6 is a float
+
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, Loader=get_yaml_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
