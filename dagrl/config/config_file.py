@@ -140,11 +140,8 @@ def _dagrl_pairs(tree: dict, prefix: str):
     for name, value in tree.items():
         key = prefix + str(name)
         info = known.get(key)
-        if isinstance(value, dict) and (
-            key in sections or (info is not None and info.open and info.default == {})
-        ):
-            yield from _dagrl_pairs(value, key + ".")
-        elif isinstance(value, dict) and info is not None and info.open and isinstance(info.default, dict):
+        entries = info is not None and info.open and isinstance(info.default, dict)  # placement.gpus.<role>
+        if isinstance(value, dict) and (key in sections or entries):
             yield from _dagrl_pairs(value, key + ".")
         else:
             yield key, value

@@ -221,3 +221,9 @@ def test_dag_suggests_the_nearest():
 
     with pytest.raises(DagError, match="did you mean 'opsd'"):
         load_dag_specs("opsdd")
+
+
+def test_cfg_job_shows_what_the_file_became(capsys):
+    main(["--config", str(SWIFT / "rollout_colocate_teacher_standalone.yaml"), "--cfg", "job"])
+    out = capsys.readouterr().out
+    assert "placement: standalone" in out and "max_logprobs: 64" in out and "lr: 1.0e-06" in out
