@@ -366,7 +366,7 @@ def translate(overrides: list[str], notes: bool = True) -> list[str]:
     out = []
     for text in overrides:
         text = json_override(text)
-        override = _parse(parser, text)
+        override = parse_override(parser, text)
         key = override.key_or_group
         found = None if override.is_delete() else lookup(key)
         if found is None:
@@ -402,7 +402,7 @@ def translate(overrides: list[str], notes: bool = True) -> list[str]:
     return out
 
 
-def _parse(parser, text: str):
+def parse_override(parser, text: str):
     """Hydra's parse of one override; a value it cannot read is a ConfigError naming the key (a
     refused key is refused for itself first)."""
     from hydra.errors import HydraException

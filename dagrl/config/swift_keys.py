@@ -30,11 +30,13 @@ def split_deferred(overrides: list[str]) -> tuple[list[str], list[tuple[int, str
     """(the other overrides, [(how many of them came before it, key, value)])."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from dagrl.config.compat import parse_override
+
     parser, rest, deferred = OverridesParser.create(), [], []
     for text in overrides:
         key = text.split("=", 1)[0]
         if key in DEFERRED and "=" in text:
-            deferred.append((len(rest), key, parser.parse_override(text).value()))
+            deferred.append((len(rest), key, parse_override(parser, text).value()))
         else:
             rest.append(text)
     return rest, deferred
