@@ -17,7 +17,8 @@ import time
 
 from omegaconf import DictConfig, OmegaConf
 
-from dagrl.config import compat, keys, override_values
+from dagrl.config import compat, keys, override_values, swift_keys
+from dagrl.config.config_file import check_group_option, file_overrides
 from dagrl.config.placement import format_plan
 from dagrl.config.schema import DagrlConfig, register_configs
 from dagrl.errors import ConfigError, DagrlError, Interrupted
@@ -85,6 +86,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    overrides, deferred = swift_keys.split_deferred(overrides)  # resolved once the config is composed
     parser, checked = OverridesParser.create(), []
     open_defaults = {k: i.default for k, i in keys.schema_keys().items() if i.open}
     groups = keys.config_groups(CONF_DIR)  # presets (algorithm=gkd, experiment=gkd/...) are not keys
@@ -93,7 +95,9 @@ def compose(overrides: list[str]) -> DictConfig:
         if o.key_or_group.startswith("hydra."):
             log(f"note: {text} has no effect: dagrl writes no Hydra output folder")
             continue
-        if not o.is_delete() and o.key_or_group not in groups:
+        if not o.is_delete() and o.key_or_group in groups:
+            check_group_option(o.key_or_group, o.value(), CONF_DIR)
+        elif not o.is_delete():
             keys.check_key(o.key_or_group, o.value(), open_defaults)
         if o.is_add() and o.key_or_group in keys.schema_keys():
             text = text[1:]  # `+` on a key the schema has: an ordinary override
@@ -106,12 +110,46 @@ def compose(overrides: list[str]) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as exc:
         raise _composition_error(exc, checked) from None
     keys.check_tree(OmegaConf.to_container(dcfg, resolve=False))
+    swift_keys.apply_deferred(
+        dcfg, deferred, lambda i: _keys_of(compat.translate(overrides[i:], notes=False))
+    )
     return dcfg
+
+
+def _keys_of(overrides: list[str]) -> set[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    return {parser.parse_override(o).key_or_group.lstrip("+~") for o in overrides}
 
 
 def _composition_error(exc: Exception, overrides: list[str]) -> ConfigError:
     """Hydra's multi-line composition failure as one ConfigError naming the full key path."""
+    inside = _preset_error(exc)
+    if inside is not None:
+        return inside
     return override_values.composition_error(exc, overrides, keys.config_groups(CONF_DIR))
+
+
+def _preset_error(exc: Exception) -> ConfigError | None:
+    """A preset that exists but holds a key the schema lacks (e.g. ms-swift's): name the key, its
+    dagrl name when it has one, and the preset's file."""
+    import re
+
+    text = str(exc)
+    where = re.match(r"In '([^']+)':", text)
+    key = re.search(r"full_key: (\S+)", text)
+    if where is None or key is None or "/" not in where.group(1):
+        return None
+    found = compat.lookup(key.group(1))
+    rule = found[1] if found else None
+    name = f"; dagrl's key is {rule.target}" if isinstance(rule, compat.Alias) else keys.suggest(key.group(1))
+    return ConfigError(
+        key.group(1),
+        None,
+        f"in preset conf/{where.group(1)}.yaml: not a dagrl key{name}. Presets hold dagrl keys; a file"
+        " in ms-swift's (or your own) form runs with --config FILE.yaml",
+    )
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -121,19 +159,23 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
     while i < len(argv):
         arg = argv[i]
         flag, _, attached = arg.partition("=")
-        takes_value = flag in ("--cfg", "-c", "--config-name", "-cn", "--config-path", "-cp")
+        takes_value = flag in ("--cfg", "-c", "--config-name", "-cn", "--config-path", "-cp", "--config")
         value = attached if attached or not takes_value else (argv[i + 1] if i + 1 < len(argv) else "")
         i += 1 if attached or not takes_value else 2
         if flag in ("--help", "-h"):
             action = "help"
         elif flag in ("--cfg", "-c"):
             action = action or "cfg"
+        elif flag == "--config":  # one YAML file, dagrl's keys or ms-swift's Ray form (config_file.py)
+            overrides += file_overrides(value, CONF_DIR)
         elif flag in ("--config-name", "-cn"):
             overrides += compat.config_name_overrides(value)
         elif flag in ("--config-path", "-cp", "--resolve"):
             pass  # the root config is dagrl's own, always resolved
         elif arg.startswith("-"):
-            raise ConfigError("command line", arg, "unknown option; use --help, --cfg job or key=value")
+            raise ConfigError(
+                "command line", arg, "unknown option; use --help, --cfg job, --config FILE.yaml or key=value"
+            )
         else:
             overrides.append(arg)
     return action, overrides

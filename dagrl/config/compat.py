@@ -8,12 +8,19 @@ One table, three kinds of entry (docs/compat.md renders it for users):
   effect, any other is refused.
 - `Unsupported`: a concept dagrl does not have; refused with a one-line ConfigError saying what dagrl
   offers instead. A prefix entry covers every key below it (`actor_rollout_ref.actor.fsdp_config`).
+- `NoEffect`: a speed or bookkeeping knob of another framework with no counterpart that changes
+  results here (ms-swift's `dataset_num_proc`); accepted, with a note saying why it does nothing.
+
+ms-swift keys whose dagrl meaning depends on the composed config (the train strategy, the algorithm,
+rollout.n) are resolved after composition by dagrl/config/swift_keys.py (`offload_model`, `beta`,
+`temperature`, `global_batch_size`, ...).
 
 Keys dagrl already has under the same name and meaning need no entry: they reach the schema as they are.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +38,7 @@ A, R, REF, M = (
 class Alias:
     target: str
     convert: Callable[[object], str] | None = None  # parsed value -> override value text (else kept)
+    entries: bool = False  # a mapping (or its JSON text) becomes one override per entry of target
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,11 @@ class Unsupported:
     fix: str
 
 
+@dataclass(frozen=True)
+class NoEffect:
+    why: str
+
+
 def _reward_terms(value: object) -> str:
     names = value if isinstance(value, list) else [value]
     return "[" + ",".join(f"{{name:{n},weight:1.0}}" for n in names) + "]"
@@ -51,6 +64,59 @@ def _reward_terms(value: object) -> str:
 
 def _rollout_name(value: object) -> str:
     return "vllm" if value in (True, "true", "True") else "hf"
+
+
+def _as_list(value: object) -> str:
+    """ms-swift's `external_plugins: file.py` (one string) as dagrl's list."""
+    items = value if isinstance(value, list) else [value]
+    return "[" + ",".join(render_value(str(v)) for v in items) + "]"
+
+
+def _as_mapping(value: object) -> dict:
+    """Engine kwargs given as a JSON string (ms-swift's CLI form) or a mapping."""
+    import json
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(value, dict):
+        raise ValueError('give a mapping, e.g. {"max_logprobs": 64}')
+    return value
+
+
+def _zero_warmup(value: object) -> str:
+    if value not in (0, 0.0):
+        raise ValueError("dagrl counts warm-up in steps: set actor_rollout_ref.actor.optim.lr_warmup_steps")
+    return "0"
+
+
+def render_value(value: object) -> str:
+    """A parsed value written back in Hydra's override syntax (strings quoted, so `=`, `,`, `:` and
+    spaces inside them survive); the inverse of the override parser's `value()`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        # Hydra unescapes only backslashes that precede a quote or end the string
+        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
+        return "'" + escaped.replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(render_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{render_key(k)}:{render_value(v)}" for k, v in value.items()) + "}"
+    raise ValueError(f"cannot write a {type(value).__name__} as an override")
+
+
+def render_key(key: object) -> str:
+    text = str(key)
+    if not re.fullmatch(r"[A-Za-z_][\w\-]*", text):
+        raise ValueError(f"the mapping key {text!r} cannot be written as an override key")
+    return text
 
 
 _FSDP = (
@@ -155,7 +221,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "dagrl's rollout runs one engine per worker on whole batches; to sample the next batch while "
         f"this one trains use placement=separate {R}.overlap_steps=1"
     ),
-    f"{R}.dtype": Unsupported(f"the rollout loads the weights in {M}.dtype"),
     f"{R}.multi_turn": Unsupported("dagrl's rollout is single-turn"),
     f"{R}.agent": Unsupported("dagrl's rollout is single-turn, without agent loops"),
     "data.return_raw_chat": Unsupported(
@@ -209,22 +274,75 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "rollout.vllm_gpu_memory_utilization": Alias(f"{R}.gpu_memory_utilization"),
     "rollout.vllm_max_model_len": Alias(f"{R}.max_model_len"),
     "teacher.vllm_tensor_parallel_size": Alias("teacher.tensor_model_parallel_size"),
-    "teacher.vllm_engine_kwargs": Alias("teacher.engine_kwargs"),
     **{k: Alias(f"{A}.megatron.{k}") for k in _CPU_OPTIMIZER},  # Megatron-SWIFT's optimizer offload
-    # ---- ms-swift: ambiguous or missing here
-    "beta": Unsupported(
-        "ms-swift's beta is the KL weight in GRPO and the JSD mix in GKD: use "
-        f"{A}.kl_loss_coef (with {A}.use_kl_loss=true) or algorithm.gkd.beta"
+    "model": Alias(f"{M}.path"),  # the student's model, as ms-swift's `model`
+    "torch_dtype": Alias(f"{M}.dtype"),
+    "max_length": Alias("data.max_prompt_length"),  # ms-swift Ray: the prompt is capped at max_length
+    "padding_free": Alias(f"{M}.use_remove_padding"),
+    "external_plugins": Alias("external_plugins", _as_list),  # one file as a string, or a list
+    "output_dir": Alias("trainer.default_local_dir"),
+    "train.output_dir": Alias("trainer.default_local_dir"),
+    "nnodes": Alias("trainer.nnodes"),
+    "tensor_model_parallel_size": Alias(f"{A}.megatron.tensor_model_parallel_size"),
+    "pipeline_model_parallel_size": Alias(f"{A}.megatron.pipeline_model_parallel_size"),
+    "context_parallel_size": Alias(f"{A}.megatron.context_parallel_size"),
+    "expert_model_parallel_size": Alias(f"{A}.megatron.expert_model_parallel_size"),
+    "sequence_parallel": Alias(f"{A}.megatron.sequence_parallel"),
+    "train.sequence_parallel": Alias(f"{A}.megatron.sequence_parallel"),
+    "recompute_granularity": Alias(f"{A}.megatron.recompute_granularity"),
+    "recompute_method": Alias(f"{A}.megatron.recompute_method"),
+    "recompute_num_layers": Alias(f"{A}.megatron.recompute_num_layers"),
+    "lr_warmup_fraction": Alias(f"{A}.optim.lr_warmup_steps", _zero_warmup),
+    "vllm_tensor_parallel_size": Alias(f"{R}.tensor_model_parallel_size"),
+    "vllm_gpu_memory_utilization": Alias(f"{R}.gpu_memory_utilization"),
+    "vllm_max_model_len": Alias(f"{R}.max_model_len"),
+    "vllm_enforce_eager": Alias(f"{R}.enforce_eager"),
+    "vllm_engine_kwargs": Alias(f"{R}.engine_kwargs.vllm", entries=True),
+    "rollout.vllm_enforce_eager": Alias(f"{R}.enforce_eager"),
+    "rollout.vllm_engine_kwargs": Alias(f"{R}.engine_kwargs.vllm", entries=True),
+    "teacher.vllm_engine_kwargs": Alias("teacher.engine_kwargs", entries=True),
+    "teacher.vllm_gpu_memory_utilization": Alias("teacher.engine_kwargs.gpu_memory_utilization"),
+    "teacher.vllm_max_model_len": Alias("teacher.engine_kwargs.max_model_len"),
+    # ---- ms-swift: one value is what dagrl does
+    "finetune": OnlyValue((True,), "dagrl starts every run from the HF weights at the model path"),
+    "logging_steps": OnlyValue((1,), "dagrl logs every step"),
+    "split_dataset_ratio": OnlyValue((0, 0.0), "validation rows come from data.val_files"),
+    "advantage_estimator": OnlyValue(("grpo",), "algorithm=grpo|dr_grpo|gspo pick the estimator and loss"),
+    "importance_sampling_level": OnlyValue(("token",), "sequence-level ratios are algorithm=gspo"),
+    "overlong_filter": OnlyValue((False,), "truncated responses are trained on like any other"),
+    "tuner_type": OnlyValue(("full",), "dagrl trains all weights (no LoRA yet)"),
+    "train.tuner_type": OnlyValue(("full",), "dagrl trains all weights (no LoRA yet)"),
+    # ---- ms-swift: no effect on results here
+    "dataset_num_proc": NoEffect("rows are tokenized once, in the driver"),
+    "load_from_cache_file": NoEffect("rows are tokenized once per run; nothing is cached"),
+    "attention_backend": NoEffect("the attention kernel follows the backend (megatron: layer_spec)"),
+    "cross_entropy_loss_fusion": NoEffect("dagrl picks its log-prob kernel itself"),
+    "gradient_accumulation_fusion": NoEffect("a megatron kernel choice; dagrl sets it"),
+    "no_save_optim": NoEffect(
+        "checkpoints always hold the optimizer state (trainer.save_freq=-1 saves none)"
     ),
-    "global_batch_size": Unsupported(
-        f"dagrl counts prompts: data.train_batch_size per step and {A}.ppo_mini_batch_size per optimizer step"
+    "no_save_rng": NoEffect("checkpoints always hold the data and sampling state"),
+    "log_rollout_offpolicy_metrics": NoEffect("rollout-vs-trainer mismatch metrics are always logged"),
+    # ---- ms-swift: missing here
+    "dataset": Unsupported(
+        "dagrl reads parquet rows in verl's layout: data.train_files=... data.val_files=... "
+        "(examples/data_preprocess writes them; docs/data.md)"
     ),
-    "tuner_type": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    "train.tuner_type": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    "offload_model": Unsupported(f"torch: {A}.offload; megatron: {A}.megatron.param_offload"),
-    "offload_optimizer": Unsupported(
-        f"between phases: torch {A}.offload, megatron {A}.megatron.optimizer_offload; the step on the "
-        f"CPU: torch {A}.optimizer_cpu_offload, megatron {A}.megatron.optimizer_cpu_offload"
+    "system": Unsupported("put the system turn into the rows' prompt messages when preprocessing"),
+    "loss_type": Unsupported(
+        f"the loss is chosen with algorithm=grpo|dr_grpo|gspo and {A}.loss_agg_mode (token-mean, "
+        "seq-mean-token-mean, seq-mean-token-sum-norm)"
+    ),
+    "min_lr": Unsupported("dagrl's learning rate is constant after warm-up: remove min_lr"),
+    "lora_rank": Unsupported("dagrl trains all weights (no LoRA yet)"),
+    "lora_alpha": Unsupported("dagrl trains all weights (no LoRA yet)"),
+    "train.lora_rank": Unsupported("dagrl trains all weights (no LoRA yet)"),
+    "train.lora_alpha": Unsupported("dagrl trains all weights (no LoRA yet)"),
+    "generation_batch_size": Unsupported(
+        "give global_batch_size and steps_per_generation (rollout prompts = their product / num_generations)"
+    ),
+    "rlhf_type": Unsupported(
+        "choose the preset: algorithm=grpo or algorithm=gkd (a --config file takes rlhf_type)"
     ),
 }
 
@@ -245,7 +363,7 @@ def lookup(key: str) -> tuple[str, Alias | OnlyValue | Unsupported] | None:
     return None
 
 
-def translate(overrides: list[str]) -> list[str]:
+def translate(overrides: list[str], notes: bool = True) -> list[str]:
     """Overrides with every foreign key rewritten to dagrl's; refused keys raise ConfigError.
 
     `trainer.total_epochs` given without `trainer.total_training_steps` also sets the latter to null,
@@ -258,6 +376,7 @@ def translate(overrides: list[str]) -> list[str]:
     parser = OverridesParser.create()
     out = []
     for text in overrides:
+        text = json_override(text)
         override, text = override_values.parse(parser, text)  # unreadable values: one line
         key = override.key_or_group
         found = None if override.is_delete() else lookup(key)
@@ -268,6 +387,12 @@ def translate(overrides: list[str]) -> list[str]:
         value = override.value()
         if isinstance(rule, Unsupported):
             raise ConfigError(key, value, f"not a dagrl setting: {rule.fix}")
+        if isinstance(rule, NoEffect):
+            from dagrl.trainer.logger import log
+
+            if notes:
+                log(f"note: {key} has no effect: {rule.why}")
+            continue
         if isinstance(rule, OnlyValue):
             if value not in rule.accepted:
                 ok = " or ".join(str(v) for v in rule.accepted)
@@ -275,11 +400,47 @@ def translate(overrides: list[str]) -> list[str]:
             continue  # asks for what dagrl does anyway
         target = rule.target + key[len(prefix) :]
         raw = text.split("=", 1)[1]
-        out.append(f"{target}={rule.convert(value) if rule.convert else raw}")
+        try:
+            if rule.entries:  # entries of an open mapping: Hydra refuses a whole dict assigned to it
+                out += [f"{target}.{render_key(k)}={render_value(v)}" for k, v in _as_mapping(value).items()]
+            else:
+                out.append(f"{target}={rule.convert(value) if rule.convert else raw}")
+        except ValueError as exc:
+            raise ConfigError(key, value, str(exc)) from None
     keys = {parser.parse_override(o).key_or_group for o in out}
     if "trainer.total_epochs" in keys and "trainer.total_training_steps" not in keys:
         out.append("trainer.total_training_steps=null")
     return out
+
+
+def parse_override(parser, text: str):
+    """Hydra's parse of one override; a value it cannot read is a ConfigError naming the key (a
+    refused key is refused for itself first)."""
+    from hydra.errors import HydraException
+
+    try:
+        return parser.parse_override(text)
+    except HydraException as exc:
+        key, _, raw = text.partition("=")
+        found = lookup(key.lstrip("+~"))
+        if found is not None and isinstance(found[1], Unsupported):
+            raise ConfigError(key, raw, f"not a dagrl setting: {found[1].fix}") from None
+        reason = str(exc).strip().splitlines()[0]
+        raise ConfigError(key, raw, f"the value cannot be read ({reason}); quote it: {key}='...'") from None
+
+
+def json_override(text: str) -> str:
+    """`key={"a": 1}` (JSON, as ms-swift's CLI takes engine kwargs and device_groups) rewritten in
+    Hydra's syntax; any other text is returned as it is."""
+    import json
+
+    key, eq, raw = text.partition("=")
+    if not eq or not raw.lstrip().startswith(("{", "[")) or '"' not in raw:
+        return text
+    try:
+        return f"{key}={render_value(json.loads(raw))}"
+    except (json.JSONDecodeError, ValueError):
+        return text
 
 
 def config_name_overrides(name: str) -> list[str]:

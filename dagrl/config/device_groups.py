@@ -2,7 +2,7 @@
 
     placement:
       device_groups:
-        nproc_per_node: 4          # = trainer.n_gpus_per_node
+        nproc_per_node: 4          # = trainer.n_gpus_per_node (sets it when that is left at 1)
         actor:                     # a group name (free text)
           device: GPU
           ranks: list(range(0, 2)) # global GPU indices: a list, a count, or this string
@@ -27,15 +27,25 @@ KEY = "placement.device_groups"
 _RANGE = re.compile(r"^\s*list\(\s*range\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*\)\s*$")
 
 
+def declared_nproc(raw: Any) -> int | None:
+    """The groups' nproc_per_node, or None when they do not give it."""
+    nproc = _as_dict(raw).get("nproc_per_node")
+    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1):
+        raise ConfigError(f"{KEY}.nproc_per_node", nproc, "GPUs per node: a whole number >= 1")
+    return nproc
+
+
 def parse_device_groups(
     raw: Any, n_gpus_per_node: int, total: int
-) -> list[tuple[str, list[str], list[int] | int]]:
-    """[(device 'gpu'|'cpu', roles, GPU slots or a CPU worker count)] in declaration order."""
+) -> list[tuple[str, str, list[str], list[int] | int]]:
+    """[(group name, device 'gpu'|'cpu', roles, GPU slots or a CPU worker count)] in declaration order."""
     groups = _as_dict(raw)
     nproc = groups.pop("nproc_per_node", n_gpus_per_node)
     if nproc != n_gpus_per_node:
         raise ConfigError(
-            f"{KEY}.nproc_per_node", nproc, f"must equal trainer.n_gpus_per_node={n_gpus_per_node}; set both"
+            f"{KEY}.nproc_per_node",
+            nproc,
+            f"trainer.n_gpus_per_node={n_gpus_per_node} says otherwise; give one of them (either sets the other)",
         )
     out, taken, seen_roles = [], set(), set()
     pending_counts = []
@@ -55,11 +65,11 @@ def parse_device_groups(
         seen_roles |= set(roles)
         ranks = _ranks(body.get("ranks"), f"{key}.ranks")
         if device == "CPU":
-            out.append(("cpu", roles, ranks if isinstance(ranks, int) else len(ranks)))
+            out.append((name, "cpu", roles, ranks if isinstance(ranks, int) else len(ranks)))
             continue
         if isinstance(ranks, int):
             pending_counts.append(len(out))
-            out.append(("gpu", roles, ranks))
+            out.append((name, "gpu", roles, ranks))
             continue
         bad = [r for r in ranks if not 0 <= r < total]
         if bad or taken & set(ranks) or len(set(ranks)) != len(ranks):
@@ -70,16 +80,16 @@ def parse_device_groups(
                 " (trainer.nnodes × trainer.n_gpus_per_node)",
             )
         taken |= set(ranks)
-        out.append(("gpu", roles, list(ranks)))
+        out.append((name, "gpu", roles, list(ranks)))
     for i in pending_counts:  # counts take the lowest free ranks, after the explicit ones are known
-        device, roles, count = out[i]
+        name, device, roles, count = out[i]
         free = [r for r in range(total) if r not in taken][:count]
         if len(free) < count:
             raise ConfigError(
                 f"{KEY}", count, f"group of {roles} asks for {count} GPUs; only {len(free)} are free"
             )
         taken |= set(free)
-        out[i] = (device, roles, free)
+        out[i] = (name, device, roles, free)
     return out
 
 

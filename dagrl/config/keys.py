@@ -179,11 +179,12 @@ def check_tree(tree: dict, prefix: str = "") -> None:
 def help_text(conf_dir: str) -> str:
     """`python -m dagrl.main --help`: usage, config groups, then every key with type, default, meaning."""
     lines = [
-        "usage: python -m dagrl.main [--help] [--cfg job] [group=option ...] [key=value ...]",
+        "usage: python -m dagrl.main [--help] [--cfg job] [--config FILE.yaml] [group=option ...] [key=value ...]",
         "",
         "With no arguments: GRPO on the built-in arithmetic task with the shipped tiny model, on the CPU.",
         "trainer.dry_run=true prints the placement plan and stops before Ray starts; --cfg job prints the",
-        "resolved config that would run. verl / siiRL / ms-swift key names: docs/compat.md.",
+        "resolved config that would run. verl / siiRL / ms-swift key names: docs/compat.md. --config runs",
+        "one YAML file (dagrl's keys, or ms-swift's Ray form: examples/ms_swift/); overrides apply after it.",
         "Defaults below are the schema's; the default job (conf/config.yaml) also sets",
         "trainer.total_training_steps=40 unless trainer.total_epochs is given.",
         "",

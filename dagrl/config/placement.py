@@ -114,16 +114,19 @@ def make_plan(cfg: DagrlConfig, roles: Iterable[str] | dict[str, RoleSpec], devi
 def _device_group_plans(cfg: DagrlConfig, roles: set[str], total: int) -> list[GroupPlan]:
     """device_groups → groups: GPU groups on their ranks, CPU groups on slots after the devices."""
     parsed = parse_device_groups(cfg.placement.device_groups, cfg.trainer.n_gpus_per_node, total)
-    missing = roles - {r for _, group_roles, _ in parsed for r in group_roles}
+    missing = roles - {r for _, _, group_roles, _ in parsed for r in group_roles}
     if missing:
         raise PlacementError(
             f"the DAG runs roles {sorted(missing)} that no group of placement.device_groups lists in its workers"
         )
     plans, next_cpu = [], total
-    for device, group_roles, slots in parsed:
+    for name, device, group_roles, slots in parsed:
         members = [r for r in group_roles if r in roles]
-        if not members:
-            continue  # a group for roles this DAG does not use
+        if not members:  # its devices would sit idle: say so rather than drop them
+            raise PlacementError(
+                f"placement.device_groups.{name} lists workers {group_roles}, none of which this job runs"
+                f" (its DAG runs {sorted(roles)}): drop the group, or give its devices to a role that runs"
+            )
         if device == "cpu":
             plans.append(GroupPlan(members, list(range(next_cpu, next_cpu + slots)), device="cpu"))
             next_cpu += slots
@@ -177,7 +180,11 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
     sizes: list[int | None] = []
     for group in groups:
         asked = {r: gpus.get(r) for r in group if gpus.get(r) is not None}
-        if ROLE_TEACHER in group and cfg.teacher.placement == TeacherPlacement.standalone:
+        if (
+            ROLE_TEACHER in group
+            and cfg.teacher.placement == TeacherPlacement.standalone
+            and cfg.teacher.gpus
+        ):
             asked[ROLE_TEACHER] = cfg.teacher.gpus
         if len(set(asked.values())) > 1:
             raise PlacementError(
@@ -207,6 +214,7 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
             raise PlacementError(
                 f"cannot split the {total - fixed} devices left (of trainer.nnodes×trainer.n_gpus_per_node ="
                 f" {total}) evenly among groups {[groups[i] for i in free]}; set placement.gpus.<role>"
+                " (a standalone teacher: teacher.gpus) or grow the cluster"
             )
         for i in free:
             sizes[i] = share
@@ -234,6 +242,13 @@ def format_plan(plan: Plan) -> str:
                 f"  {role}: {r.workers} workers, DP={r.dp} TP={r.tp} PP={r.pp} CP={r.cp}{_backend(plan, role)}"
                 f"{_memory(plan, role)}"
             )
+    idle = idle_slots(plan)
+    if idle:
+        lines.append(
+            f"idle: {kind}s {idle} of the declared {plan.nnodes}×{plan.n_gpus_per_node} run no role: the roles'"
+            " device counts (placement.gpus.*, teacher.gpus, device_groups ranks) add up to less; raise them,"
+            " or declare a smaller cluster (trainer.n_gpus_per_node)"
+        )
     return "\n".join(lines)
 
 
@@ -249,6 +264,12 @@ def _backend(plan: Plan, role: str) -> str:
     if spec.builtin:
         return f", train backend {spec.backend}" + ("" if spec.trains else " (forward only)")
     return f", backend {spec.backend}"
+
+
+def idle_slots(plan: Plan) -> list[int]:
+    """Device slots of the declared cluster that no group uses."""
+    used = {s for g in plan.groups if g.device is None for s in g.slots}
+    return [s for s in range(plan.nnodes * plan.n_gpus_per_node) if s not in used]
 
 
 def _memory(plan: Plan, role: str) -> str:

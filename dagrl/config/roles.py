@@ -81,6 +81,21 @@ def teacher_model_path(cfg: DagrlConfig) -> str | None:
     return cfg.teacher.model
 
 
+def rollout_dtype(cfg: DagrlConfig) -> str:
+    """The rollout engine's weights dtype: rollout.dtype, else the trainer's compute dtype (a siiRL
+    script with megatron.param_dtype=bfloat16 samples in bf16, not in model.dtype's fp32)."""
+    arr = cfg.actor_rollout_ref
+    if arr.rollout.dtype is not None:
+        return _dtype_name(arr.rollout.dtype)
+    if arr.actor.strategy == TrainStrategy.megatron:
+        return _dtype_name(arr.actor.megatron.param_dtype)
+    return _dtype_name(arr.model.dtype)
+
+
+def _dtype_name(dtype) -> str:
+    return str(getattr(dtype, "value", dtype))
+
+
 def role_aliases(cfg: DagrlConfig) -> dict[str, str]:
     """Roles a DAG names that run on another role's workers under this config: a `self_current`
     teacher is the train role's own model (no pool, no weights of its own)."""
@@ -124,7 +139,7 @@ def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
             kind=name,
             backend=r.name.value,
             backend_key="actor_rollout_ref.rollout.name",
-            model=actor_model,
+            model=ModelSpec(arr.model.path, rollout_dtype(cfg), None, arr.model.trust_remote_code),
             parallel=ParallelLayout(tp=r.tensor_model_parallel_size),
             micro_batch_size=r.micro_batch_size_per_gpu,
         )

@@ -237,6 +237,9 @@ class VLLMEngineKwargs:
 class RolloutConfig:
     name: RolloutName = RolloutName.hf
     """Rollout engine: hf (transformers, CPU default) or vllm (GPUs; docs/vllm.md)."""
+    dtype: Optional[ModelDtype] = None
+    """The engine's weights dtype; None = the trainer's compute dtype (actor.megatron.param_dtype
+    under strategy=megatron, actor_rollout_ref.model.dtype under torch)."""
     n: int = ranged(8, ge=1)
     """Responses sampled per prompt."""
     temperature: float = ranged(1.0, ge=0, hint="0 = greedy")
@@ -429,7 +432,8 @@ class TeacherConfig:
     placement: TeacherPlacement = TeacherPlacement.colocate
     """colocate: forward-only train backend on the train devices; standalone: vLLM on teacher.gpus."""
     gpus: int = ranged(0, ge=0)
-    """Devices of a standalone teacher (>= 1); a colocated teacher uses the train devices (0)."""
+    """Devices of a standalone teacher; 0 = an even share of the declared cluster with the other
+    groups (standalone), or none of its own (a colocated teacher uses the train devices)."""
     tensor_model_parallel_size: int = ranged(1, ge=1)
     """vLLM tensor parallel size of a standalone teacher; must divide teacher.gpus."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)

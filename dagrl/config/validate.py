@@ -24,6 +24,7 @@ from dagrl.config.validate_megatron import (
     check_megatron_plan,
     check_no_megatron_knobs,
     inherit_ref_megatron,
+    recompute_for_checkpointing,
 )
 from dagrl.config.validate_precision import check_precision
 from dagrl.config.validate_rollout import check_overlap_placement, check_rollout_engine
@@ -48,6 +49,12 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         optim.lr = BUILTIN_LR
     if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
         inherit_ref_megatron(cfg)
+        recompute_for_checkpointing(cfg)
+    if cfg.placement.device_groups is not None and cfg.trainer.n_gpus_per_node == 1:
+        from dagrl.config.device_groups import declared_nproc
+
+        # ms-swift's groups say how many GPUs a node has: no need to repeat it as n_gpus_per_node
+        cfg.trainer.n_gpus_per_node = declared_nproc(cfg.placement.device_groups) or 1
     uses_teacher = cfg.algorithm.name in (Algorithm.gkd, Algorithm.opsd) or cfg.algorithm.distill_reward.coef
     if uses_teacher and cfg.actor_rollout_ref.model.path is None and cfg.teacher.model is None:
         from dagrl.data.builtin import tiny_teacher_path
@@ -197,9 +204,8 @@ def _check_teacher(cfg: DagrlConfig) -> None:
     if t.model is None:
         return
     if t.placement == TeacherPlacement.standalone:
-        if t.gpus < 1:
-            raise ConfigError("teacher.gpus", t.gpus, "a standalone teacher needs its own devices: set >= 1")
-        if t.gpus % t.tensor_model_parallel_size:
+        # teacher.gpus=0: an even share of the declared cluster (the plan checks TP divides it)
+        if t.gpus and t.gpus % t.tensor_model_parallel_size:
             raise ConfigError(
                 "teacher.tensor_model_parallel_size",
                 t.tensor_model_parallel_size,

@@ -10,7 +10,7 @@ import importlib.util
 import os
 
 from dagrl.config.placement import ROLE_REF, ROLE_TRAIN, Plan
-from dagrl.config.schema import DagrlConfig, LayerSpec, MegatronConfig
+from dagrl.config.schema import DagrlConfig, LayerSpec, MegatronConfig, RecomputeGranularity, RecomputeMethod
 from dagrl.errors import ConfigError, DagrlError
 
 A = "actor_rollout_ref.actor"
@@ -56,6 +56,16 @@ def check_no_megatron_knobs(cfg: DagrlConfig) -> None:
                     f"model-parallel settings need {A}.strategy=megatron (strategy=torch is data-parallel"
                     f" only); set the strategy or leave {key} at {getattr(default, key)}",
                 )
+
+
+def recompute_for_checkpointing(cfg: DagrlConfig) -> None:
+    """verl/siiRL's gradient checkpointing under strategy=megatron is megatron's activation recompute:
+    full recompute of every layer (uniform, 1 layer per unit) unless recompute_* are set."""
+    m = cfg.actor_rollout_ref.actor.megatron
+    if cfg.actor_rollout_ref.model.gradient_checkpointing and m.recompute_granularity is None:
+        m.recompute_granularity = RecomputeGranularity.full
+        m.recompute_method = m.recompute_method or RecomputeMethod.uniform
+        m.recompute_num_layers = m.recompute_num_layers or 1
 
 
 # Offload flags need no rule: each moves one thing (weights, gradients, optimizer state) to host
@@ -219,26 +229,14 @@ def _check_megatron_kernels(prefix: str, m: MegatronConfig) -> None:
             spec.value,
             "TransformerEngine is not installed here; install it, or use layer_spec=sdpa (or auto)",
         )
-    if cp > 1 and not te:
+    if cp > 1:  # checked before TransformerEngine: installing it would not help
         raise ConfigError(
             f"{prefix}.context_parallel_size",
             cp,
-            "context parallel needs TransformerEngine's attention, which is not installed here;"
-            " install it, or use context_parallel_size=1",
-        )
-    if cp > 1 and spec in (LayerSpec.sdpa, LayerSpec.local):
-        raise ConfigError(
-            f"{prefix}.layer_spec",
-            spec.value,
-            "context parallel runs only in TransformerEngine's attention: use layer_spec=te or auto,"
-            " or context_parallel_size=1",
-        )
-    if cp > 1:  # with TE present: megatron could, but the backend does not split sequences yet
-        raise ConfigError(
-            f"{prefix}.context_parallel_size",
-            cp,
-            "dagrl's megatron backend does not split sequences over context-parallel ranks yet;"
-            " use context_parallel_size=1 (TP with sequence_parallel also shards activations)",
+            "dagrl's megatron backend does not split sequences over context-parallel ranks (its"
+            " log-prob, loss and packing paths assume whole sequences per rank), with or without"
+            " TransformerEngine; use context_parallel_size=1 (TP with sequence_parallel also shards"
+            " activations)",
         )
     if m.sequence_parallel and spec == LayerSpec.local:
         raise ConfigError(

@@ -29,7 +29,7 @@ def check_teacher_placement(cfg: DagrlConfig) -> None:
                 f" (or set {T}.placement=colocate)",
             )
         asked = cfg.placement.gpus.get(T)
-        if asked is not None and asked != t.gpus:
+        if asked is not None and t.gpus and asked != t.gpus:
             raise ConfigError(
                 f"placement.gpus.{T}",
                 asked,
@@ -58,7 +58,7 @@ def check_teacher_group(cfg: DagrlConfig, group_roles: list[str], workers: int) 
                 group_roles,
                 f"a standalone teacher owns its devices: give '{T}' a group of its own (workers: [{T}])",
             )
-        if workers != t.gpus:
+        if t.gpus and workers != t.gpus:
             raise ConfigError(
                 f"{T}.gpus",
                 t.gpus,

@@ -52,8 +52,14 @@ def dag_path(name: str) -> str:
 def load_dag_specs(name: str) -> tuple[list[str], list[NodeSpec]]:
     path = dag_path(name)
     if not os.path.isfile(path):
+        import difflib
+
         available = sorted(f[:-5] for f in os.listdir(DAG_DIR) if f.endswith(".yaml"))
-        raise DagError(f"dag={name!r}: no file {path}; use one of {available} or a path to a .yaml file")
+        near = difflib.get_close_matches(os.path.basename(name).removesuffix(".yaml"), available, n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise DagError(
+            f"dag={name!r}: no file {path}; {hint}use one of {available} or a path to a .yaml file"
+        )
     try:
         with open(path) as f:
             raw = yaml.safe_load(f) or {}

@@ -10,7 +10,8 @@ hash of the unordered pair ``{a, b}``: test problems are never seen in training,
 their mirror ``b+a``.
 
 Each row also carries a ``teacher_prompt`` that shows the answer, for on-policy self-distillation
-(OPSD), and the answer as a reference ``response``, for distillation's off-policy steps and SFT
+(OPSD; only when asked for: under ``algorithm=gkd`` a row with one is distilled OPSD-style, as in
+ms-swift, so the built-in task keeps it for ``algorithm=opsd``), and the answer as a reference ``response``, for distillation's off-policy steps and SFT
 term (``algorithm.gkd.lmbda < 1``, ``sft_alpha > 0``); GRPO never reads either.
 """
 
@@ -75,11 +76,11 @@ def split_problems(split: str) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a in operands for b in operands if _split_of(a, b) == split)
 
 
-def generate_rows(split: str, num_rows: int, seed: int) -> list[dict]:
+def generate_rows(split: str, num_rows: int, seed: int, teacher_prompts: bool = True) -> list[dict]:
     """``num_rows`` distinct problems of ``split`` in the verl/siiRL parquet row layout.
 
     Problems are drawn without replacement in an order fixed by ``seed``, so the same arguments
-    always give the same rows. Raises ``DataError`` if the split has fewer than ``num_rows``
+    always give the same rows; `teacher_prompts=False` leaves out the privileged prompt. Raises ``DataError`` if the split has fewer than ``num_rows``
     problems (about 9,000 train, 1,000 test).
     """
     problems = split_problems(split)
@@ -89,7 +90,11 @@ def generate_rows(split: str, num_rows: int, seed: int) -> list[dict]:
             f"which has {len(problems)} problems; ask for at most that many"
         )
     chosen = random.Random(f"{split}:{seed}").sample(problems, num_rows)
-    return [_make_row(split, index, a, b) for index, (a, b) in enumerate(chosen)]
+    rows = [_make_row(split, index, a, b) for index, (a, b) in enumerate(chosen)]
+    if not teacher_prompts:
+        for row in rows:
+            del row["teacher_prompt"]
+    return rows
 
 
 def _make_row(split: str, index: int, a: int, b: int) -> dict:

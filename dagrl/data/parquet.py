@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dagrl.data.schema import response_text, validate_columns, validate_row
+from dagrl.data.schema import response_text, teacher_messages, validate_columns, validate_row
 from dagrl.data.transforms import apply_row_transforms
 from dagrl.errors import ConfigError, DataError
 
@@ -186,7 +186,7 @@ class PromptDataset:
             )
 
     def _tokenize_row(self, tokenizer: Any, row: dict, prompt_key: str) -> Example:
-        teacher = row.get("teacher_prompt")
+        teacher = teacher_messages(row.get("teacher_prompt"))
         return Example(
             index=self.num_rows,
             prompt_ids=tokenize_messages(tokenizer, row[prompt_key]),

@@ -86,12 +86,24 @@ def _find_problem(row: Any, prompt_key: str) -> str | None:
         return bad_reward
     if not isinstance(row["extra_info"], dict) and row["extra_info"] is not None:
         return f"'extra_info' must be a dict (or null), got {_describe(row['extra_info'])} — {_LAYOUT_HINT}"
-    teacher = row.get("teacher_prompt")
+    teacher = teacher_messages(row.get("teacher_prompt"))
     if teacher is not None:
         bad_teacher = validate_messages(teacher, "teacher_prompt")
         if bad_teacher:
             return f"{bad_teacher} — leave teacher_prompt null for rows without a reference solution"
     return None
+
+
+def teacher_messages(value: Any) -> Any:
+    """A row's privileged teacher prompt as chat messages, or None when it has none.
+
+    As in ms-swift, an empty one (None, "", []) means "none": the row is distilled as plain GKD;
+    a string is one user turn (ms-swift's preprocessors write it so)."""
+    if value is None or (isinstance(value, (str, list, tuple)) and len(value) == 0):
+        return None
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return value
 
 
 def _check_reward_model(reward_model: Any) -> str | None:

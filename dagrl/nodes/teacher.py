@@ -10,7 +10,7 @@ Outputs what its DAG declares of:
 - teacher_logprobs [B, R]: the teacher's log-probs of the sampled tokens at the rollout
   temperature (on-policy distillation as a reward, algorithm.distill_reward).
 
-OPSD: with `teacher_prompts` among its inputs, the teacher reads each row's privileged prompt
+OPSD (under algorithm=gkd as under opsd, as in ms-swift): with `teacher_prompts` among its inputs, the teacher reads each row's privileged prompt
 followed by the *same* response token ids (never re-tokenised text). Prompts are left-padded and
 responses right-padded, so response token r is predicted at column P' − 1 + r of every row, as
 after the student's prompt: the teacher's outputs land on the student's [B, R] response grid and
@@ -47,6 +47,19 @@ def with_teacher_prompts(batch: Batch) -> Batch:
 
 
 _INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
+
+
+def prompt_kinds(batch: Batch) -> dict[str, float]:
+    """How many rows the teacher scores after a privileged prompt (OPSD) and after the student's own
+    (plain GKD: no or an empty teacher_prompt, which collate filled with the row's prompt)."""
+    if "teacher_prompts" not in batch:
+        return {}
+    tp, tm = batch["teacher_prompts"], batch["teacher_prompt_mask"]
+    p, m = batch["prompts"], batch["prompt_mask"]
+    width = min(tp.shape[1], p.shape[1])  # left-padded: equal prompts end in the same columns
+    same = (tm.sum(1) == m.sum(1)) & ((tp[:, -width:] == p[:, -width:]) | (m[:, -width:] == 0)).all(1)
+    plain = int(same.sum())
+    return {"distill/opsd_rows": float(len(same) - plain), "distill/gkd_rows": float(plain)}
 
 
 @register_node_kind("teacher_logprob")
@@ -87,7 +100,7 @@ class TeacherLogprobNode:
                 view, output_key="teacher_logprobs"
             )
             out = out.union(logprobs)
-        return NodeResult(out, metrics)
+        return NodeResult(out, {**metrics, **prompt_kinds(batch)})
 
 
 def replica_metrics(per_replica: list[dict]) -> dict[str, float]:
@@ -152,4 +165,4 @@ class TeacherHiddenNode:
 
     def run(self, runtime, batch):
         out, per_rank = train_role(runtime, self.spec.role).teacher_hidden(with_teacher_prompts(batch))
-        return NodeResult(out, reduce_all(per_rank))
+        return NodeResult(out, {**reduce_all(per_rank), **prompt_kinds(batch)})

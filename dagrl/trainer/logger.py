@@ -26,6 +26,8 @@ CONSOLE_KEYS = [
     ("actor/kl_loss", "kl", "{:.4f}"),
     ("distill/divergence", "div", "{:.4f}"),
     ("distill/reverse_kl", "rkl", "{:.4f}"),
+    ("distill/opsd_rows", "opsd_rows", "{:.0f}"),
+    ("distill/gkd_rows", "gkd_rows", "{:.0f}"),
     ("actor/entropy", "ent", "{:.3f}"),
     ("weight_sync/s", "sync_s", "{:.3f}"),
     ("timing_s/step", "step_s", "{:.2f}"),

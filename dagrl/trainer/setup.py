@@ -233,16 +233,19 @@ def load_data(cfg: DagrlConfig, model_path: str):
         response_key=d.response_key,
     )
     if d.train_files is None:
+        from dagrl.config.schema import Algorithm
         from dagrl.data.builtin import generate_rows
 
+        privileged = cfg.algorithm.name == Algorithm.opsd  # under gkd, rows with one would be OPSD
+
         train = PromptDataset.from_rows(
-            generate_rows("train", d.builtin_train_rows, d.seed),
+            generate_rows("train", d.builtin_train_rows, d.seed, privileged),
             tokenizer,
             source="built-in task (train)",
             **common,
         )
         val = PromptDataset.from_rows(
-            generate_rows("test", d.builtin_val_rows, d.seed),
+            generate_rows("test", d.builtin_val_rows, d.seed, privileged),
             tokenizer,
             source="built-in task (test)",
             key="data.val_files",

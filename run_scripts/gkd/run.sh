@@ -3,9 +3,11 @@
 #
 #   bash run_scripts/gkd/run.sh CONFIG [overrides...]
 #
-# CONFIG: rollout_colocate_teacher_colocate | rollout_separate_teacher_colocate |
-#         rollout_colocate_teacher_standalone (or gkd/<name>, or the preset's .yaml path);
-# the presets are conf/experiment/gkd/<name>.yaml. Dotted overrides go last, e.g.
+# CONFIG: a preset name (rollout_colocate_teacher_colocate | rollout_separate_teacher_colocate |
+#         rollout_colocate_teacher_standalone, or gkd/<name>; conf/experiment/gkd/<name>.yaml), or the
+#         path of a YAML file of your own, in dagrl's keys or ms-swift's Ray form, run as it is written
+#         (python -m dagrl.main --config FILE), e.g. examples/ms_swift/rollout_colocate_teacher_colocate.yaml.
+# Dotted overrides go last, e.g.
 #   CUDA_VISIBLE_DEVICES=0,1 bash run_scripts/gkd/run.sh rollout_colocate_teacher_standalone \
 #     actor_rollout_ref.model.path=/models/Qwen3-0.6B teacher.model=/models/Qwen3-8B \
 #     data.train_files=~/data/gsm8k/train.parquet data.val_files=~/data/gsm8k/test.parquet
@@ -15,23 +17,28 @@
 # They are compared with CUDA_VISIBLE_DEVICES (or nvidia-smi's count when it is unset).
 # With trainer.dry_run=true only the plan is printed and no GPU is needed.
 set -euo pipefail
-CONFIG=${1:?usage: run.sh CONFIG [overrides...] (CONFIG: a preset name under conf/experiment/gkd/)}
+CONFIG=${1:?usage: run.sh CONFIG [overrides...] (CONFIG: a preset under conf/experiment/gkd/ or a .yaml file)}
 shift
-NAME=$(basename "${CONFIG%.yaml}")
-EXPERIMENT=experiment=gkd/$NAME
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-if [ ! -f "$ROOT/dagrl/conf/experiment/gkd/$NAME.yaml" ]; then
-    echo "run.sh: no preset $NAME; choose one of: $(cd "$ROOT/dagrl/conf/experiment/gkd" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')" >&2
-    exit 2
+PRESETS="$ROOT/dagrl/conf/experiment/gkd"
+NAME=$(basename "${CONFIG%.yaml}")
+if [ -f "$CONFIG" ] && [ "$(cd "$(dirname "$CONFIG")" && pwd)" != "$PRESETS" ]; then
+    EXPERIMENT=(--config "$CONFIG")  # the user's own file, never the shipped preset of that name
+else
+    case "$CONFIG" in
+        "$NAME" | "$NAME.yaml" | "gkd/$NAME" | "gkd/$NAME.yaml") ;;  # dagrl names the nearest preset if none
+        *) [ -f "$CONFIG" ] || { echo "run.sh: no such file: $CONFIG" >&2; exit 2; } ;;
+    esac
+    EXPERIMENT=("experiment=gkd/$NAME")
 fi
 PY=${PYTHON:-python3}
 
 if [[ " $* " == *" trainer.dry_run=true "* ]]; then
-    exec "$PY" -m dagrl.main "$EXPERIMENT" "$@"
+    exec "$PY" -m dagrl.main "${EXPERIMENT[@]}" "$@"
 fi
 
 # the plan of this exact command: "cluster: N node(s) × G GPU(s), U used" and one line per group
-PLAN=$("$PY" -m dagrl.main "$EXPERIMENT" "$@" trainer.dry_run=true 2>&1) || { echo "$PLAN" >&2; exit 1; }
+PLAN=$("$PY" -m dagrl.main "${EXPERIMENT[@]}" "$@" trainer.dry_run=true 2>&1) || { echo "$PLAN" >&2; exit 1; }
 NEEDED=$(echo "$PLAN" | sed -n 's/^cluster: .*, \([0-9][0-9]*\) used$/\1/p' | tail -n 1)
 if [ -z "$NEEDED" ]; then
     echo "$PLAN" >&2
@@ -52,4 +59,4 @@ if [ "$VISIBLE" -lt "$NEEDED" ]; then
         "(trainer.n_gpus_per_node, placement.gpus.*, teacher.gpus)." >&2
     exit 1
 fi
-exec "$PY" -m dagrl.main "$EXPERIMENT" "$@"
+exec "$PY" -m dagrl.main "${EXPERIMENT[@]}" "$@"

@@ -209,23 +209,36 @@ def test_param_dtype(model):
 # ---- layer specs and TransformerEngine -----------------------------------------------------------
 
 
-def test_context_parallel_needs_transformer_engine(model, no_te):
-    expect_error(CP, "TransformerEngine", *megatron(model, f"{CP}=2"))
+@pytest.mark.parametrize("te", ["no_te", "with_te"])
+def test_context_parallel_refusal_says_what_is_missing(model, te, request):
+    """CP > 1 is refused with or without TransformerEngine (the backend does not split sequences):
+    the message must not send the user to install TransformerEngine."""
+    request.getfixturevalue(te)
+    error = expect_error(CP, "does not split sequences", *megatron(model, f"{CP}=2"))
+    assert "install" not in str(error)
+
+
+def test_gradient_checkpointing_is_megatron_recompute(model):
+    """verl's (enable_)gradient_checkpointing under strategy=megatron: full recompute unless set."""
+    cfg = checked(*megatron(model, "actor_rollout_ref.model.gradient_checkpointing=true"))
+    m = cfg.actor_rollout_ref.actor.megatron
+    assert (m.recompute_granularity.value, m.recompute_method.value, m.recompute_num_layers) == (
+        "full",
+        "uniform",
+        1,
+    )
+    cfg = checked(
+        *megatron(
+            model,
+            "actor_rollout_ref.model.gradient_checkpointing=true",
+            f"{M}.recompute_granularity=selective",
+        )
+    )
+    assert cfg.actor_rollout_ref.actor.megatron.recompute_granularity.value == "selective"
 
 
 def test_te_layer_spec_needs_transformer_engine(model, no_te):
     expect_error(f"{M}.layer_spec", "not installed", *megatron(model, f"{M}.layer_spec=te"))
-
-
-def test_context_parallel_needs_te_layer_spec(model, with_te):
-    for spec in ("sdpa", "local"):
-        expect_error(
-            f"{M}.layer_spec",
-            "use layer_spec=te or auto",
-            *megatron(model, f"{CP}=2", f"{M}.layer_spec={spec}"),
-        )
-    # auto = te when it is installed; the backend itself does not split sequences over CP yet
-    expect_error(CP, "does not split sequences", *megatron(model, f"{CP}=2"))
 
 
 def test_local_spec_has_no_sequence_parallel(model):

@@ -117,7 +117,6 @@ def test_teacher_standalone_gets_its_own_devices():
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        (["teacher.placement=standalone"], "teacher.gpus"),
         (
             ["teacher.placement=standalone", "teacher.gpus=3", "teacher.tensor_model_parallel_size=2"],
             "teacher.tensor_model_parallel_size",

@@ -74,7 +74,7 @@ def test_teacher_weights_are_counted_with_the_teachers_own_model():
         (["+teacher.engine_kwargs.logprobs_mode=raw_logits"], "teacher.engine_kwargs.logprobs_mode"),
         (["+teacher.engine_kwargs.max_model_len=16"], "teacher.engine_kwargs.max_model_len"),
         (["placement.colocate_groups=[[train,rollout,ref,teacher]]"], "placement.colocate_groups"),
-        (["placement.gpus.teacher=2"], "placement.gpus.teacher"),
+        (["placement.gpus.teacher=2", "teacher.gpus=1"], "placement.gpus.teacher"),
         (["teacher.gpus=3", "trainer.n_gpus_per_node=4"], "data.train_batch_size"),  # 64 rows / 3 replicas
     ],
 )

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dagrl.data.schema import REQUIRED_COLUMNS, validate_columns, validate_row
+from dagrl.data.schema import REQUIRED_COLUMNS, teacher_messages, validate_columns, validate_row
 from dagrl.errors import DataError
 
 
@@ -72,8 +72,17 @@ def test_malformed_teacher_prompt():
         DataError, match=r"row 2: 'teacher_prompt'\[0\] has role 'teacher'.*leave teacher_prompt null"
     ):
         validate_row(good_row(teacher_prompt=[{"role": "teacher", "content": "x"}]), source="src", index=2)
-    with pytest.raises(DataError, match="'teacher_prompt' must be a non-empty list"):
-        validate_row(good_row(teacher_prompt="solve it"), source="src", index=2)
+    with pytest.raises(DataError, match="'teacher_prompt'\\[0\\] must be a dict"):
+        validate_row(good_row(teacher_prompt=["solve it"]), source="src", index=2)
+
+
+def test_teacher_prompt_as_ms_swift_writes_it():
+    """Empty means none (plain GKD for the row); a string is one user turn."""
+    for empty in (None, "", []):
+        validate_row(good_row(teacher_prompt=empty), source="src", index=0)
+        assert teacher_messages(empty) is None
+    validate_row(good_row(teacher_prompt="1+1? ref: 2"), source="src", index=0)
+    assert teacher_messages("1+1? ref: 2") == [{"role": "user", "content": "1+1? ref: 2"}]
 
 
 def test_other_column_types():

@@ -101,7 +101,7 @@ CONFIGS = [
     (["algorithm.rollout_correction.rollout_rs_threshold_lower=3"], "rollout_rs_threshold"),
     ([f"{R}.overlap_steps=1"], f"{R}.overlap_steps"),
     ([f"teacher.model={TEACHER}", "teacher.gpus=2"], "teacher.gpus"),
-    ([f"teacher.model={TEACHER}", "teacher.placement=standalone"], "teacher.gpus"),
+    ([f"teacher.model={TEACHER}", "teacher.placement=standalone"], "teacher.placement"),  # vLLM: GPUs
     (["trainer.device=cuda"], "trainer.device"),
     ([f"{R}.name=vllm", "trainer.device=cpu"], f"{R}.name"),
     (["reward.functions=[{name: no_such_reward}]"], "reward.functions"),

@@ -16,6 +16,7 @@ import torch
 
 from dagrl.algos import logprob_temperature
 from dagrl.backends.hf_model import eos_token_ids, load_causal_lm, load_tokenizer, resolve_model_path
+from dagrl.config.roles import rollout_dtype
 from dagrl.core.batch import Batch
 
 
@@ -24,7 +25,7 @@ class HFRolloutBackend:
         self.cfg, self.ctx = cfg, ctx
         arr = cfg.actor_rollout_ref
         path = resolve_model_path(arr.model.path)
-        self.model = load_causal_lm(path, arr.model.dtype, ctx.device, arr.model.trust_remote_code).eval()
+        self.model = load_causal_lm(path, rollout_dtype(cfg), ctx.device, arr.model.trust_remote_code).eval()
         self.model.requires_grad_(False)
         tok = load_tokenizer(path, arr.model.trust_remote_code)
         self.eos_ids = eos_token_ids(tok, self.model.generation_config)

@@ -11,7 +11,7 @@ R = "actor_rollout_ref.rollout"
 # engine_kwargs.vllm would silently fight the dagrl setting, so validate refuses them.
 RESERVED_ENGINE_KWARGS: dict[str, str] = {
     "model": "actor_rollout_ref.model.path",
-    "dtype": "actor_rollout_ref.model.dtype",
+    "dtype": f"{R}.dtype",
     "trust_remote_code": "actor_rollout_ref.model.trust_remote_code",
     "tensor_parallel_size": f"{R}.tensor_model_parallel_size",
     "gpu_memory_utilization": f"{R}.gpu_memory_utilization",
@@ -54,11 +54,13 @@ def llm_kwargs(cfg, model_path: str) -> dict[str, Any]:
     pool's process group, consecutive ranks form its TP groups, and every TP group is an
     independent data-parallel replica that receives its own share of the prompts.
     """
+    from dagrl.config.roles import rollout_dtype
+
     arr = cfg.actor_rollout_ref
     r = arr.rollout
     kwargs: dict[str, Any] = dict(
         model=model_path,
-        dtype=_VLLM_DTYPES[arr.model.dtype],
+        dtype=_VLLM_DTYPES[rollout_dtype(cfg)],
         trust_remote_code=arr.model.trust_remote_code,
         tensor_parallel_size=r.tensor_model_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization,
