@@ -377,6 +377,7 @@ def translate(overrides: list[str], notes: bool = True) -> list[str]:
     out = []
     for text in overrides:
         text = json_override(text)
+        _refuse_unsupported(text)  # a refused key is refused for itself, whatever its value
         override, text = override_values.parse(parser, text)  # unreadable values: one line
         key = override.key_or_group
         found = None if override.is_delete() else lookup(key)
@@ -427,6 +428,13 @@ def parse_override(parser, text: str):
             raise ConfigError(key, raw, f"not a dagrl setting: {found[1].fix}") from None
         reason = str(exc).strip().splitlines()[0]
         raise ConfigError(key, raw, f"the value cannot be read ({reason}); quote it: {key}='...'") from None
+
+
+def _refuse_unsupported(text: str) -> None:
+    key, _, raw = text.partition("=")
+    found = lookup(key.lstrip("+~"))
+    if found is not None and isinstance(found[1], Unsupported):
+        raise ConfigError(key, raw, f"not a dagrl setting: {found[1].fix}")
 
 
 def json_override(text: str) -> str:
