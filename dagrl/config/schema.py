@@ -209,6 +209,43 @@ class VLLMEngineKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn rollout (docs/multi_turn.md): the policy acts, tools or an environment answer,
+    until the episode ends. verl's key names; ms-swift's `max_turns` is an alias of
+    max_assistant_turns."""
+
+    enable: bool = False
+    """Run episodes of several turns instead of one response per prompt."""
+    max_assistant_turns: int = ranged(4, ge=1)
+    """Policy turns per episode at most (ms-swift: max_turns)."""
+    max_user_turns: int = ranged(4, ge=0)
+    """Observation turns (tool results, environment replies) per episode at most."""
+    environment: str = "tools"
+    """Registered environment (dagrl/tools, or external_plugins): `tools` runs the tools of
+    tool_config_path on the policy's tool calls."""
+    tool_config_path: Optional[str] = None
+    """YAML file listing the tools: `tools: [{name: <registered tool>, config: {...}}]`."""
+    format: str = "hermes"
+    """Tool-call parser: hermes (Qwen's `<tool_call>{json}</tool_call>`) or a registered one."""
+    observation_role: str = "tool"
+    """Chat-template role of observation turns (Qwen2.5/Qwen3 templates render `tool` turns)."""
+    max_parallel_calls: int = ranged(1, ge=1)
+    """Tool calls of one turn run at most (more are answered with an error observation)."""
+    max_tool_response_length: int = ranged(256, ge=1)
+    """Tokens of one observation's content at most (cut at tool_response_truncate_side)."""
+    tool_response_truncate_side: str = "middle"
+    """left (keep the end), right (keep the start) or middle (keep both ends)."""
+    tool_timeout_s: float = ranged(10.0, gt=0)
+    """One tool call's wall-clock limit; past it the call answers with an error observation."""
+    episode_tool_timeout_s: float = ranged(60.0, gt=0)
+    """An episode's total tool time limit; past it the episode ends."""
+    tool_workers: int = ranged(16, ge=1)
+    """Threads that run environment steps and tool calls of all episodes concurrently."""
+    env_reward_weight: float = 1.0
+    """Weight of the environment's summed step rewards in the score (added to reward.functions)."""
+
+
+@dataclass
 class RolloutConfig:
     name: RolloutName = RolloutName.hf
     """Rollout engine: hf (transformers, CPU default) or vllm (GPUs; docs/vllm.md)."""
@@ -265,6 +302,8 @@ class RolloutConfig:
     possible: rollout TP=1); false keeps HF-named buckets through the engine's loader."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling of validation."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn episodes with tools or environments (off: one response per prompt)."""
 
 
 @dataclass

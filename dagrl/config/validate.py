@@ -25,6 +25,7 @@ from dagrl.config.validate_megatron import (
     check_no_megatron_knobs,
     inherit_ref_megatron,
 )
+from dagrl.config.validate_multi_turn import check_multi_turn
 from dagrl.config.validate_rollout import check_overlap_placement, check_rollout_engine
 from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
@@ -172,6 +173,7 @@ def _check_rollout(cfg: DagrlConfig) -> None:
             "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)",
         )
     check_rollout_engine(cfg)
+    check_multi_turn(cfg)
 
 
 def _check_trainer(cfg: DagrlConfig) -> None:
