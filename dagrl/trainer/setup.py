@@ -70,7 +70,9 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     warning = check_memory(cfg, plan)  # a real run raises instead
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     warnings = (warning,) if warning else ()
-    return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles), _validation_dag(cfg)), warnings)
+    return Prepared(
+        cfg, device, plan, dag, model_path, validation_dags(set(plan.roles), _validation_dag(cfg)), warnings
+    )
 
 
 def check_models(cfg: DagrlConfig) -> None:

@@ -33,7 +33,9 @@ class HFRolloutBackend:
         self.pad_id = tok.pad_token_id
         mt = arr.rollout.multi_turn
         self.multi_turn = (
-            MultiTurnRollout(mt, tok, cfg.data.max_response_length, self.eos_ids, self.pad_id) if mt.enable else None
+            MultiTurnRollout(mt, tok, cfg.data.max_response_length, self.eos_ids, self.pad_id)
+            if mt.enable
+            else None
         )
         self.params = dict(self.model.named_parameters())
         self.params.update(dict(self.model.named_buffers()))
@@ -77,7 +79,9 @@ class HFRolloutBackend:
         greedy = (validate and not r.val_kwargs.do_sample) or s.temperature <= 0
         gen = torch.Generator(device=self.ctx.device).manual_seed(seed * 1000003 + self.ctx.rank)
         if self.multi_turn is not None:
-            sampler = HFTurnSampler(self, gen, (s.temperature, s.top_p, s.top_k, greedy), r.micro_batch_size_per_gpu)
+            sampler = HFTurnSampler(
+                self, gen, (s.temperature, s.top_p, s.top_k, greedy), r.micro_batch_size_per_gpu
+            )
             prompts = [p[m.bool()].tolist() for p, m in zip(batch["prompts"], batch["prompt_mask"])]
             tensors, metrics = self.multi_turn.generate(sampler, prompts, batch_rows(batch, len(batch)))
             return Batch(tensors), metrics
@@ -97,7 +101,14 @@ class HFRolloutBackend:
         return Batch({"responses": responses, "response_mask": mask, "rollout_logprobs": logprobs}), metrics
 
     def _generate(
-        self, mb: Batch, gen, temperature: float, top_p: float, top_k: int, greedy: bool, max_new: int | None = None
+        self,
+        mb: Batch,
+        gen,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        greedy: bool,
+        max_new: int | None = None,
     ):
         dev = self.ctx.device
         max_new = max_new or self.cfg.data.max_response_length

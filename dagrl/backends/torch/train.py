@@ -231,7 +231,10 @@ class TorchTrainBackend:
         dev = self.ctx.device
         for mb in batch.chunks(self.cfg.teacher.log_prob_micro_batch_size_per_gpu):
             ids, attn, pos = sequence_inputs(
-                *(t.to(dev) for t in (mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb)))
+                *(
+                    t.to(dev)
+                    for t in (mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb))
+                )
             )
             rows, seq = ids.shape
             resp_len = mb["responses"].shape[1]
