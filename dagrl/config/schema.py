@@ -220,6 +220,9 @@ class MultiTurnConfig:
     """Policy turns per episode at most (ms-swift: max_turns)."""
     max_user_turns: int = ranged(4, ge=0)
     """Observation turns (tool results, environment replies) per episode at most."""
+    max_tokens_per_turn: Optional[int] = ranged(None, ge=1, hint="or null = what the episode has left")
+    """Tokens one policy turn may sample at most; a turn cut there still goes to the environment
+    (None: each turn may use what is left of data.max_response_length)."""
     environment: str = "tools"
     """Registered environment (dagrl/tools, or external_plugins): `tools` runs the tools of
     tool_config_path on the policy's tool calls."""

@@ -10,7 +10,8 @@ submitted, while others decode or wait on tools. A `Sampler` that batches whole 
 backend, `turn_synchronous`) gets every ready request at once, in episode order, so a run is
 reproducible; the vLLM sampler adds requests to a running engine one by one (continuous batching).
 
-An episode ends when a turn does not end with EOS (its length budget ran out), the environment
+An episode ends when a turn stops short of EOS because the episode's length budget ran out (one
+cut at multi_turn.max_tokens_per_turn goes on to the environment), the environment
 says done (the `tools` environment: a turn without a tool call), max_assistant_turns policy turns
 or max_user_turns observations have been made, or the next observation would not fit
 data.max_response_length, which bounds the whole trajectory after the prompt (policy turns,
@@ -43,7 +44,8 @@ class Sampler(Protocol):
         ...
 
     def poll(self) -> list[Sample]:
-        """Finished requests; blocks until at least one finishes while any is in flight."""
+        """Finished requests. A turn-synchronous sampler finishes every queued one; another may
+        return after one engine step with none, so that the loop can hand back tool results."""
         ...
 
     def in_flight(self) -> int: ...
@@ -57,6 +59,12 @@ class EpisodeLimits:
     max_tool_response_length: int
     truncate_side: str
     eos_ids: tuple[int, ...]
+    max_tokens_per_turn: int | None = None
+
+    def turn_budget(self, used: int) -> int:
+        """Tokens the next turn may sample after `used` tokens of the episode."""
+        left = self.max_response_length - used
+        return left if self.max_tokens_per_turn is None else min(left, self.max_tokens_per_turn)
 
 
 @dataclass
@@ -102,7 +110,7 @@ def run_episodes(
         if env.reset(row):
             raise NotImplementedError("an environment's first observation must be in the row's prompt")
     for i, t in enumerate(trajs):
-        sampler.submit(i, t.prompt, limits.max_response_length)
+        sampler.submit(i, t.prompt, limits.turn_budget(0))
     stepping: dict[Future, int] = {}
     while sampler.in_flight() or stepping:
         if sampler.in_flight() and not (sampler.turn_synchronous and stepping):
@@ -117,9 +125,7 @@ def run_episodes(
             if obs is not None:
                 trajs[i].add(obs, None, trajs[i].turns - 1)
                 trajs[i].observations += 1
-                sampler.submit(
-                    i, trajs[i].prompt + trajs[i].tokens, limits.max_response_length - len(trajs[i].tokens)
-                )
+                sampler.submit(i, trajs[i].prompt + trajs[i].tokens, limits.turn_budget(len(trajs[i].tokens)))
     return trajs
 
 
@@ -138,9 +144,11 @@ def _observation(
     for k, v in result.info.items():
         if isinstance(v, (int, float)):
             t.info[k] = t.info.get(k, 0.0) + float(v)
+    turn_len = t.turn.count(t.turns - 1)  # the last policy turn (no observation after it yet)
     ended_by_eos = bool(t.tokens) and t.tokens[-1] in limits.eos_ids
+    cut_per_turn = limits.max_tokens_per_turn is not None and turn_len >= limits.max_tokens_per_turn
     stop = (
-        "length" if not ended_by_eos
+        "length" if not ended_by_eos and not cut_per_turn
         else "done" if result.done or result.observation is None
         else "max_assistant_turns" if t.turns >= limits.max_assistant_turns
         else "max_user_turns" if t.observations >= limits.max_user_turns

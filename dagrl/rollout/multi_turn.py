@@ -69,6 +69,7 @@ class MultiTurnRollout:
             mt.max_tool_response_length,
             mt.tool_response_truncate_side,
             tuple(eos_ids),
+            mt.max_tokens_per_turn,
         )
         # episode steps and the tool calls they make run on separate pools: a step waiting on its
         # calls must never hold the thread a call needs

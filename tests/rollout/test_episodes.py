@@ -152,3 +152,13 @@ def test_raising_environment_ends_only_its_episode(tok):
 def test_template_observation_ids_are_prefix_content_suffix():
     t = TurnTemplate((5, 6), (7,))
     assert t.observation_ids([1, 2]) == [5, 6, 1, 2, 7]
+
+
+def test_turn_cut_at_max_tokens_per_turn_goes_on(tok):
+    """A turn cut by multi_turn.max_tokens_per_turn still reaches the environment and the
+    episode goes on; one cut by the episode's own budget ends it."""
+    lim = EpisodeLimits(64, 3, 3, 8, "right", (EOS,), max_tokens_per_turn=3)
+    trajs, sampler, _ = play(tok, [[[20] * 10] * 3], [Echo()], lim)
+    assert trajs[0].turns == 3 and trajs[0].stop == "max_assistant_turns"
+    assert [b for _, _, b in sampler.contexts] == [3, 3, 3]
+    assert sum(trajs[0].policy) == 9
