@@ -98,7 +98,6 @@ class MultiTurnRollout:
         metrics = episode_metrics(trajs)
         policy_tokens = int(tensors["response_mask"].sum())
         metrics["rollout/tokens_per_s"] = policy_tokens / max(seconds, 1e-9)
-        metrics["rollout/generate_s"] = seconds
         return tensors, metrics
 
 
