@@ -16,6 +16,7 @@ from dagrl.algos.losses import KLEstimator, LossAggMode
 from dagrl.config.enums import (  # noqa: F401  (re-exported: config users import them from here)
     AdvEstimator,
     Algorithm,
+    BuiltinTask,
     Device,
     LayerSpec,
     LoggerName,
@@ -61,6 +62,9 @@ class DataConfig:
     """Shuffle the training rows every epoch."""
     seed: int = ranged(1, ge=0)
     """Seed of the shuffle and of the built-in task's generator."""
+    builtin_task: BuiltinTask = BuiltinTask.arith
+    """The built-in task when data.train_files is unset: arith, or calculator (multi-turn, with
+    its own tiny model when actor_rollout_ref.model.path is unset)."""
     builtin_train_rows: int = ranged(2048, ge=1)
     """Rows of the built-in task's training split."""
     builtin_val_rows: int = ranged(128, ge=1)

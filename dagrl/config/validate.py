@@ -12,6 +12,7 @@ from dagrl.config.ranges import check_ranges
 from dagrl.config.roles import ROLE_TEACHER, RoleKind
 from dagrl.config.schema import (
     Algorithm,
+    BuiltinTask,
     DagrlConfig,
     Device,
     ResumeMode,
@@ -46,6 +47,11 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
                 f"{A}.optim.lr", None, "set the learning rate for your model (e.g. 1e-6 for 1B–8B)"
             )
         optim.lr = BUILTIN_LR
+    builtin_calculator = cfg.data.train_files is None and cfg.data.builtin_task == BuiltinTask.calculator
+    if builtin_calculator and cfg.actor_rollout_ref.model.path is None:
+        from dagrl.data.builtin_calculator import tiny_calculator_path
+
+        cfg.actor_rollout_ref.model.path = tiny_calculator_path()  # taught the tool-call format
     if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
         inherit_ref_megatron(cfg)
     uses_teacher = cfg.algorithm.name in (Algorithm.gkd, Algorithm.opsd) or cfg.algorithm.distill_reward.coef

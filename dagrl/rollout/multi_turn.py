@@ -6,8 +6,10 @@ the thread pool that runs environment steps. Backends bring a `Sampler` (their e
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import yaml
 
@@ -23,10 +25,12 @@ ROW_KEYS = ("data_source", "ground_truth", "extra_info")  # what an environment'
 
 
 def load_tools(path: str | None) -> dict[str, Tool]:
-    """The tools of a tool config file: `tools: [{name: <registered>, config: {kwargs}}]`."""
+    """The tools of a tool config file: `tools: [{name: <registered>, config: {kwargs}}]`. A
+    relative path is read from the working directory, else from dagrl's source tree."""
     if path is None:
         return {}
     key = f"{MT}.tool_config_path"
+    path = _shipped(path)
     try:
         with open(path) as f:
             doc = yaml.safe_load(f) or {}
@@ -48,6 +52,15 @@ def load_tools(path: str | None) -> dict[str, Tool]:
             raise ConfigError(f"{path}: tools[{i}].config", entry.get("config"), str(e)) from e
         tools[tool.name] = tool
     return tools
+
+
+def _shipped(path: str) -> str:
+    """A relative path missing from the working directory is looked up in dagrl's source tree,
+    so the presets' `conf/tools/*.yaml` work from anywhere."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    shipped = Path(__file__).resolve().parents[2] / path
+    return str(shipped) if shipped.exists() else path
 
 
 class MultiTurnRollout:

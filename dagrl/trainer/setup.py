@@ -229,7 +229,11 @@ def load_data(cfg: DagrlConfig, model_path: str):
         response_key=d.response_key,
     )
     if d.train_files is None:
-        from dagrl.data.builtin import generate_rows
+        from dagrl.data import builtin, builtin_calculator
+
+        generate_rows = (
+            builtin_calculator if d.builtin_task.value == "calculator" else builtin
+        ).generate_rows
 
         train = PromptDataset.from_rows(
             generate_rows("train", d.builtin_train_rows, d.seed),

@@ -58,3 +58,13 @@ def test_budget_rule_counts_turns_observation_and_template():
     checked(*OK, "data.max_response_length=28")
     with pytest.raises(ConfigError, match="need 28"):
         checked(*OK, "data.max_response_length=27")
+
+
+def test_presets_compose_and_validate():
+    from dagrl.data.builtin_calculator import tiny_calculator_path
+
+    cfg = checked("experiment=multi_turn/calculator")
+    assert cfg.actor_rollout_ref.model.path == tiny_calculator_path()
+    assert cfg.actor_rollout_ref.rollout.multi_turn.enable and cfg.dag == "grpo_multi_turn"
+    cfg = checked("experiment=multi_turn/python_math", "actor_rollout_ref.model.path=/models/qwen")
+    assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == "conf/tools/python.yaml"
