@@ -26,7 +26,8 @@ ROW_KEYS = ("data_source", "ground_truth", "extra_info")  # what an environment'
 
 def load_tools(path: str | None) -> dict[str, Tool]:
     """The tools of a tool config file: `tools: [{name: <registered>, config: {kwargs}}]`. A
-    relative path is read from the working directory, else from dagrl's source tree."""
+    relative path is read from the working directory, else from the dagrl package (the shipped
+    `conf/tools/*.yaml` live in dagrl/conf)."""
     if path is None:
         return {}
     key = f"{MT}.tool_config_path"
@@ -55,11 +56,11 @@ def load_tools(path: str | None) -> dict[str, Tool]:
 
 
 def _shipped(path: str) -> str:
-    """A relative path missing from the working directory is looked up in dagrl's source tree,
-    so the presets' `conf/tools/*.yaml` work from anywhere."""
+    """A relative path missing from the working directory is looked up in the dagrl package, so
+    the presets' `conf/tools/*.yaml` work from anywhere."""
     if os.path.isabs(path) or os.path.exists(path):
         return path
-    shipped = Path(__file__).resolve().parents[2] / path
+    shipped = Path(__file__).resolve().parents[1] / path  # dagrl/conf/tools/*.yaml
     return str(shipped) if shipped.exists() else path
 
 
