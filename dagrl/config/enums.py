@@ -24,6 +24,14 @@ class BuiltinTask(str, Enum):
     calculator = "calculator"  # three-digit addition with a calculator tool (builtin_calculator.py)
 
 
+class TruncateSide(str, Enum):
+    """Which end of an over-long tool observation is cut."""
+
+    left = "left"  # keep the end
+    right = "right"  # keep the start
+    middle = "middle"  # keep both ends
+
+
 class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"

@@ -30,6 +30,7 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     SelfTeacher,
     TeacherPlacement,
     TrainStrategy,
+    TruncateSide,
     parse_resume_mode,
 )
 from dagrl.config.ranges import ranged
@@ -240,7 +241,7 @@ class MultiTurnConfig:
     """Tool calls of one turn run at most (more are answered with an error observation)."""
     max_tool_response_length: int = ranged(256, ge=1)
     """Tokens of one observation's content at most (cut at tool_response_truncate_side)."""
-    tool_response_truncate_side: str = "middle"
+    tool_response_truncate_side: TruncateSide = TruncateSide.middle
     """left (keep the end), right (keep the start) or middle (keep both ends)."""
     tool_timeout_s: float = ranged(10.0, gt=0)
     """One tool call's wall-clock limit; past it the call answers with an error observation."""

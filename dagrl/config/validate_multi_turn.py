@@ -23,15 +23,9 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return
-    from dagrl.rollout.multi_turn import TRUNCATE_SIDES, load_tools
+    from dagrl.rollout.multi_turn import load_tools
     from dagrl.tools.base import ENVIRONMENTS, PARSERS, lookup
 
-    if mt.tool_response_truncate_side not in TRUNCATE_SIDES:
-        raise ConfigError(
-            f"{MT}.tool_response_truncate_side",
-            mt.tool_response_truncate_side,
-            f"use one of {TRUNCATE_SIDES}",
-        )
     if cfg.dag == "grpo":
         raise ConfigError(
             "dag", cfg.dag, "multi-turn rows need the DAG that carries their masks: dag=grpo_multi_turn"

@@ -20,7 +20,6 @@ from dagrl.rollout.template import turn_template
 from dagrl.tools.base import ENVIRONMENTS, MT, PARSERS, TOOLS, Tool, lookup
 from dagrl.tools.environment import ToolSettings
 
-TRUNCATE_SIDES = ("left", "right", "middle")
 ROW_KEYS = ("data_source", "ground_truth", "extra_info")  # what an environment's reset(row) sees
 
 
@@ -81,7 +80,7 @@ class MultiTurnRollout:
             mt.max_assistant_turns,
             mt.max_user_turns,
             mt.max_tool_response_length,
-            mt.tool_response_truncate_side,
+            mt.tool_response_truncate_side.value,
             tuple(eos_ids),
             mt.max_tokens_per_turn,
         )

@@ -41,7 +41,6 @@ def test_verl_and_ms_swift_keys():
         ("dag=grpo", "dag"),
         (f"{MT}.tool_config_path=/nonexistent.yaml", f"{MT}.tool_config_path"),
         (f"{MT}.tool_config_path=null", f"{MT}.tool_config_path"),
-        (f"{MT}.tool_response_truncate_side=top", f"{MT}.tool_response_truncate_side"),
         (f"{MT}.format=json", f"{MT}.format"),
         (f"{MT}.environment=gym", f"{MT}.environment"),
         ("algorithm=gkd", f"{MT}.enable"),
