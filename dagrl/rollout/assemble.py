@@ -38,8 +38,9 @@ def trajectories_to_tensors(trajs: list[Trajectory], width: int, max_turns: int,
 
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    """Means over episodes: turns, observations, policy share of the tokens; per-episode sums of the
-    environments' numeric info (tool calls, errors, timeouts); the share of each stop reason."""
+    """Means per episode: turns, observations, the environments' numeric info (tool calls, errors,
+    timeouts); the policy's share of the tokens; the share of each stop reason. Means, so that
+    replicas' figures average (the rollout node takes their mean)."""
     n = max(len(trajs), 1)
     metrics = {
         "multi_turn/assistant_turns": sum(t.turns for t in trajs) / n,
@@ -51,5 +52,5 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         metrics[f"multi_turn/stop_{reason}"] = sum(t.stop == reason for t in trajs) / n
     keys = {k for t in trajs for k in t.info}
     for k in sorted(keys):
-        metrics[k] = sum(t.info.get(k, 0.0) for t in trajs)
+        metrics[k] = sum(t.info.get(k, 0.0) for t in trajs) / n
     return metrics
