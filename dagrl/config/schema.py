@@ -249,7 +249,7 @@ class MultiTurnConfig:
     """An episode's total tool time limit; past it the episode ends."""
     tool_workers: int = ranged(16, ge=1)
     """Threads that run environment steps and tool calls of all episodes concurrently."""
-    env_reward_weight: float = 1.0
+    env_reward_weight: float = ranged(1.0, hint="negative values penalise the environment's rewards")
     """Weight of the environment's summed step rewards in the score (added to reward.functions)."""
 
 
