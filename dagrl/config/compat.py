@@ -167,7 +167,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "trainer.balance_batch": OnlyValue((False,), "rows are split over DP ranks in order"),
     "trainer.val_only": OnlyValue((False,), "run with trainer.total_training_steps=... instead"),
     "algorithm.use_pf_ppo": OnlyValue((False,), "dagrl has no PF-PPO reweighting"),
-    f"{R}.multi_turn.enable": OnlyValue((False,), "dagrl's rollout is single-turn"),
     # ---- verl: concepts dagrl does not have
     f"{A}.fsdp_config": Unsupported(_FSDP),
     f"{REF}.fsdp_config": Unsupported(_REF_FSDP),
@@ -221,8 +220,20 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "dagrl's rollout runs one engine per worker on whole batches; to sample the next batch while "
         f"this one trains use placement=separate {R}.overlap_steps=1"
     ),
-    f"{R}.multi_turn": Unsupported("dagrl's rollout is single-turn"),
-    f"{R}.agent": Unsupported("dagrl's rollout is single-turn, without agent loops"),
+    f"{R}.multi_turn.interaction_config_path": Unsupported(
+        f"a simulated user is an environment: register one and name it in {R}.multi_turn.environment"
+    ),
+    f"{R}.multi_turn.use_inference_chat_template": Unsupported(
+        "dagrl never re-renders the history: observations are tokenized between the template's "
+        "delimiters and the sampled ids are kept as sampled (docs/multi_turn.md)"
+    ),
+    f"{R}.multi_turn.tokenization_sanity_check_mode": Unsupported(
+        "dagrl never re-tokenizes the history, so there is nothing to check (docs/multi_turn.md)"
+    ),
+    f"{R}.agent": Unsupported(
+        f"dagrl's multi-turn rollout is {R}.multi_turn.* with environments and tools as plugins "
+        "(docs/multi_turn.md)"
+    ),
     "data.return_raw_chat": Unsupported(
         "dagrl applies the chat template once in the data layer; rollouts receive token ids"
     ),
@@ -248,6 +259,7 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "colocate_groups": Alias("placement.colocate_groups"),
     "device_groups": Alias("placement.device_groups"),
     "num_generations": Alias(f"{R}.n"),
+    "max_turns": Alias(f"{R}.multi_turn.max_assistant_turns"),
     "max_completion_length": Alias("data.max_response_length"),
     "num_train_epochs": Alias("trainer.total_epochs"),
     "train_iters": Alias("trainer.total_training_steps"),

@@ -17,6 +17,21 @@ class RolloutName(str, Enum):
     vllm = "vllm"
 
 
+class BuiltinTask(str, Enum):
+    """Offline tasks that need no data files (data.train_files unset)."""
+
+    arith = "arith"  # two-digit addition, single-turn (dagrl/data/builtin.py)
+    calculator = "calculator"  # three-digit addition with a calculator tool (builtin_calculator.py)
+
+
+class TruncateSide(str, Enum):
+    """Which end of an over-long tool observation is cut."""
+
+    left = "left"  # keep the end
+    right = "right"  # keep the start
+    middle = "middle"  # keep both ends
+
+
 class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"

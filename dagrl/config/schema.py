@@ -16,6 +16,7 @@ from dagrl.algos.losses import KLEstimator, LossAggMode
 from dagrl.config.enums import (  # noqa: F401  (re-exported: config users import them from here)
     AdvEstimator,
     Algorithm,
+    BuiltinTask,
     Device,
     LayerSpec,
     LoggerName,
@@ -29,6 +30,7 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     SelfTeacher,
     TeacherPlacement,
     TrainStrategy,
+    TruncateSide,
     parse_resume_mode,
 )
 from dagrl.config.ranges import ranged
@@ -61,6 +63,9 @@ class DataConfig:
     """Shuffle the training rows every epoch."""
     seed: int = ranged(1, ge=0)
     """Seed of the shuffle and of the built-in task's generator."""
+    builtin_task: BuiltinTask = BuiltinTask.arith
+    """The built-in task when data.train_files is unset: arith, or calculator (multi-turn, with
+    its own tiny model when actor_rollout_ref.model.path is unset)."""
     builtin_train_rows: int = ranged(2048, ge=1)
     """Rows of the built-in task's training split."""
     builtin_val_rows: int = ranged(128, ge=1)
@@ -234,6 +239,46 @@ class VLLMEngineKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn rollout (docs/multi_turn.md): the policy acts, tools or an environment answer,
+    until the episode ends. verl's key names; ms-swift's `max_turns` is an alias of
+    max_assistant_turns."""
+
+    enable: bool = False
+    """Run episodes of several turns instead of one response per prompt."""
+    max_assistant_turns: int = ranged(4, ge=1)
+    """Policy turns per episode at most (ms-swift: max_turns)."""
+    max_user_turns: int = ranged(4, ge=0)
+    """Observation turns (tool results, environment replies) per episode at most."""
+    max_tokens_per_turn: Optional[int] = ranged(None, ge=1, hint="or null = what the episode has left")
+    """Tokens one policy turn may sample at most; a turn cut there still goes to the environment
+    (None: each turn may use what is left of data.max_response_length)."""
+    environment: str = "tools"
+    """Registered environment (dagrl/tools, or external_plugins): `tools` runs the tools of
+    tool_config_path on the policy's tool calls."""
+    tool_config_path: Optional[str] = None
+    """YAML file listing the tools: `tools: [{name: <registered tool>, config: {...}}]`."""
+    format: str = "hermes"
+    """Tool-call parser: hermes (Qwen's `<tool_call>{json}</tool_call>`) or a registered one."""
+    observation_role: str = "tool"
+    """Chat-template role of observation turns (Qwen2.5/Qwen3 templates render `tool` turns)."""
+    max_parallel_calls: int = ranged(1, ge=1)
+    """Tool calls of one turn run at most (more are answered with an error observation)."""
+    max_tool_response_length: int = ranged(256, ge=1)
+    """Tokens of one observation's content at most (cut at tool_response_truncate_side)."""
+    tool_response_truncate_side: TruncateSide = TruncateSide.middle
+    """left (keep the end), right (keep the start) or middle (keep both ends)."""
+    tool_timeout_s: float = ranged(10.0, gt=0)
+    """One tool call's wall-clock limit; past it the call answers with an error observation."""
+    episode_tool_timeout_s: float = ranged(60.0, gt=0)
+    """An episode's total tool time limit; past it the episode ends."""
+    tool_workers: int = ranged(16, ge=1)
+    """Threads that run environment steps and tool calls of all episodes concurrently."""
+    env_reward_weight: float = ranged(1.0, hint="negative values penalise the environment's rewards")
+    """Weight of the environment's summed step rewards in the score (added to reward.functions)."""
+
+
+@dataclass
 class RolloutConfig:
     name: RolloutName = RolloutName.hf
     """Rollout engine: hf (transformers, CPU default) or vllm (GPUs; docs/vllm.md)."""
@@ -297,6 +342,8 @@ class RolloutConfig:
     possible: rollout TP=1); false keeps HF-named buckets through the engine's loader."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling of validation."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn episodes with tools or environments (off: one response per prompt)."""
 
 
 @dataclass

@@ -12,6 +12,7 @@ from dagrl.config.ranges import check_ranges
 from dagrl.config.roles import ROLE_TEACHER, RoleKind
 from dagrl.config.schema import (
     Algorithm,
+    BuiltinTask,
     DagrlConfig,
     Device,
     ResumeMode,
@@ -26,6 +27,7 @@ from dagrl.config.validate_megatron import (
     inherit_ref_megatron,
     recompute_for_checkpointing,
 )
+from dagrl.config.validate_multi_turn import check_multi_turn
 from dagrl.config.validate_precision import check_precision
 from dagrl.config.validate_rollout import check_overlap_placement, check_rollout_engine
 from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
@@ -47,6 +49,11 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
                 f"{A}.optim.lr", None, "set the learning rate for your model (e.g. 1e-6 for 1B–8B)"
             )
         optim.lr = BUILTIN_LR
+    builtin_calculator = cfg.data.train_files is None and cfg.data.builtin_task == BuiltinTask.calculator
+    if builtin_calculator and cfg.actor_rollout_ref.model.path is None:
+        from dagrl.data.builtin_calculator import tiny_calculator_path
+
+        cfg.actor_rollout_ref.model.path = tiny_calculator_path()  # taught the tool-call format
     if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
         inherit_ref_megatron(cfg)
         recompute_for_checkpointing(cfg)
@@ -186,6 +193,7 @@ def _check_rollout(cfg: DagrlConfig) -> None:
             "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)",
         )
     check_rollout_engine(cfg)
+    check_multi_turn(cfg)
 
 
 def _check_trainer(cfg: DagrlConfig) -> None:

@@ -5,6 +5,8 @@ Every key a node reads or writes is declared in KEYS (plugins add theirs through
 Tensors share dim 0 (rows). Layout of a sequence row (as in verl):
     prompts   [B, P]  left-padded
     responses [B, R]  right-padded, response_mask [B, R] marks real tokens
+Multi-turn rows (dagrl/rollout) hold observations inside `responses`: there response_mask marks
+only the policy's tokens and response_attention_mask every real one (`response_attention`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ KEYS: dict[str, str] = {
     "teacher_prompts": "[B, P'] left-padded privileged teacher prompt ids (OPSD)",
     "teacher_prompt_mask": "[B, P'] 1 on teacher prompt tokens",
     "responses": "[B, R] right-padded response token ids",
-    "response_mask": "[B, R] 1 on response tokens",
+    "response_mask": "[B, R] 1 on response tokens the policy sampled (what losses and metrics count)",
+    "response_attention_mask": "[B, R] multi-turn: 1 on every real response token, observations too",
+    "turn_ids": "[B, R] multi-turn: assistant turn of each response token (its observation too); -1 pad",
+    "turn_rewards": "[B, T] multi-turn: the environment's reward after each assistant turn",
+    "env_rewards": "[B] multi-turn: the environment's rewards of an episode, summed",
     "rollout_logprobs": "[B, R] log-probs of the sampled tokens under the rollout policy",
     "old_logprobs": "[B, R] log-probs under the actor before this step's update",
     "ref_logprobs": "[B, R] log-probs under the reference model",
@@ -143,6 +149,14 @@ def right_pad(seqs: list[list[int]], pad_id: int, width: int) -> tuple[torch.Ten
         ids[i, : len(kept)] = torch.as_tensor(kept, dtype=torch.long)
         mask[i, : len(kept)] = 1
     return ids, mask
+
+
+def response_attention(batch: Batch) -> torch.Tensor:
+    """[B, R] 1 on every real response token: the forward pass attends to observations too, while
+    losses count only response_mask's policy tokens. Single-turn batches: response_mask itself."""
+    if "response_attention_mask" in batch:
+        return batch["response_attention_mask"]
+    return batch["response_mask"]
 
 
 def sequence_inputs(

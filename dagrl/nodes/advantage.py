@@ -24,9 +24,11 @@ def distill_student_key(cfg) -> str:
 
 
 def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """[B] scores placed on each row's last response token -> [B, R]."""
+    """[B] scores placed on each row's last response token -> [B, R]. The last masked column, not
+    the mask's count: multi-turn rows have observations (mask 0) between the policy's turns."""
     rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(1) - 1).clamp(min=0).long()
+    columns = torch.arange(response_mask.shape[1])
+    last = torch.where(response_mask.bool(), columns, -1).max(dim=1).values.clamp(min=0)
     rewards[torch.arange(len(scores)), last] = scores.float()
     return rewards * response_mask
 

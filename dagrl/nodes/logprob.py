@@ -10,6 +10,14 @@ from dagrl.core.node import NodeResult, register_node_kind
 _SEQ_INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
 
 
+def sequence_inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(required, optional): multi-turn rows need response_attention_mask, or the forward would
+    not attend to the observations the policy saw."""
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        return (*_SEQ_INPUTS, "response_attention_mask"), ()
+    return _SEQ_INPUTS, ("response_attention_mask",)
+
+
 def logprob_result(runtime, spec, batch, output_key: str) -> NodeResult:
     """Log-probs of the responses on spec.role's train backend under output_key."""
     out, per_rank = train_role(runtime, spec.role).forward_logprobs(batch, output_key=output_key)
@@ -25,9 +33,11 @@ def logprob_result(runtime, spec, batch, output_key: str) -> NodeResult:
 @register_node_kind("old_logprob")
 class OldLogprobNode:
     required_inputs = _SEQ_INPUTS
-    optional_inputs = ()
+    optional_inputs = ("response_attention_mask",)  # multi-turn rows: observations are attended
     outputs = ("old_logprobs",)
     remote = True
+
+    inputs_for = staticmethod(sequence_inputs_for)
 
     def __init__(self, spec, cfg):
         self.spec = spec
@@ -44,9 +54,11 @@ class OldLogprobNode:
 @register_node_kind("ref_logprob")
 class RefLogprobNode:
     required_inputs = _SEQ_INPUTS
-    optional_inputs = ()
+    optional_inputs = ("response_attention_mask",)  # multi-turn rows: observations are attended
     outputs = ("ref_logprobs",)
     remote = True
+
+    inputs_for = staticmethod(sequence_inputs_for)
 
     def __init__(self, spec, cfg):
         self.spec = spec

@@ -15,6 +15,8 @@ NONFINITE_REWARDS = "train/nonfinite_rewards"
 
 
 def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+    """The masked tokens of each row as text: on multi-turn rows the policy's turns only (the
+    reward functions judge what the policy said, observations left out)."""
     rows = [r[m.bool()].tolist() for r, m in zip(responses, response_mask)]
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
@@ -60,7 +62,8 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
 @register_node_kind("reward")
 class RewardNode:
     required_inputs = ("responses", "response_mask", "data_source", "ground_truth", "extra_info")
-    optional_inputs = ("prompts", "prompt_mask")  # decoded for TRL-form rewards
+    # prompts: decoded for TRL-form rewards; env_rewards: a multi-turn environment's own rewards
+    optional_inputs = ("prompts", "prompt_mask", "env_rewards")
     outputs = ("scores",)
     remote = False
 
@@ -73,4 +76,9 @@ class RewardNode:
 
     def run(self, runtime, batch):
         scores, metrics = score_responses(runtime, batch)
+        if "env_rewards" in batch:  # multi-turn: the environment's rewards join the functions' score
+            weight = runtime.cfg.actor_rollout_ref.rollout.multi_turn.env_reward_weight
+            scores = scores + weight * batch["env_rewards"]
+            metrics["reward/env_mean"] = float(batch["env_rewards"].mean())
+            metrics["reward/total_mean"] = float(scores.mean())
         return NodeResult(Batch({"scores": scores}), metrics)

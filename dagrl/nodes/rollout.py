@@ -11,6 +11,10 @@ from dagrl.backends.handles import rollout_role
 from dagrl.core.batch import Batch
 from dagrl.core.metrics import reduce_all
 from dagrl.core.node import NodeResult, register_node_kind
+from dagrl.rollout.multi_turn import ROW_KEYS
+
+# multi-turn rollouts (dagrl/rollout) also give these; a DAG lists the ones it uses
+MULTI_TURN_OUTPUTS = ("response_attention_mask", "turn_ids", "turn_rewards", "env_rewards")
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -33,8 +37,8 @@ class RolloutNode:
     marks the rows whose responses came from the data."""
 
     required_inputs = ("prompts", "prompt_mask")
-    optional_inputs = ("dataset_responses", "dataset_response_mask")
-    outputs = ("responses", "response_mask", "rollout_logprobs", "off_policy")
+    optional_inputs = ("dataset_responses", "dataset_response_mask", *ROW_KEYS)
+    outputs = ("responses", "response_mask", "rollout_logprobs", "off_policy", *MULTI_TURN_OUTPUTS)
     remote = True
 
     def __init__(self, spec, cfg):
@@ -51,8 +55,9 @@ class RolloutNode:
             return self._dataset_responses(batch)
         handle = rollout_role(runtime, self.spec.role)
         out, per_rank = handle.generate(
-            batch.select(("prompts", "prompt_mask")), seed=step_seed(seed, runtime.step)
+            batch.select(("prompts", "prompt_mask", *ROW_KEYS)), seed=step_seed(seed, runtime.step)
         )
+        out = out.select(self.spec.outputs)
         metrics = reduce_all(per_rank)  # replicas' means (memory per phase, generate seconds)
         metrics["rollout/tokens_per_s"] = sum(m["rollout/tokens_per_s"] for m in per_rank)  # all replicas
         if "off_policy" in self.spec.outputs:
@@ -80,8 +85,8 @@ class ValRolloutNode:
     chunks of data.val_batch_size prompts (all at once when unset)."""
 
     required_inputs = ("prompts", "prompt_mask")
-    optional_inputs = ()
-    outputs = ("responses", "response_mask", "rollout_logprobs")
+    optional_inputs = ROW_KEYS
+    outputs = ("responses", "response_mask", "rollout_logprobs", *MULTI_TURN_OUTPUTS)
     remote = True
 
     def __init__(self, spec, cfg):
@@ -100,5 +105,5 @@ class ValRolloutNode:
             pad = (-len(chunk)) % handle.dp_size  # pad with repeats so every DP rank gets a shard
             padded = Batch.concat([chunk, chunk.index(range(pad))]) if pad else chunk
             out, _ = handle.generate(padded, seed=step_seed(runtime.cfg.trainer.seed, 0), validate=True)
-            outs.append(out.index(range(len(chunk))))
+            outs.append(out.select(self.spec.outputs).index(range(len(chunk))))
         return NodeResult(outs[0] if len(outs) == 1 else Batch.concat(outs))

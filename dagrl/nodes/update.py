@@ -16,7 +16,7 @@ SEQUENCE_INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
 class ActorUpdateNode:
     # without a config: the sequence only; inputs_for adds what the configured objective reads
     required_inputs = SEQUENCE_INPUTS
-    optional_inputs = ()
+    optional_inputs = ("response_attention_mask",)
     outputs = ()
     remote = True
 
@@ -31,8 +31,10 @@ class ActorUpdateNode:
     def inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(required, optional) inputs: the sequence plus the keys of `algorithm.name`'s objective."""
         objective = build_objective(cfg)
-        required = tuple(dict.fromkeys((*SEQUENCE_INPUTS, *objective.required_keys)))
-        return required, tuple(k for k in objective.optional_keys if k not in required)
+        multi_turn = ("response_attention_mask",) if cfg.actor_rollout_ref.rollout.multi_turn.enable else ()
+        required = tuple(dict.fromkeys((*SEQUENCE_INPUTS, *multi_turn, *objective.required_keys)))
+        optional = (*objective.optional_keys, "response_attention_mask")  # multi-turn: observations attended
+        return required, tuple(k for k in optional if k not in required)
 
     def run(self, runtime, batch):
         _, per_rank = train_role(runtime, self.spec.role).train_step(batch)

@@ -111,6 +111,8 @@ def default_reward_name(data_source: str) -> str:
         return "gsm8k"
     if lowered == "dagrl/arith":
         return "arith"
+    if lowered == "dagrl/calculator":
+        return "final_answer"
     if lowered in _MATH_SOURCES or "math" in lowered or "deepscaler" in lowered:
         return "math"
     raise DataError(

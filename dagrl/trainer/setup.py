@@ -74,7 +74,16 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     memory, warning = plan_device_memory(cfg, plan, model_path, phases)  # a real run raises instead
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     warnings = (warning,) if warning else ()
-    return Prepared(cfg, device, plan, dag, model_path, validation_dags(set(plan.roles)), warnings, memory)
+    return Prepared(
+        cfg,
+        device,
+        plan,
+        dag,
+        model_path,
+        validation_dags(set(plan.roles), _validation_dag(cfg)),
+        warnings,
+        memory,
+    )
 
 
 def check_models(cfg: DagrlConfig) -> None:
@@ -117,18 +126,22 @@ def check_rewards_for_data(cfg: DagrlConfig) -> None:
                     raise DataError(f"{key}: {path} row {row}: {exc}") from None
 
 
-def validation_dags(roles: set[str]) -> tuple[Dag, Dag] | None:
-    """The validation DAG (conf/dags/validate.yaml) without and with its weight sync; None when
-    the training DAG has no rollout role to sample with."""
+def _validation_dag(cfg: DagrlConfig) -> str:
+    return "validate_multi_turn" if cfg.actor_rollout_ref.rollout.multi_turn.enable else "validate"
+
+
+def validation_dags(roles: set[str], name: str = "validate") -> tuple[Dag, Dag] | None:
+    """The validation DAG (conf/dags/<name>.yaml: validate, or validate_multi_turn for multi-turn
+    episodes) without and with its weight sync; None when the training DAG has no rollout role."""
     from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
 
     if not {ROLE_ROLLOUT, ROLE_TRAIN} <= roles:
         return None
-    source, specs = load_dag_specs("validate")
+    source, specs = load_dag_specs(name)
     first = [s for s in specs if s.kind != "weight_sync"]
     for s in first:
         s.after = [a for a in s.after if a in {f.name for f in first}]
-    return build_dag("validate", source, first, roles), build_dag("validate", source, specs, roles)
+    return build_dag(name, source, first, roles), build_dag(name, source, specs, roles)
 
 
 def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[str, float]:
@@ -234,7 +247,11 @@ def load_data(cfg: DagrlConfig, model_path: str):
     )
     if d.train_files is None:
         from dagrl.config.schema import Algorithm
-        from dagrl.data.builtin import generate_rows
+        from dagrl.data import builtin, builtin_calculator
+
+        generate_rows = (
+            builtin_calculator if d.builtin_task.value == "calculator" else builtin
+        ).generate_rows
 
         privileged = cfg.algorithm.name == Algorithm.opsd  # under gkd, rows with one would be OPSD
 

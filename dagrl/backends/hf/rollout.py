@@ -15,9 +15,11 @@ from collections.abc import Iterable
 import torch
 
 from dagrl.algos import logprob_temperature
+from dagrl.backends.hf.multi_turn import HFTurnSampler
 from dagrl.backends.hf_model import eos_token_ids, load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.config.roles import rollout_dtype
 from dagrl.core.batch import Batch
+from dagrl.rollout.multi_turn import MultiTurnRollout, batch_rows
 
 
 class HFRolloutBackend:
@@ -30,6 +32,12 @@ class HFRolloutBackend:
         tok = load_tokenizer(path, arr.model.trust_remote_code)
         self.eos_ids = eos_token_ids(tok, self.model.generation_config)
         self.pad_id = tok.pad_token_id
+        mt = arr.rollout.multi_turn
+        self.multi_turn = (
+            MultiTurnRollout(mt, tok, cfg.data.max_response_length, self.eos_ids, self.pad_id)
+            if mt.enable
+            else None
+        )
         self.params = dict(self.model.named_parameters())
         self.params.update(dict(self.model.named_buffers()))
 
@@ -71,6 +79,13 @@ class HFRolloutBackend:
         s = r.val_kwargs if validate else r
         greedy = (validate and not r.val_kwargs.do_sample) or s.temperature <= 0
         gen = torch.Generator(device=self.ctx.device).manual_seed(seed * 1000003 + self.ctx.rank)
+        if self.multi_turn is not None:
+            sampler = HFTurnSampler(
+                self, gen, (s.temperature, s.top_p, s.top_k, greedy), r.micro_batch_size_per_gpu
+            )
+            prompts = [p[m.bool()].tolist() for p, m in zip(batch["prompts"], batch["prompt_mask"])]
+            tensors, metrics = self.multi_turn.generate(sampler, prompts, batch_rows(batch, len(batch)))
+            return Batch(tensors), metrics
         start = time.perf_counter()
         outs = [
             self._generate(mb, gen, s.temperature, s.top_p, s.top_k, greedy)
@@ -86,9 +101,18 @@ class HFRolloutBackend:
         metrics = {"rollout/tokens_per_s": tokens / max(seconds, 1e-9)}
         return Batch({"responses": responses, "response_mask": mask, "rollout_logprobs": logprobs}), metrics
 
-    def _generate(self, mb: Batch, gen, temperature: float, top_p: float, top_k: int, greedy: bool):
+    def _generate(
+        self,
+        mb: Batch,
+        gen,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        greedy: bool,
+        max_new: int | None = None,
+    ):
         dev = self.ctx.device
-        max_new = self.cfg.data.max_response_length
+        max_new = max_new or self.cfg.data.max_response_length
         ids, attn = mb["prompts"].to(dev), mb["prompt_mask"].to(dev)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)

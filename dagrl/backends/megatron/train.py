@@ -40,7 +40,7 @@ from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import OffloadPolicy
 from dagrl.config.schema import LayerSpec
 from dagrl.config.validate_megatron import transformer_engine_available
-from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import log_prob_token_budget, micro_batches
 from dagrl.core.packing import PaddingStats, pack_sequences
 from dagrl.objectives import TokenOutputs, build_objective
@@ -221,12 +221,12 @@ class MegatronTrainBackend:
         runs: a copy from pageable memory inside it would wait for the GPU to drain."""
         if self.packing:
             return self._packed_micro_inputs(mb, weight, loss_keys)
-        ids, _, _ = sequence_inputs(mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"])
+        ids, _, _ = sequence_inputs(mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb))
         width = ids.shape[1]
         prompt_lens = mb["prompt_mask"].sum(dim=1)
         left_pad = mb["prompts"].shape[1] - prompt_lens
         ids = ids.gather(1, (torch.arange(width)[None] + left_pad[:, None]) % width)
-        seq = int((prompt_lens + mb["response_mask"].sum(dim=1)).max().clamp(min=1))
+        seq = int((prompt_lens + response_attention(mb).sum(dim=1)).max().clamp(min=1))
         multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
         seq = -(-seq // multiple) * multiple  # sequence parallel splits the sequence over TP ranks
         ids = torch.nn.functional.pad(ids, (0, max(0, seq - width)))[:, :seq]
@@ -247,7 +247,7 @@ class MegatronTrainBackend:
             token_targets=mb["responses"].flatten()[inside].to(dev),
             response_shape=(rows, resp_len),
             weight=weight,
-            real_tokens=int(prompt_lens.sum() + mb["response_mask"].sum()),
+            real_tokens=int(prompt_lens.sum() + response_attention(mb).sum()),
             padded_tokens=ids.numel(),
         )
 
@@ -257,7 +257,7 @@ class MegatronTrainBackend:
         inside each sequence by an explicit block-diagonal causal mask (sdpa and local specs)."""
         multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
         packed = pack_sequences(
-            mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"], multiple
+            mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb), multiple
         )
         dev = self.ctx.device
         return MicroInputs(

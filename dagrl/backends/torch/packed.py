@@ -20,7 +20,7 @@ import torch
 
 from dagrl.algos import entropy_from_logits, logprobs_from_logits
 from dagrl.backends.torch.distill import grid_logprobs_at
-from dagrl.core.batch import Batch
+from dagrl.core.batch import Batch, response_attention
 from dagrl.core.packing import PackedSequences, pack_sequences
 from dagrl.objectives import TokenOutputs, TokenRequest
 
@@ -29,7 +29,7 @@ def packed_token_outputs(
     module: torch.nn.Module, mb: Batch, request: TokenRequest, temperature: float, device: torch.device
 ) -> tuple[TokenOutputs, PackedSequences]:
     """What `request` asks for on the ``[B, R]`` response grid, from one forward over packed rows."""
-    packed = pack_sequences(mb["prompts"], mb["prompt_mask"], mb["responses"], mb["response_mask"])
+    packed = pack_sequences(mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb))
     width = packed.input_ids.shape[1]
     flat = (packed.token_rows * width + packed.token_columns).to(device)  # [N] into the [n * L] tokens
     with _head_on(module, flat):

@@ -34,7 +34,7 @@ from dagrl.backends.torch.packed import packed_token_outputs
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import OffloadPolicy
-from dagrl.core.batch import Batch, sequence_inputs
+from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import log_prob_token_budget, micro_batches
 from dagrl.core.packing import PaddingStats, sequence_lengths
 from dagrl.objectives import TokenOutputs, TokenRequest, build_objective
@@ -106,14 +106,14 @@ class TorchTrainBackend:
             self.padding.add(packed.real_tokens, packed.padded_tokens, packed.packed_tokens)
             return out
         self.padding.add(
-            sequence_lengths(mb["prompt_mask"], mb["response_mask"]),
+            sequence_lengths(mb["prompt_mask"], response_attention(mb)),
             mb["prompts"].numel() + mb["responses"].numel(),
         )
         ids, attn, pos = sequence_inputs(
             mb["prompts"].to(dev),
             mb["prompt_mask"].to(dev),
             mb["responses"].to(dev),
-            mb["response_mask"].to(dev),
+            response_attention(mb).to(dev),
         )
         resp_len = mb["responses"].shape[1]
         if request.full_vocab is not None:
@@ -237,7 +237,10 @@ class TorchTrainBackend:
         dev = self.ctx.device
         for mb in batch.chunks(self.cfg.teacher.log_prob_micro_batch_size_per_gpu):
             ids, attn, pos = sequence_inputs(
-                *(mb[key].to(dev) for key in ("prompts", "prompt_mask", "responses", "response_mask"))
+                *(
+                    t.to(dev)
+                    for t in (mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb))
+                )
             )
             rows, seq = ids.shape
             resp_len = mb["responses"].shape[1]

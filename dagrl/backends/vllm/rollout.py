@@ -23,7 +23,9 @@ from dagrl.backends.hf_model import eos_token_ids, load_generation_config, load_
 from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
 from dagrl.backends.vllm.engine import start_engine
 from dagrl.backends.vllm.engine_args import llm_kwargs, sampling_kwargs
+from dagrl.backends.vllm.multi_turn import VLLMStepSampler
 from dagrl.core.batch import Batch
+from dagrl.rollout.multi_turn import MultiTurnRollout, batch_rows
 
 
 def request_seed_base(step_seed: int, replica: int) -> int:
@@ -48,6 +50,12 @@ class VLLMRolloutBackend:
         self.pad_id = tok.pad_token_id
         self.eos_ids = eos_token_ids(tok, load_generation_config(path, arr.model.trust_remote_code))
         self.llm, self.model, self.start_s = start_engine(llm_kwargs(cfg, path), ctx.rank, ctx.world_size)
+        mt = arr.rollout.multi_turn
+        self.multi_turn = (
+            MultiTurnRollout(mt, tok, cfg.data.max_response_length, self.eos_ids, self.pad_id)
+            if mt.enable
+            else None
+        )
         self.asleep = False
         self.synced = False  # weights loaded by a sync since the start (level 2 may drop them then)
         self.memory: dict[str, float] = {}  # phase -> free GiB, reported by the next generate
@@ -116,6 +124,8 @@ class VLLMRolloutBackend:
 
         self.onload()  # generating while (partly) asleep would wait forever
         kwargs = sampling_kwargs(self.cfg, self.eos_ids, validate)
+        if self.multi_turn is not None:
+            return self._episodes(batch, kwargs, request_seed_base(seed, self.ctx.rank // self.tp))
         prompts = [
             TokensPrompt(prompt_token_ids=ids)
             for ids in prompt_token_lists(batch["prompts"], batch["prompt_mask"])
@@ -142,6 +152,15 @@ class VLLMRolloutBackend:
         self.memory = {}
         out = Batch({"responses": responses, "response_mask": mask, "rollout_logprobs": rollout_logprobs})
         return out, metrics
+
+    def _episodes(self, batch: Batch, kwargs: dict, seed_base: int) -> tuple[Batch, dict]:
+        """Multi-turn episodes (dagrl/rollout), each advancing on its own in the running engine."""
+        sampler = VLLMStepSampler(self.llm, kwargs, seed_base)
+        prompts = prompt_token_lists(batch["prompts"], batch["prompt_mask"])
+        tensors, metrics = self.multi_turn.generate(sampler, prompts, batch_rows(batch, len(batch)))
+        metrics.update(self.memory)
+        self.memory = {}
+        return Batch(tensors), metrics
 
     def shutdown(self) -> None:
         """Free the engine before the process exits (vLLM's exit-time teardown with sleep mode

@@ -1,0 +1,69 @@
+"""multi_turn settings: verl's and ms-swift's keys, and the rules checked before Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagrl.config.compat import translate
+from dagrl.config.validate import resolve_defaults, validate
+from dagrl.errors import ConfigError
+from tests.conftest import compose_config
+
+MT = "actor_rollout_ref.rollout.multi_turn"
+OK = [
+    "dag=grpo_multi_turn",
+    f"{MT}.enable=true",
+    f"{MT}.tool_config_path=conf/tools/calculator.yaml",
+    f"{MT}.max_tool_response_length=16",
+    "data.max_response_length=64",
+]
+
+
+def checked(*overrides):
+    cfg = compose_config(*translate(list(overrides)))
+    resolve_defaults(cfg)
+    validate(cfg)
+    return cfg
+
+
+def test_verl_and_ms_swift_keys():
+    cfg = checked(*OK, f"{MT}.max_user_turns=2", "max_turns=3", f"{MT}.format=hermes")
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    assert (mt.enable, mt.max_assistant_turns, mt.max_user_turns) == (True, 3, 2)
+    with pytest.raises(ConfigError, match="interaction_config_path"):
+        translate([f"{MT}.interaction_config_path=x.yaml"])
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("data.max_response_length=20", "data.max_response_length"),
+        ("dag=grpo", "dag"),
+        (f"{MT}.tool_config_path=/nonexistent.yaml", f"{MT}.tool_config_path"),
+        (f"{MT}.tool_config_path=null", f"{MT}.tool_config_path"),
+        (f"{MT}.format=json", f"{MT}.format"),
+        (f"{MT}.environment=gym", f"{MT}.environment"),
+        ("algorithm=gkd", f"{MT}.enable"),
+    ],
+)
+def test_rules_name_the_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        checked(*OK, override)
+    assert e.value.key == key
+
+
+def test_budget_rule_counts_turns_observation_and_template():
+    """4 turns + 16 observation tokens + 8 template tokens = 28."""
+    checked(*OK, "data.max_response_length=28")
+    with pytest.raises(ConfigError, match="need 28"):
+        checked(*OK, "data.max_response_length=27")
+
+
+def test_presets_compose_and_validate():
+    from dagrl.data.builtin_calculator import tiny_calculator_path
+
+    cfg = checked("experiment=multi_turn/calculator")
+    assert cfg.actor_rollout_ref.model.path == tiny_calculator_path()
+    assert cfg.actor_rollout_ref.rollout.multi_turn.enable and cfg.dag == "grpo_multi_turn"
+    cfg = checked("experiment=multi_turn/python_math", "actor_rollout_ref.model.path=/models/qwen")
+    assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == "conf/tools/python.yaml"
