@@ -200,7 +200,11 @@ def main() -> None:
     for name in args.only:
         cmd = [sys.executable, __file__, "--child", name, "--models", json.dumps(models)]
         cmd += [f"--{k}={getattr(args, k)}" for k in ("prompts", "n", "prompt", "response")]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p), "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
         try:
             proc = subprocess.run(
                 cmd + args.overrides, env=env, capture_output=True, text=True, timeout=args.timeout
