@@ -60,12 +60,13 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
 @register_node_kind("reward")
 class RewardNode:
     required_inputs = ("responses", "response_mask", "data_source", "ground_truth", "extra_info")
-    optional_inputs = ("prompts", "prompt_mask")  # decoded for TRL-form rewards
+    # prompts: decoded for TRL-form rewards; rm_scores: a reward model's (rm_score node), added by weight
+    optional_inputs = ("prompts", "prompt_mask", "rm_scores")
     outputs = ("scores",)
     remote = False
 
     def __init__(self, spec, cfg):
-        self.spec = spec
+        self.spec, self.model = spec, cfg.reward.model
 
     @staticmethod
     def enabled(cfg) -> bool:
@@ -73,4 +74,8 @@ class RewardNode:
 
     def run(self, runtime, batch):
         scores, metrics = score_responses(runtime, batch)
+        if "rm_scores" in batch.tensors:  # reward.model.*: rule rewards and the model's score, weighted
+            metrics["reward/rule_mean"] = float(scores.mean())
+            scores = self.model.rule_weight * scores + self.model.weight * batch["rm_scores"].float()
+            metrics["reward/mean"] = float(scores.mean())
         return NodeResult(Batch({"scores": scores}), metrics)
