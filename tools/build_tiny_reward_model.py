@@ -1,14 +1,16 @@
 """Build dagrl/assets/tiny_arith_rm: a reward model for the built-in arith task.
 
 The shipped tiny_arith policy's backbone with a one-label sequence-classification head
-(Qwen2ForSequenceClassification), trained with a logistic loss to score a correct sum above a
-wrong one: responses are the true sum or a near miss (±1..10, or a digit dropped/repeated), read
+(Qwen2ForSequenceClassification); the backbone is kept frozen and only the head is fitted, a
+logistic regression scoring a correct sum above a wrong one: responses are the true sum or a near miss (±1..10, or a digit dropped/repeated), read
 at the response's last token, exactly as dagrl's reward-model backend reads them
 (dagrl/backends/reward_model.py). It serves as the sampling pipeline's ORM and, one step per
 response on this task, its PRM; and as GRPO's reward.model in tests. Only the training split's
-problems are used. Deterministic for a given --seed; a few minutes on 2 CPU cores.
+problems are used. Deterministic for a given --seed; about a minute of CPU time.
 
-    python tools/build_tiny_reward_model.py [--steps 300] [--out dagrl/assets/tiny_arith_rm]
+    python tools/build_tiny_reward_model.py [--rows 4096] [--out dagrl/assets/tiny_arith_rm]
+
+Measured: held-out (test split) pair accuracy 0.657 (a correct sum vs a near miss, 50/50).
 """
 
 from __future__ import annotations
@@ -49,14 +51,19 @@ def make_batch(tokenizer, problems, rng: random.Random, size: int):
     return p, pm, r, rm, torch.tensor(labels)
 
 
-def scores(model, p, pm, r, rm) -> torch.Tensor:
-    """The head at each response's last token (what RewardModelBackend.score returns)."""
+def features(model, tokenizer, problems, rng: random.Random, rows: int):
+    """Final hidden states at each response's last token, and labels, for `rows` pairs."""
     from dagrl.core.batch import sequence_inputs
 
-    ids, attn, pos = sequence_inputs(p, pm, r, rm)
-    hidden = model.model(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
-    last = p.shape[1] + rm.sum(1) - 1
-    return model.score(hidden[torch.arange(len(ids)), last])[:, 0]
+    feats, labels = [], []
+    with torch.no_grad():
+        for _ in range(0, rows, 256):
+            p, pm, r, rm, y = make_batch(tokenizer, problems, rng, 256)
+            ids, attn, pos = sequence_inputs(p, pm, r, rm)
+            hidden = model.model(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+            feats.append(hidden[torch.arange(len(ids)), p.shape[1] + rm.sum(1) - 1])
+            labels.append(y)
+    return torch.cat(feats), torch.cat(labels)
 
 
 def main() -> None:
@@ -66,30 +73,42 @@ def main() -> None:
     from dagrl.data.builtin import split_problems, tiny_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rows", type=int, default=4096, help="training pairs")
+    parser.add_argument("--steps", type=int, default=2000, help="head-fitting steps")
     parser.add_argument("--seed", type=int, default=0)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--out", default=os.path.join(here, "dagrl", "assets", "tiny_arith_rm"))
     args = parser.parse_args()
     torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
     tokenizer = load_tokenizer(tiny_model_path())
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_path(), num_labels=1)
     model.config.pad_token_id = tokenizer.pad_token_id
-    train, test = split_problems("train"), split_problems("test")
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.eval()
+    # the backbone stays the policy's (frozen): its hidden state after reading the answer already
+    # tells whether the answer is the one it would give; only the one-label head is fitted, on
+    # features computed once (a logistic regression: seconds on a CPU)
+    x, y = features(model, tokenizer, split_problems("train"), random.Random(args.seed), args.rows)
+    mean, std = x.mean(0), x.std(0) + 1e-6
+    w = torch.zeros(x.shape[1], requires_grad=True)
+    b = torch.zeros((), requires_grad=True)
+    optim = torch.optim.Adam([w, b], lr=1e-2)
     for step in range(args.steps):
-        *seq, labels = make_batch(tokenizer, train, rng, 32)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(scores(model, *seq), labels)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(((x - mean) / std) @ w + b, y)
         optim.zero_grad()
         loss.backward()
         optim.step()
-        if step % 50 == 0:
+        if step % 500 == 0:
             print(f"step {step} loss {loss.item():.3f}", flush=True)
-    model.eval()
+    with (
+        torch.no_grad()
+    ):  # fold the standardisation into the head: score(h) = h @ (w/std) + (b - mean @ w/std)
+        weight = w / std
+        model.score.weight.copy_(weight[None])
+        bias = (b - mean @ weight).item()
+    # Qwen2's score head has no bias: the constant goes nowhere, and ranking needs none
+    tx, ty = features(model, tokenizer, split_problems("test"), random.Random(1), 1024)
     with torch.no_grad():
-        *seq, labels = make_batch(tokenizer, test, random.Random(1), 512)
-        accuracy = ((scores(model, *seq) > 0).float() == labels).float().mean().item()
+        accuracy = (((model.score(tx)[:, 0] + bias) > 0).float() == ty).float().mean().item()
     print(f"held-out (test split) pair accuracy: {accuracy:.3f}")
     model.save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
