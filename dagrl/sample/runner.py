@@ -81,6 +81,12 @@ def write_shard(rows: list[dict], path: str) -> None:
     os.replace(tmp, path)
 
 
+def _append_metrics(out_dir: str, row: dict) -> None:
+    """One line per written shard in output_dir/metrics.jsonl (timings, tokens/s, reward means)."""
+    with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def run_sampling(cfg: DagrlConfig, runtime, scheduler, raw_rows: list[dict], dataset) -> dict[str, float]:
     """Sample every shard not yet written; returns the job's totals (written and skipped shards,
     the mean rule reward of all samples and of those kept)."""
@@ -104,6 +110,7 @@ def run_sampling(cfg: DagrlConfig, runtime, scheduler, raw_rows: list[dict], dat
         out = out.index(range(len(part) * n))
         rows, keep = shard_rows(cfg, runtime.tokenizer, part, raw_rows, out)
         write_shard(rows, path)
+        _append_metrics(out_dir, {"shard": k, "prompts": len(part), "kept": len(rows), **metrics})
         rule += out["scores"].tolist()
         kept_rule += [out["scores"][i].item() for i in keep]
         totals["sample/shards_written"] += 1

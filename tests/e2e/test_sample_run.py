@@ -38,7 +38,12 @@ def sample_overrides(out: Path) -> list[str]:
         f"sample.shard_size={SHARD}",
         f"sample.orm_model={rm}",
         f"sample.prm_model={rm}",
-        "sample.rule_weight=0",  # the reward models alone choose; the rule reward only measures
+        # the ORM is the rule reward (the reward registry); the reward models' scores break ties and
+        # are written with every sample (the tiny RM reads the policy's own hidden states, so on the
+        # policy's own mistakes alone it does not beat the sampler's mean: README "Sampling")
+        "sample.rule_weight=1",
+        "sample.orm_weight=0.1",
+        "sample.prm_weight=0.1",
         "sample.filter=best_of_n",
         "actor_rollout_ref.rollout.n=4",
         "trainer.logger=[console]",
@@ -89,7 +94,7 @@ def test_sample_kill_resume_in_device_groups_then_sft(tmp_path):
         assert sorted(r["extra_info"]["source_row"] for r in rows) == list(range(PROMPTS))
         assert not list(out.glob("*.tmp"))
         assert totals["sample/kept_reward_mean"] > totals["sample/reward_mean"], totals
-        assert all(len(r["prm_step_scores"]) >= 1 for r in rows)
+        assert all(len(r["prm_step_scores"]) >= 1 and "orm_score" in r for r in rows)
 
         files = "[" + ",".join(str(p) for p in shards) + "]"
         sft_dir = tmp_path / "sft"
