@@ -37,7 +37,12 @@ def test_grpo_with_a_reward_model_plans_the_rm_role():
     from dagrl.errors import ConfigError
     from dagrl.trainer.setup import prepare
 
-    on = ("reward.model.enable=true", "trainer.dry_run=true")
+    # the rm role shares the train/rollout device here; on its own: placement.gpus.rm=1
+    on = (
+        "reward.model.enable=true",
+        "trainer.dry_run=true",
+        "placement.colocate_groups=[[train,rollout,ref,rm]]",
+    )
     prepared = prepare(compose_config(*on, f"reward.model.path={tiny_reward_model_path()}"))
     assert "rm" in prepared.plan.roles
     assert "rm_scores" in prepared.dag.node("reward").inputs
