@@ -73,6 +73,10 @@ def validate_roles(cfg: DagrlConfig, roles: set[str]) -> None:
     a built-in backend (reward, plugin roles) names its backend under roles.<name>."""
     if ROLE_TEACHER in roles and cfg.teacher.model is None:
         raise ConfigError("teacher.model", None, "the DAG runs a teacher node; set the teacher's model path")
+    if "sampler" in roles and cfg.sample.sampler_type.value == "distill" and cfg.teacher.model is None:
+        raise ConfigError(
+            "teacher.model", None, "sample.sampler_type=distill samples from the teacher: set its model path"
+        )
     if "rm" in roles and cfg.reward.model.path is None:  # reward models as roles
         raise ConfigError(
             "reward.model.path", None, "reward.model.enable=true needs the reward model's directory"
