@@ -44,6 +44,10 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     if cfg.trainer.dry_run:
         log("dry run: plan printed, no workers started")
         return {}
+    from dagrl.sample.runner import is_sampling_job, run_job
+
+    if is_sampling_job(prepared):  # pipeline=sample: shards of scored samples, no training
+        return run_job(cfg, prepared)
     tokenizer, loader, val = load_data(cfg, prepared.model_path)
     rewarder = rewarder_for(cfg)
     start = time.perf_counter()

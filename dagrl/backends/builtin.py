@@ -52,7 +52,9 @@ restrict_devices(
 def _hf(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
-    return HFRolloutBackend(cfg, ctx)
+    return HFRolloutBackend(
+        _train_cfg(cfg, spec), ctx
+    )  # the spec's model: a distill sampler's is the teacher
 
 
 @register_backend(RoleKind.rollout, "vllm")
@@ -60,7 +62,7 @@ def _vllm(cfg, spec: RoleSpec, ctx):
     # imports vllm (GPU machines only); config/validate_rollout.py refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
-    return VLLMRolloutBackend(cfg, ctx)
+    return VLLMRolloutBackend(_train_cfg(cfg, spec), ctx)
 
 
 # vLLM asks for gpu_memory_utilization × the card at start and refuses to start when less is free:
@@ -74,3 +76,11 @@ def _vllm_teacher(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.vllm.teacher import VLLMTeacherBackend
 
     return VLLMTeacherBackend(cfg, spec, ctx)
+
+
+# ---- reward models as roles (orm / prm of the sampling pipeline, rm of GRPO's reward node)
+@register_backend("reward_model", "hf")
+def _reward_model(cfg, spec: RoleSpec, ctx):
+    from dagrl.backends.reward_model import RewardModelBackend
+
+    return RewardModelBackend(cfg, spec, ctx)

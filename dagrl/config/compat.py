@@ -244,8 +244,26 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "critic": Unsupported(_NO_CRITIC),
     "trainer.max_critic_ckpt_to_keep": Unsupported(_NO_CRITIC),
     "reward_model": Unsupported(
-        "dagrl scores with rule rewards (reward.functions); a model judge is a plugin role (docs/architecture.md)"
+        "dagrl's reward model is reward.model.* (enable, path, weight, micro_batch_size_per_gpu: a "
+        "sequence-classification model on role rm); rule rewards are reward.functions"
     ),
+    # ---- verl: reward model as a role (reward.model.*, dagrl/backends/reward_model.py)
+    "reward_model.enable": Alias("reward.model.enable"),
+    "reward_model.model.path": Alias("reward.model.path"),
+    "reward_model.micro_batch_size_per_gpu": Alias("reward.model.micro_batch_size_per_gpu"),
+    # ---- verl's SFT trainer (algorithm=sft): the same concepts under dagrl's keys
+    "data.micro_batch_size_per_gpu": Alias(f"{A}.ppo_micro_batch_size_per_gpu"),
+    "optim.lr": Alias(f"{A}.optim.lr"),
+    "optim.weight_decay": Alias(f"{A}.optim.weight_decay"),
+    "model.partial_pretrain": Alias(f"{M}.path"),
+    "model.enable_gradient_checkpointing": Alias(f"{M}.gradient_checkpointing"),
+    "use_remove_padding": Alias(f"{M}.use_remove_padding"),
+    # ---- ms-swift's `swift sample` (pipeline=sample)
+    "num_return_sequences": Alias(f"{R}.n"),
+    "n_best_to_keep": Alias("sample.n_best_to_keep"),
+    "sampler_type": Alias("sample.sampler_type"),
+    "prm_model": Alias("sample.prm_model"),
+    "orm_model": Alias("sample.orm_model"),
     "custom_reward_function.path": Unsupported(
         "put the file in external_plugins and name its function in reward.functions "
         "(verl's compute_score(...) and TRL's f(completions, **kwargs) forms both work)"

@@ -109,6 +109,7 @@ class Algorithm(str, Enum):
     opsd = (
         "opsd"  # GKD whose teacher reads each row's privileged teacher_prompt (on-policy self-distillation)
     )
+    sft = "sft"  # supervised fine-tuning on the data's responses (conf/dags/sft.yaml: no rollout)
 
 
 class SelfTeacher(str, Enum):

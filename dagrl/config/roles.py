@@ -70,7 +70,7 @@ class RoleSpec:
     @property
     def builtin(self) -> bool:
         """Whether dagrl ships backends for this role (reward and plugin roles bring their own)."""
-        return self.kind in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER)
+        return self.kind in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER, KIND_REWARD_MODEL)
 
 
 def teacher_model_path(cfg: DagrlConfig) -> str | None:
@@ -145,9 +145,54 @@ def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
         )
     if name == ROLE_TEACHER:
         return _teacher_spec(cfg, actor_model)
+    if name in SAMPLING_ROLES:
+        return _sampling_spec(cfg, name, actor_model)
     # reward and plugin roles: the backend a plugin registered under the role's name
     return RoleSpec(
         name=name, kind=name, backend=cfg.roles.get(name, ""), backend_key=f"roles.{name}", model=actor_model
+    )
+
+
+# ---- the sampling pipeline's roles and reward models as roles (dagrl/sample, dagrl/backends/reward_model.py)
+ROLE_SAMPLER, ROLE_ORM, ROLE_PRM, ROLE_RM = "sampler", "orm", "prm", "rm"
+KIND_REWARD_MODEL = "reward_model"  # forward-only sequence-classification backends
+SAMPLING_ROLES = (ROLE_SAMPLER, ROLE_ORM, ROLE_PRM, ROLE_RM)
+
+
+def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleSpec:
+    """sampler: a rollout backend on the policy's model, or the teacher's (sampler_type=distill);
+    orm / prm / rm: a reward model's forward-only backend on its own model."""
+    from dagrl.config.sample_schema import SamplerType
+
+    dtype, trust = cfg.actor_rollout_ref.model.dtype, cfg.actor_rollout_ref.model.trust_remote_code
+    if name == ROLE_SAMPLER:
+        r, distill = cfg.actor_rollout_ref.rollout, cfg.sample.sampler_type == SamplerType.distill
+        model = (
+            ModelSpec(teacher_model_path(cfg), cfg.teacher.dtype or dtype, None, trust)
+            if distill
+            else actor_model
+        )
+        return RoleSpec(
+            name=name,
+            kind=ROLE_ROLLOUT,
+            backend=r.name.value,
+            backend_key="actor_rollout_ref.rollout.name",
+            model=model,
+            parallel=ParallelLayout(tp=r.tensor_model_parallel_size),
+            micro_batch_size=r.micro_batch_size_per_gpu,
+        )
+    path, key = {
+        ROLE_ORM: (cfg.sample.orm_model, "sample.orm_model"),
+        ROLE_PRM: (cfg.sample.prm_model, "sample.prm_model"),
+        ROLE_RM: (cfg.reward.model.path, "reward.model.path"),
+    }[name]
+    return RoleSpec(
+        name=name,
+        kind=KIND_REWARD_MODEL,
+        backend="hf",
+        backend_key=key,
+        model=ModelSpec(path, dtype, None, trust),
+        micro_batch_size=cfg.reward.model.micro_batch_size_per_gpu,
     )
 
 

@@ -34,6 +34,7 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     parse_resume_mode,
 )
 from dagrl.config.ranges import ranged
+from dagrl.config.sample_schema import RewardModelConfig, SampleConfig
 
 
 @dataclass
@@ -464,6 +465,8 @@ class RewardTermConfig:
 class RewardConfig:
     functions: list[RewardTermConfig] = field(default_factory=list)
     """Weighted reward functions; empty = pick the reward by each row's data_source (gsm8k, math, arith)."""
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """A reward model served as role `rm` (verl's reward_model.*), added to the rule rewards by weight."""
 
 
 @dataclass
@@ -577,6 +580,8 @@ class DagrlConfig:
     """Cluster, steps, logging, checkpoints."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The distillation teacher (none by default)."""
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    """The sampling pipeline (pipeline=sample): no training, parquet shards out."""
     roles: dict[str, str] = field(default_factory=dict)
     """Roles declared by plugins, name -> backend: `+roles.judge=my_judge` builds the backend the
     plugin registered with @register_backend("judge", "my_judge") on the judge role's workers."""

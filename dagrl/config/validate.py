@@ -9,7 +9,7 @@ import os
 
 from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
 from dagrl.config.ranges import check_ranges
-from dagrl.config.roles import ROLE_TEACHER, RoleKind
+from dagrl.config.roles import ROLE_TEACHER, SAMPLING_ROLES, RoleKind
 from dagrl.config.schema import (
     Algorithm,
     BuiltinTask,
@@ -88,7 +88,15 @@ def validate_roles(cfg: DagrlConfig, roles: set[str]) -> None:
     a built-in backend (reward, plugin roles) names its backend under roles.<name>."""
     if ROLE_TEACHER in roles and cfg.teacher.model is None:
         raise ConfigError("teacher.model", None, "the DAG runs a teacher node; set the teacher's model path")
-    builtin = {k.value for k in RoleKind} - {RoleKind.reward.value}
+    if "sampler" in roles and cfg.sample.sampler_type.value == "distill" and cfg.teacher.model is None:
+        raise ConfigError(
+            "teacher.model", None, "sample.sampler_type=distill samples from the teacher: set its model path"
+        )
+    if "rm" in roles and cfg.reward.model.path is None:  # reward models as roles
+        raise ConfigError(
+            "reward.model.path", None, "reward.model.enable=true needs the reward model's directory"
+        )
+    builtin = {k.value for k in RoleKind} - {RoleKind.reward.value} | set(SAMPLING_ROLES)
     for name in sorted(roles - builtin):
         if name not in cfg.roles:
             raise ConfigError(

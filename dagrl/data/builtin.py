@@ -36,6 +36,7 @@ DEFAULT_TEST_ROWS = 256
 _ASSETS = Path(__file__).resolve().parent.parent / "assets"
 _TINY_MODEL_DIR = _ASSETS / "tiny_arith"
 _TINY_TEACHER_DIR = _ASSETS / "tiny_arith_teacher"
+_TINY_RM_DIR = _ASSETS / "tiny_arith_rm"
 
 
 def tiny_model_path() -> str:
@@ -48,6 +49,13 @@ def tiny_teacher_path() -> str:
     before its output distribution was flattened, trained further to read the privileged OPSD
     prompt (same tokenizer and vocabulary, HF format; tools/build_tiny_model.py)."""
     return str(_TINY_TEACHER_DIR)
+
+
+def tiny_reward_model_path() -> str:
+    """Absolute path of the tiny reward model shipped for the arith task: tiny_arith's backbone with
+    a one-label sequence-classification head scoring correct sums above wrong ones (HF format;
+    tools/build_tiny_reward_model.py). The sampling pipeline's ORM/PRM and GRPO's reward.model in tests."""
+    return str(_TINY_RM_DIR)
 
 
 def format_question(a: int, b: int) -> str:

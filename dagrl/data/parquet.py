@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dagrl.data.messages import MESSAGES, conversation_ids, fill_from_messages
 from dagrl.data.schema import response_text, teacher_messages, validate_columns, validate_row
 from dagrl.data.transforms import apply_row_transforms
 from dagrl.errors import ConfigError, DataError
@@ -41,6 +42,7 @@ class Example:
     extra_info: dict
     teacher_prompt_ids: list[int] | None = None
     response_ids: list[int] | None = None  # the reference response + eos (data.response_key), if any
+    response_loss_mask: list[int] | None = None  # SFT: 1 on response ids trained (None = all of them)
 
 
 def read_rows(
@@ -78,8 +80,12 @@ def _read_file(path: str, *, key: str, prompt_key: str) -> list[dict]:
         ) from err
     if table.num_rows == 0:  # the columns may all be there: say which file is empty
         raise DataError(f"{key}: {path} has no rows — point {key} at a file with prompts in it")
-    validate_columns(table.column_names, path, prompt_key=prompt_key)
-    rows = apply_row_transforms(table.to_pylist())  # plugins' transforms, validated as any row
+    rows = table.to_pylist()
+    if MESSAGES in table.column_names and prompt_key not in table.column_names:  # multi-turn SFT rows
+        rows = [fill_from_messages(row) for row in rows]
+    else:
+        validate_columns(table.column_names, path, prompt_key=prompt_key)
+    rows = apply_row_transforms(rows)  # plugins' transforms, validated as any row
     for index, row in enumerate(rows):
         validate_row(row, source=path, index=index, prompt_key=prompt_key)
     return rows
@@ -87,6 +93,11 @@ def _read_file(path: str, *, key: str, prompt_key: str) -> list[dict]:
 
 def tokenize_messages(tokenizer: Any, messages: list[dict]) -> list[int]:
     """Token ids of `messages` under the tokenizer's chat template, ending with the generation prompt."""
+    return render_messages(tokenizer, messages, generation_prompt=True)
+
+
+def render_messages(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> list[int]:
+    """Token ids of `messages` under the tokenizer's chat template (with or without the generation prompt)."""
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise ConfigError(
@@ -95,7 +106,7 @@ def tokenize_messages(tokenizer: Any, messages: list[dict]) -> list[int]:
             "this tokenizer has no chat_template; use a model dir whose tokenizer_config.json "
             "(or chat_template.jinja) defines one, e.g. an -Instruct model",
         )
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
     # transformers 5 returns a BatchEncoding here; older versions return a plain list.
     if isinstance(ids, Mapping):
         ids = ids["input_ids"]
@@ -144,7 +155,7 @@ class PromptDataset:
         response_key: str = "response",
     ) -> PromptDataset:
         """A dataset of in-memory rows (the built-in task); `source` names them in errors."""
-        rows = apply_row_transforms(rows)
+        rows = apply_row_transforms([fill_from_messages(row) for row in rows])
         for index, row in enumerate(rows):
             validate_row(row, source=source, index=index, prompt_key=prompt_key)
         dataset = cls.__new__(cls)
@@ -187,6 +198,17 @@ class PromptDataset:
 
     def _tokenize_row(self, tokenizer: Any, row: dict, prompt_key: str) -> Example:
         teacher = teacher_messages(row.get("teacher_prompt"))
+        if row.get(MESSAGES) is not None:  # a whole conversation: SFT on its assistant turns
+            prompt, response, mask = conversation_ids(tokenizer, row[MESSAGES], f"row {self.num_rows}")
+            return Example(
+                index=self.num_rows,
+                prompt_ids=prompt,
+                data_source=row["data_source"],
+                ground_truth=row["reward_model"]["ground_truth"],
+                extra_info=dict(row["extra_info"] or {}),
+                response_ids=response,
+                response_loss_mask=mask,
+            )
         return Example(
             index=self.num_rows,
             prompt_ids=tokenize_messages(tokenizer, row[prompt_key]),

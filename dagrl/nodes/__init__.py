@@ -1,3 +1,14 @@
 """Built-in node kinds. Importing this package registers them."""
 
-from dagrl.nodes import advantage, logprob, reward, rollout, teacher, update, weight_sync  # noqa: F401
+# sft: SFT's sft_data and val_loss
+from dagrl.nodes import (  # noqa: F401
+    advantage,
+    logprob,
+    reward,
+    reward_model,  # noqa: F401,I001  (orm_score, rm_score, prm_score, sample_score)
+    rollout,
+    sft,
+    teacher,
+    update,
+    weight_sync,
+)

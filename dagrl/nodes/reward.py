@@ -62,13 +62,14 @@ def score_responses(runtime, batch: Batch) -> tuple[torch.Tensor, dict[str, floa
 @register_node_kind("reward")
 class RewardNode:
     required_inputs = ("responses", "response_mask", "data_source", "ground_truth", "extra_info")
-    # prompts: decoded for TRL-form rewards; env_rewards: a multi-turn environment's own rewards
-    optional_inputs = ("prompts", "prompt_mask", "env_rewards")
+    # prompts: decoded for TRL-form rewards; env_rewards: a multi-turn environment's own rewards;
+    # rm_scores: a reward model's (rm_score node), added by weight
+    optional_inputs = ("prompts", "prompt_mask", "env_rewards", "rm_scores")
     outputs = ("scores",)
     remote = False
 
     def __init__(self, spec, cfg):
-        self.spec = spec
+        self.spec, self.model = spec, cfg.reward.model
 
     @staticmethod
     def enabled(cfg) -> bool:
@@ -81,4 +82,8 @@ class RewardNode:
             scores = scores + weight * batch["env_rewards"]
             metrics["reward/env_mean"] = float(batch["env_rewards"].mean())
             metrics["reward/total_mean"] = float(scores.mean())
+        if "rm_scores" in batch.tensors:  # reward.model.*: rule rewards and the model's score, weighted
+            metrics["reward/rule_mean"] = float(scores.mean())
+            scores = self.model.rule_weight * scores + self.model.weight * batch["rm_scores"].float()
+            metrics["reward/mean"] = float(scores.mean())
         return NodeResult(Batch({"scores": scores}), metrics)

@@ -30,4 +30,15 @@ __all__ = [
 def check_algorithm(cfg) -> None:
     """The chosen objective's and advantage estimator's own config rules (ConfigError)."""
     objective_entry(cfg.algorithm.name).validate(cfg)
-    estimator(cfg.algorithm.adv_estimator).validate(cfg)
+    if _runs_advantages(cfg.dag):  # SFT's and the sampling DAGs have no advantage node
+        estimator(cfg.algorithm.adv_estimator).validate(cfg)
+
+
+def _runs_advantages(dag: str) -> bool:
+    import os
+
+    from dagrl.core.dag import dag_path, load_dag_specs
+
+    if not os.path.isfile(dag_path(dag)):
+        return True  # the DAG loader reports the missing file
+    return any(spec.kind == "advantage" for spec in load_dag_specs(dag)[1])

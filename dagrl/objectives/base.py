@@ -114,6 +114,7 @@ def register_objective(algorithm: Algorithm, validate: Callable[[DagrlConfig], N
 def objective_entry(algorithm: Algorithm) -> ObjectiveEntry:
     import dagrl.objectives.distill  # noqa: F401  (registers the built-in objectives)
     import dagrl.objectives.policy  # noqa: F401
+    import dagrl.objectives.sft  # noqa: F401
 
     assert algorithm in _OBJECTIVES, f"no objective registered for algorithm {algorithm}"
     return _OBJECTIVES[algorithm]

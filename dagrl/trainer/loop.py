@@ -41,6 +41,10 @@ def collate(
         tensors["dataset_responses"], tensors["dataset_response_mask"] = right_pad(
             [e.response_ids or [] for e in examples], pad_id, response_width
         )
+    if "dataset_loss_mask" in source:  # SFT: the tokens trained (assistant turns), else every one
+        tensors["dataset_loss_mask"], _ = right_pad(
+            [e.response_loss_mask or [1] * len(e.response_ids or []) for e in examples], 0, response_width
+        )
     if "group_ids" in source:
         tensors["group_ids"] = torch.arange(first_group, first_group + len(examples))
     for key in ("data_source", "ground_truth", "extra_info"):
@@ -162,9 +166,12 @@ class Trainer:
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         scheduler = self.validators[1 if self.step > 0 else 0]  # after an update: sync weights first
         examples = [self.val_dataset[i] for i in range(len(self.val_dataset))]
-        batch = collate(examples, self.runtime.tokenizer.pad_token_id, vk.n, 0, scheduler.dag.source)
+        width = self.cfg.data.max_response_length
+        pad = self.runtime.tokenizer.pad_token_id
+        batch = collate(examples, pad, vk.n, 0, scheduler.dag.source, response_width=width)
         _, metrics = scheduler.run(batch, step=self.step)
-        return {f"val/{k}": v for k, v in metrics.items() if k.startswith(("reward/", "response_length/"))}
+        kept = ("reward/", "response_length/", "loss")  # loss: SFT's validation NLL (val_loss node)
+        return {f"val/{k}": v for k, v in metrics.items() if k.startswith(kept)}
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> str:

@@ -60,8 +60,9 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     check_teacher_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
-    validate_roles(cfg, {s.role for s in specs if s.role})
-    roles = build_role_specs(cfg, {s.role for s in specs if s.role})
+    role_names = {s.role for s in specs if s.role} | validation_roles(cfg)
+    validate_roles(cfg, role_names)
+    roles = build_role_specs(cfg, role_names)
     check_backends(roles.values(), None if cfg.trainer.dry_run else device)
     plan = make_plan(cfg, roles, device)
     validate_with_plan(cfg, plan)
@@ -74,16 +75,8 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     memory, warning = plan_device_memory(cfg, plan, model_path, phases)  # a real run raises instead
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     warnings = (warning,) if warning else ()
-    return Prepared(
-        cfg,
-        device,
-        plan,
-        dag,
-        model_path,
-        validation_dags(set(plan.roles), _validation_dag(cfg)),
-        warnings,
-        memory,
-    )
+    val_dags = validation_dags(set(plan.roles), validation_dag_name(cfg))
+    return Prepared(cfg, device, plan, dag, model_path, val_dags, warnings, memory)
 
 
 def check_models(cfg: DagrlConfig) -> None:
@@ -126,13 +119,34 @@ def check_rewards_for_data(cfg: DagrlConfig) -> None:
                     raise DataError(f"{key}: {path} row {row}: {exc}") from None
 
 
-def _validation_dag(cfg: DagrlConfig) -> str:
-    return "validate_multi_turn" if cfg.actor_rollout_ref.rollout.multi_turn.enable else "validate"
+def validation_dag_name(cfg: DagrlConfig) -> str:
+    """A training DAG `<name>` validates with conf/dags/<name>_validate.yaml when there is one
+    (SFT: its validation loss next to greedy sampling); multi-turn rollouts validate with
+    validate_multi_turn.yaml; else conf/dags/validate.yaml."""
+    from dagrl.core.dag import dag_path
+
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # episodes, not single responses
+        return "validate_multi_turn"
+    own = f"{cfg.dag}_validate"
+    return own if not cfg.dag.endswith((".yaml", ".yml")) and os.path.isfile(dag_path(own)) else "validate"
+
+
+def validation_roles(cfg: DagrlConfig) -> set[str]:
+    """Roles only the DAG's own validation runs on (SFT's rollout role, for greedy sampling): they
+    get pools too. The shared validation DAG runs on the training DAG's roles."""
+    name = validation_dag_name(cfg)
+    if (
+        name in ("validate", "validate_multi_turn")
+        or cfg.trainer.test_freq <= 0
+        and not cfg.trainer.val_before_train
+    ):
+        return set()
+    return {s.role for s in load_dag_specs(name)[1] if s.role}
 
 
 def validation_dags(roles: set[str], name: str = "validate") -> tuple[Dag, Dag] | None:
-    """The validation DAG (conf/dags/<name>.yaml: validate, or validate_multi_turn for multi-turn
-    episodes) without and with its weight sync; None when the training DAG has no rollout role."""
+    """The validation DAG (conf/dags/<name>.yaml) without and with its weight sync; None when
+    the training DAG has no rollout role to sample with."""
     from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
 
     if not {ROLE_ROLLOUT, ROLE_TRAIN} <= roles:

@@ -1,0 +1,85 @@
+"""Config sections of the sampling pipeline (`pipeline=sample`) and of reward models as roles.
+
+Kept apart from schema.py (which includes them in DagrlConfig) so the sampling roles own their
+settings. ms-swift's `swift sample` names are used where the concept is the same
+(num_return_sequences = actor_rollout_ref.rollout.n, n_best_to_keep, sampler_type, prm_model,
+orm_model, prm_threshold); verl's reward_model.* names map onto reward.model.* (docs/compat.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from dagrl.config.ranges import ranged
+
+
+class SamplerType(str, Enum):
+    sample = "sample"  # the policy (actor_rollout_ref.model.path) samples; rewards filter
+    distill = "distill"  # a teacher (teacher.model) samples: the output is distillation data
+
+
+class SampleFilter(str, Enum):
+    best_of_n = "best_of_n"  # the n_best_to_keep highest-scoring responses of each prompt
+    threshold = "threshold"  # every response scoring >= sample.threshold
+    keep_all = "keep_all"  # every response, with its scores
+
+
+class PrmAggregate(str, Enum):
+    """How a PRM's per-step scores become one score per response."""
+
+    min = "min"  # a response is as good as its weakest step (Lightman et al. 2023)
+    last = "last"
+    mean = "mean"
+
+
+@dataclass
+class RewardModelConfig:
+    """A reward model served as a role (verl's reward_model.* names where they match)."""
+
+    enable: bool = False
+    """Run the reward model (role `rm`) and add weight × its score to the rule rewards."""
+    path: str | None = None
+    """HF directory of a sequence-classification model (AutoModelForSequenceClassification, one label)."""
+    weight: float = ranged(1.0, hint="any finite weight")
+    """Weight of the model's score in the reward sum (rule rewards keep reward.functions' weights)."""
+    micro_batch_size_per_gpu: int = ranged(64, ge=1)
+    """Sequences per forward pass of the reward model."""
+    rule_weight: float = ranged(1.0, hint="0 = the model's score alone")
+    """Weight of the rule rewards (reward.functions, or the data source's) next to the model."""
+
+
+@dataclass
+class SampleConfig:
+    """The sampling pipeline: sampler → orm / prm → filter → parquet shards (dagrl/sample)."""
+
+    sampler_type: SamplerType = SamplerType.sample
+    """sample: the policy model samples; distill: teacher.model samples (distillation data)."""
+    output_dir: str = "sample_output/${trainer.experiment_name}"
+    """Where the shards (shard_00000.parquet, ...) and sample_state.json go."""
+    shard_size: int = ranged(64, ge=1)
+    """Prompts per shard: each shard is sampled, scored, filtered and written atomically; a
+    restarted job skips the shards already written."""
+    filter: SampleFilter = SampleFilter.best_of_n
+    """best_of_n, threshold or keep_all."""
+    n_best_to_keep: int = ranged(1, ge=1)
+    """best_of_n: responses kept per prompt (highest score first)."""
+    threshold: float = 0.5
+    """threshold: the lowest score kept."""
+    orm_model: str | None = None
+    """Outcome reward model (sequence-classification HF dir) on role `orm`; None = rule rewards only."""
+    prm_model: str | None = None
+    """Process reward model (sequence-classification HF dir) scoring each step on role `prm`; None = off."""
+    step_separator: str = "\n\n"
+    """Text that ends a step of a response (the PRM scores the prefix up to each step's end)."""
+    prm_aggregate: PrmAggregate = PrmAggregate.min
+    """How the per-step scores become the response's PRM score: min, last or mean."""
+    prm_weight: float = 1.0
+    """Weight of the PRM score in the filter's score (next to the ORM / rule score)."""
+    rule_weight: float = 1.0
+    """Weight of the rule rewards (reward.functions, or the data source's) in the filter's score;
+    the rule score is reported (sample/reward_mean) whatever its weight."""
+    orm_weight: float = 1.0
+    """Weight of the ORM model's score in the filter's score (next to the rule score)."""
+    max_prompts: int | None = ranged(None, ge=1, hint="or null = every row")
+    """Sample at most this many prompts of data.train_files (the first ones)."""

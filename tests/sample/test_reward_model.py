@@ -1,0 +1,51 @@
+"""Reward models as roles: the forward-only backend on the shipped tiny RM, and GRPO's rm role."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tests.conftest import compose_config
+
+
+def test_tiny_reward_model_scores_correct_sums_higher():
+    from dagrl.backends.hf_model import load_tokenizer
+    from dagrl.backends.reward_model import RewardModelBackend
+    from dagrl.config.roles import role_spec
+    from dagrl.core.batch import Batch
+    from dagrl.core.worker import ParallelContext
+    from dagrl.data.builtin import split_problems, tiny_reward_model_path
+    from tools.build_tiny_reward_model import make_batch
+
+    cfg = compose_config("pipeline=sample", f"sample.orm_model={tiny_reward_model_path()}")
+    backend = RewardModelBackend(cfg, role_spec(cfg, "orm"), ParallelContext(0, 1, torch.device("cpu")))
+    tokenizer = load_tokenizer(tiny_reward_model_path())
+    p, pm, r, rm, labels = make_batch(tokenizer, split_problems("test"), random.Random(2), 256)
+    batch = Batch({"prompts": p, "prompt_mask": pm, "responses": r, "response_mask": rm})
+    scores = backend.score(batch)["rm_scores"]
+    assert scores[labels == 1].mean() > scores[labels == 0].mean()
+    # the PRM reading: one step per answer here, so its one step score is the ORM's
+    ends = (rm.sum(1) - 1)[:, None]
+    steps = backend.score_steps(batch.union(Batch({"prm_step_ends": ends})))["prm_step_scores"]
+    torch.testing.assert_close(steps[:, 0], scores)
+
+
+def test_grpo_with_a_reward_model_plans_the_rm_role():
+    from dagrl.data.builtin import tiny_reward_model_path
+    from dagrl.errors import ConfigError
+    from dagrl.trainer.setup import prepare
+
+    # the rm role shares the train/rollout device here; on its own: placement.gpus.rm=1
+    on = (
+        "reward.model.enable=true",
+        "trainer.dry_run=true",
+        "placement.colocate_groups=[[train,rollout,ref,rm]]",
+    )
+    prepared = prepare(compose_config(*on, f"reward.model.path={tiny_reward_model_path()}"))
+    assert "rm" in prepared.plan.roles
+    assert "rm_scores" in prepared.dag.node("reward").inputs
+    assert "rm" not in prepare(compose_config("trainer.dry_run=true")).plan.roles
+    with pytest.raises(ConfigError, match="reward.model.path"):
+        prepare(compose_config(*on))
