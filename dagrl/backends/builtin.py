@@ -1,11 +1,25 @@
-"""The built-in backends. Implementations are imported when a role builds one, not before."""
+"""The built-in backends, each with its own rules. Implementations are imported when a role builds
+one, not before."""
 
 from __future__ import annotations
 
 import copy
 
+from dagrl.backends.megatron.rules import (
+    check_megatron,
+    check_megatron_plan,
+    check_megatron_teacher,
+    inherit_ref_megatron,
+)
 from dagrl.backends.registry import register_backend, restrict_devices
-from dagrl.config.roles import RoleKind, RoleSpec
+from dagrl.backends.torch.rules import check_torch
+from dagrl.backends.vllm.rules import (
+    check_rollout_device,
+    check_teacher_device,
+    check_vllm_rollout,
+    check_vllm_teacher,
+)
+from dagrl.config.roles import Role, RoleSpec
 
 
 def _train_cfg(cfg, spec: RoleSpec):
@@ -37,9 +51,16 @@ def _megatron(cfg, spec: RoleSpec, ctx):
     )
 
 
-for _kind in (RoleKind.train, RoleKind.ref, RoleKind.teacher):
+# the train kind carries the rules of the whole backend (actor and its ref); a colocated megatron
+# teacher adds its own (it runs in the actor's parallel groups)
+register_backend(Role.train, "torch", rules=check_torch)(_torch)
+register_backend(
+    Role.train, "megatron", rules=check_megatron, plan_rules=check_megatron_plan, resolve=inherit_ref_megatron
+)(_megatron)
+for _kind in (Role.ref, Role.teacher):
     register_backend(_kind, "torch")(_torch)
-    register_backend(_kind, "megatron")(_megatron)
+register_backend(Role.ref, "megatron")(_megatron)
+register_backend(Role.teacher, "megatron", rules=check_megatron_teacher)(_megatron)
 restrict_devices(
     "megatron",
     {"cuda"},
@@ -48,24 +69,24 @@ restrict_devices(
 )
 
 
-@register_backend(RoleKind.rollout, "hf")
+@register_backend(Role.rollout, "hf")
 def _hf(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
     return HFRolloutBackend(cfg, ctx)
 
 
-@register_backend(RoleKind.rollout, "vllm")
+@register_backend(Role.rollout, "vllm", rules=check_vllm_rollout, device_rules=check_rollout_device)
 def _vllm(cfg, spec: RoleSpec, ctx):
-    # imports vllm (GPU machines only); config/validate_rollout.py refuses it off the GPU, dry runs aside
+    # imports vllm (GPU machines only); check_rollout_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
     return VLLMRolloutBackend(cfg, ctx)
 
 
-@register_backend(RoleKind.teacher, "vllm")
+@register_backend(Role.teacher, "vllm", rules=check_vllm_teacher, device_rules=check_teacher_device)
 def _vllm_teacher(cfg, spec: RoleSpec, ctx):
-    # teacher.placement=standalone; config/validate_teacher.py refuses it off the GPU, dry runs aside
+    # teacher.placement=standalone; check_teacher_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.teacher import VLLMTeacherBackend
 
     return VLLMTeacherBackend(cfg, spec, ctx)

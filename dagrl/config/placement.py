@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dagrl.config.device_groups import parse_device_groups
-from dagrl.config.roles import ROLE_REF, ROLE_ROLLOUT, ROLE_TEACHER, ROLE_TRAIN, RoleSpec, build_role_specs
+from dagrl.config.roles import Role, RoleSpec, build_role_specs
 from dagrl.config.schema import DagrlConfig, TeacherPlacement
 from dagrl.errors import PlacementError
 
-__all__ = ["ROLE_REF", "ROLE_ROLLOUT", "ROLE_TEACHER", "ROLE_TRAIN", "Plan", "make_plan", "format_plan"]
+__all__ = ["Plan", "make_plan", "format_plan"]
 
 
 @dataclass
@@ -135,12 +135,12 @@ def _groups_for(cfg: DagrlConfig, roles: set[str]) -> list[list[str]]:
         members = [r for r in group if r in roles]
         if members:
             groups.append(members)
-    if ROLE_TEACHER in roles - seen and cfg.teacher.placement == TeacherPlacement.colocate:
+    if Role.teacher in roles - seen and cfg.teacher.placement == TeacherPlacement.colocate:
         # a colocated teacher shares the train devices unless colocate_groups says otherwise
-        home = next((g for g in groups if ROLE_TRAIN in g), None)
+        home = next((g for g in groups if Role.train in g), None)
         if home is not None:
-            home.append(ROLE_TEACHER)
-            seen.add(ROLE_TEACHER)
+            home.append(Role.teacher.value)
+            seen.add(Role.teacher.value)
     groups += [[r] for r in sorted(roles - seen)]  # roles in no group own their devices
     return groups
 
@@ -150,8 +150,8 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
     sizes: list[int | None] = []
     for group in groups:
         asked = {r: gpus.get(r) for r in group if gpus.get(r) is not None}
-        if ROLE_TEACHER in group and cfg.teacher.placement == TeacherPlacement.standalone:
-            asked[ROLE_TEACHER] = cfg.teacher.gpus
+        if Role.teacher in group and cfg.teacher.placement == TeacherPlacement.standalone:
+            asked[Role.teacher.value] = cfg.teacher.gpus
         if len(set(asked.values())) > 1:
             raise PlacementError(
                 f"colocated roles {group} ask for different device counts {asked}: colocated roles share"

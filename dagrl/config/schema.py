@@ -14,8 +14,6 @@ from hydra.core.config_store import ConfigStore
 
 from dagrl.algos.losses import KLEstimator, LossAggMode
 from dagrl.config.enums import (  # noqa: F401  (re-exported: config users import them from here)
-    AdvEstimator,
-    Algorithm,
     Device,
     LayerSpec,
     LoggerName,
@@ -24,11 +22,9 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     RecomputeMethod,
     ResumeMode,
     RolloutISLevel,
-    RolloutName,
     RolloutRSLevel,
     SelfTeacher,
     TeacherPlacement,
-    TrainStrategy,
     parse_resume_mode,
 )
 from dagrl.config.ranges import ranged
@@ -135,8 +131,9 @@ class MegatronConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: TrainStrategy = TrainStrategy.torch
-    """Training backend: torch (HF model, AdamW, DDP) or megatron (megatron-core; actor.megatron.*)."""
+    strategy: str = "torch"
+    """Training backend, a registered train backend's name: torch (HF model, AdamW, DDP) or megatron
+    (megatron-core; actor.megatron.*), or one a plugin registered (@register_backend("train", name))."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     ppo_mini_batch_size: int = ranged(16, ge=1)
@@ -210,8 +207,9 @@ class VLLMEngineKwargs:
 
 @dataclass
 class RolloutConfig:
-    name: RolloutName = RolloutName.hf
-    """Rollout engine: hf (transformers, CPU default) or vllm (GPUs; docs/vllm.md)."""
+    name: str = "hf"
+    """Rollout engine, a registered rollout backend's name: hf (transformers, CPU default) or vllm
+    (GPUs; docs/vllm.md), or one a plugin registered (@register_backend("rollout", name))."""
     n: int = ranged(8, ge=1)
     """Responses sampled per prompt."""
     temperature: float = ranged(1.0, ge=0, hint="0 = greedy")
@@ -346,11 +344,13 @@ class DistillRewardConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Algorithm = Algorithm.grpo
-    """The objective the actor update minimises (dagrl/objectives). Choose it with the preset
+    name: str = "grpo"
+    """The objective the actor update minimises, a registered objective's name (dagrl/objectives;
+    plugins add theirs with @register_objective("name")). Choose a built-in with the preset
     `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys the algorithm relies on as well."""
-    adv_estimator: AdvEstimator = AdvEstimator.grpo
-    """How rewards become advantages; grpo: each response against its prompt's group."""
+    adv_estimator: str = "grpo"
+    """How rewards become advantages, a registered estimator's name; grpo: each response against
+    its prompt's group (plugins add theirs with @register_estimator("name", ...))."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide group-relative advantages by the group's std (GRPO); false subtracts only the group
     mean (Dr. GRPO: the std up-weights prompts that are nearly always or never solved)."""
@@ -493,9 +493,11 @@ class DagrlConfig:
     """Cluster, steps, logging, checkpoints."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The distillation teacher (none by default)."""
-    roles: dict[str, str] = field(default_factory=dict)
+    roles: dict[str, Any] = field(default_factory=dict)
     """Roles declared by plugins, name -> backend: `+roles.judge=my_judge` builds the backend the
-    plugin registered with @register_backend("judge", "my_judge") on the judge role's workers."""
+    plugin registered with @register_backend("judge", "my_judge") on the judge role's workers; or
+    name -> the role's own section (`PluginRoleConfig`: backend, model, dtype, micro_batch_size,
+    trust_remote_code), e.g. `+roles.judge={backend:my_judge,model:/ckpt/judge,dtype:bfloat16}`."""
 
 
 def register_configs() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import dagrl.nodes  # noqa: F401  (registers the built-in node kinds)
+import dagrl.objectives  # noqa: F401  (registers the built-in objectives and estimators)
 from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_model_path, torch_dtype
 from dagrl.backends.registry import check_backends
 from dagrl.config.enums import SelfTeacher
@@ -17,6 +19,7 @@ from dagrl.config.placement import Plan, RoleLayout, make_plan
 from dagrl.config.roles import build_role_specs
 from dagrl.config.schema import DagrlConfig, MegatronConfig
 from dagrl.config.validate import (
+    check_role_devices,
     data_files,
     resolve_defaults,
     resolve_device,
@@ -24,11 +27,10 @@ from dagrl.config.validate import (
     validate_roles,
     validate_with_plan,
 )
-from dagrl.config.validate_rollout import check_rollout_device
-from dagrl.config.validate_teacher import check_teacher_device
-from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
+from dagrl.core.dag import Dag, build_dag, check_node_rules, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
+from dagrl.registry import BACKENDS
 from dagrl.rewards import RewardComposer, RewardTerm
 from dagrl.trainer.capacity import check_dataset_size, check_memory
 from dagrl.trainer.logger import check_loggers
@@ -53,13 +55,13 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     validate(cfg)
     check_rewards_for_data(cfg)
     device = resolve_device(cfg)
-    check_rollout_device(cfg, device)
-    check_teacher_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
+    check_node_rules(specs, cfg)  # each node kind's own rules, for the nodes this config runs
     validate_roles(cfg, {s.role for s in specs if s.role})
     roles = build_role_specs(cfg, {s.role for s in specs if s.role})
     check_backends(roles.values(), None if cfg.trainer.dry_run else device)
+    check_role_devices(cfg, roles.values(), device)  # each backend's needs of the device (vLLM: GPUs)
     plan = make_plan(cfg, roles, device)
     validate_with_plan(cfg, plan)
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
@@ -116,9 +118,9 @@ def check_rewards_for_data(cfg: DagrlConfig) -> None:
 def validation_dags(roles: set[str]) -> tuple[Dag, Dag] | None:
     """The validation DAG (conf/dags/validate.yaml) without and with its weight sync; None when
     the training DAG has no rollout role to sample with."""
-    from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
+    from dagrl.config.roles import Role
 
-    if not {ROLE_ROLLOUT, ROLE_TRAIN} <= roles:
+    if not {Role.rollout, Role.train} <= roles:
         return None
     source, specs = load_dag_specs("validate")
     first = [s for s in specs if s.kind != "weight_sync"]
@@ -139,6 +141,10 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
     out = {}
     for role, layout in plan.roles.items():
         spec = plan.specs[role]
+        entry = BACKENDS.find(spec.kind, spec.backend)
+        if entry is not None and entry.estimate is not None:  # the backend's own estimate
+            out[role] = max(entry.estimate(cfg, spec, layout).values())  # its peak phase
+            continue
         if spec.model.path != cfg.actor_rollout_ref.model.path:
             teacher = _teacher_weights_gib(cfg, spec, layout)
             if teacher is not None:
@@ -161,10 +167,10 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
 
 def _teacher_weights_gib(cfg: DagrlConfig, spec, layout: RoleLayout) -> float | None:
     """GiB of a teacher's weights per device; None for other roles or a model not on this disk."""
-    from dagrl.config.roles import ROLE_TEACHER
+    from dagrl.config.roles import Role
 
     path = spec.model.path
-    if spec.kind != ROLE_TEACHER or path is None:
+    if spec.kind != Role.teacher or path is None:
         return None
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(os.path.join(path, "config.json")):
@@ -267,7 +273,9 @@ def init_ray(cfg: DagrlConfig) -> None:
 
 
 def launch(prepared: Prepared, tokenizer, rewarder):
-    """Start (or join) Ray, reserve bundles, build pools and role handles; returns (runtime, pools)."""
+    """Start (or join) Ray, reserve bundles, build pools and role handles. Returns (runtime, pools,
+    bundles): the role handles and the driver's state, the worker pools to shut down at the end,
+    and the placement-group bundles to release after them."""
     from dagrl.backends import build_role_backend
     from dagrl.backends.handles import make_handle
     from dagrl.core.pools import WorkerPool, allocate

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dagrl.backends.megatron.rules import transformer_engine_available
 from dagrl.config.schema import MegatronConfig
-from dagrl.config.validate_megatron import transformer_engine_available
 from dagrl.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")

@@ -37,7 +37,7 @@ from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import OffloadPolicy
 from dagrl.config.schema import LayerSpec
-from dagrl.config.validate_megatron import transformer_engine_available
+from dagrl.backends.megatron.rules import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs
 from dagrl.core.packing import PaddingStats, pack_sequences
 from dagrl.objectives import TokenOutputs, build_objective
@@ -86,7 +86,7 @@ class MegatronTrainBackend:
         )
         init_parallel(self.m, cfg.trainer.seed)
         self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=arr.model.trust_remote_code)
-        self.dtype = DTYPES[self.m.param_dtype]  # validate_megatron checked the name
+        self.dtype = DTYPES[self.m.param_dtype]  # megatron/rules.py checked the name
         self.tcfg = transformer_config(
             self.hf_config, self.m, params_dtype=self.dtype, use_cpu_initialization=ctx.device.type == "cpu"
         )
