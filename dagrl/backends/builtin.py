@@ -1,9 +1,8 @@
 """The built-in backends, each with its own rules. Implementations are imported when a role builds
-one, not before."""
+one, not before. A train backend builds the model of its role's spec: a teacher or a reference is
+the same backend, forward-only, with its own spec."""
 
 from __future__ import annotations
-
-import copy
 
 from dagrl.backends.megatron.rules import (
     check_megatron,
@@ -22,33 +21,16 @@ from dagrl.backends.vllm.rules import (
 from dagrl.config.roles import Role, RoleSpec
 
 
-def _train_cfg(cfg, spec: RoleSpec):
-    """The config a train backend reads, pointed at the spec's model.
-
-    Train backends read actor_rollout_ref.model; a teacher is the same backend in forward-only
-    mode with its own model, so it gets a copy whose model section names the teacher's.
-    """
-    model = cfg.actor_rollout_ref.model
-    if (spec.model.path, spec.model.dtype) == (model.path, model.dtype):
-        return cfg
-    cfg = copy.deepcopy(cfg)
-    cfg.actor_rollout_ref.model.path = spec.model.path
-    cfg.actor_rollout_ref.model.dtype = spec.model.dtype
-    return cfg
-
-
 def _torch(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    return TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains, offload=spec.offload)
+    return TorchTrainBackend(cfg, ctx, spec)
 
 
 def _megatron(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend(
-        _train_cfg(cfg, spec), ctx, forward_only=not spec.trains, offload=spec.offload
-    )
+    return MegatronTrainBackend(cfg, ctx, spec)
 
 
 # the train kind carries the rules of the whole backend (actor and its ref); a colocated megatron

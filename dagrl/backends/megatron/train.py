@@ -31,13 +31,13 @@ from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.model import build_model, transformer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
+from dagrl.backends.megatron.rules import transformer_engine_available
 from dagrl.backends.megatron.spec import get_sdpa_block_spec
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
-from dagrl.config.roles import OffloadPolicy
+from dagrl.config.roles import Role, RoleSpec, role_spec
 from dagrl.config.schema import LayerSpec
-from dagrl.backends.megatron.rules import transformer_engine_available
 from dagrl.core.batch import Batch, sequence_inputs
 from dagrl.core.packing import PaddingStats, pack_sequences
 from dagrl.objectives import TokenOutputs, build_objective
@@ -65,27 +65,25 @@ class MicroInputs:
 
 
 class MegatronTrainBackend:
-    def __init__(self, cfg, ctx, forward_only: bool = False, offload: OffloadPolicy | None = None):
-        """`offload`: what the role keeps in host memory between its turns (teacher.offload for a
-        teacher); None = the megatron.*_offload flags."""
+    def __init__(self, cfg, ctx, spec: RoleSpec | None = None):
+        """The model, megatron section, offload policy and log-prob micro-batch come from the
+        role's `spec` (None = the train role's); a spec that does not train builds a forward-only
+        backend (a reference, or a teacher with its own model). `cfg` supplies the update's settings."""
         from transformers import AutoConfig
 
+        spec = spec or role_spec(cfg, Role.train)
+        forward_only = not spec.trains
         arr = cfg.actor_rollout_ref
-        self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
-        self.m = arr.ref.megatron if forward_only else arr.actor.megatron
-        self.offload_policy = offload or OffloadPolicy(
-            self.m.param_offload, self.m.grad_offload, self.m.optimizer_offload
-        )
+        self.cfg, self.ctx, self.forward_only, self.spec = cfg, ctx, forward_only, spec
+        assert spec.megatron is not None, f"role {spec.name} has no megatron section"
+        self.m = spec.megatron
+        self.offload_policy = spec.offload
         self._teacher_head = None  # the teacher's output-layer shard (full-vocabulary GKD), lazily
-        self.path = resolve_model_path(arr.model.path)
+        self.path = resolve_model_path(spec.model.path)
         self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
-        self.micro = (
-            arr.ref.log_prob_micro_batch_size_per_gpu
-            if forward_only
-            else (arr.rollout.log_prob_micro_batch_size_per_gpu)
-        )
+        self.micro = spec.logprob_micro_batch_size
         init_parallel(self.m, cfg.trainer.seed)
-        self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=arr.model.trust_remote_code)
+        self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=spec.model.trust_remote_code)
         self.dtype = DTYPES[self.m.param_dtype]  # megatron/rules.py checked the name
         self.tcfg = transformer_config(
             self.hf_config, self.m, params_dtype=self.dtype, use_cpu_initialization=ctx.device.type == "cpu"

@@ -31,35 +31,38 @@ from dagrl.backends.torch.distill import (
 from dagrl.backends.torch.packed import packed_token_outputs
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
-from dagrl.config.roles import OffloadPolicy
+from dagrl.config.roles import Role, RoleSpec, role_spec
 from dagrl.core.batch import Batch, sequence_inputs
 from dagrl.core.packing import PaddingStats, sequence_lengths
 from dagrl.objectives import TokenOutputs, TokenRequest, build_objective
 
 
 class TorchTrainBackend:
-    def __init__(self, cfg, ctx, forward_only: bool = False, offload: OffloadPolicy | None = None):
-        """`offload`: the role's policy (teacher.offload for a teacher); None = actor.offload."""
-        self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
-        self.offload_params = cfg.actor_rollout_ref.actor.offload if offload is None else offload.params
+    def __init__(self, cfg, ctx, spec: RoleSpec | None = None):
+        """The model, dtype, offload policy and log-prob micro-batch come from the role's `spec`
+        (None = the train role's); a spec that does not train builds a forward-only backend (a
+        reference, or a teacher with its own model). `cfg` supplies the update's settings."""
+        spec = spec or role_spec(cfg, Role.train)
+        forward_only = not spec.trains
+        self.cfg, self.ctx, self.forward_only, self.spec = cfg, ctx, forward_only, spec
+        self.offload_params = spec.offload.params
         self.offload_freed_gib = 0.0
         self._host = HostStore()  # where offload() keeps the state between turns (pinned, reused)
         self._teacher_head: tuple[torch.Tensor, torch.Tensor | None] | None = None  # full-vocab GKD
         arr = cfg.actor_rollout_ref
-        self.path = resolve_model_path(arr.model.path)
+        self.path = resolve_model_path(spec.model.path)
         torch.manual_seed(cfg.trainer.seed)
-        self.model = load_causal_lm(self.path, arr.model.dtype, ctx.device, arr.model.trust_remote_code)
+        self.model = load_causal_lm(self.path, spec.model.dtype, ctx.device, spec.model.trust_remote_code)
         self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
         self.packing = arr.model.use_remove_padding
         self.padding = PaddingStats()  # token counts of this step's update, for the perf metrics
         self.optimizer = None
         self.ddp = None
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
+        self.micro = spec.logprob_micro_batch_size
         if forward_only:
             self.model.eval().requires_grad_(False)
-            self.micro = arr.ref.log_prob_micro_batch_size_per_gpu
             return
-        self.micro = arr.rollout.log_prob_micro_batch_size_per_gpu
         if arr.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.objective = build_objective(cfg)
