@@ -45,6 +45,10 @@ class GroupPlan:
 
 @dataclass
 class Plan:
+    """Where every role runs: the colocate groups with their device slots, each role's layout
+    (workers, TP/PP/CP, DP) and spec, and the memory estimate per device; printed by a dry run,
+    read by launch to reserve placement-group bundles and start the pools."""
+
     nnodes: int
     n_gpus_per_node: int
     device: str  # "cpu" or "cuda"
