@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -29,6 +28,7 @@ from dagrl.backends.torch.distill import (
     teacher_topk,
 )
 from dagrl.backends.torch.packed import packed_token_outputs
+from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, teacher_phase_start
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import Role, RoleSpec, role_spec
@@ -82,9 +82,9 @@ class TorchTrainBackend:
         if not self.offload_params:  # the state stays resident on the GPU
             return False
         if not self._host.holds:  # a second offload (another role's turn) keeps the first one's figure
-            before = _allocated_gib()
+            before = allocated_gib()
             self._host.offload(self._state_tensors())
-            self.offload_freed_gib = before - _allocated_gib()
+            self.offload_freed_gib = before - allocated_gib()
         return True
 
     def onload(self) -> None:
@@ -247,7 +247,7 @@ class TorchTrainBackend:
     def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
         """The K most likely next tokens at every response position and their log-probs over the
         whole vocabulary at `temperature`: teacher_topk_ids / teacher_topk_logprobs [B, R, K]."""
-        start = self._teacher_phase_start()
+        start = teacher_phase_start(self.ctx.device)
         head = output_layer(self.model)
         ids_out, logprobs_out = [], []
         for rows, resp_len, hidden, grid in self._teacher_micro_batches(batch):
@@ -255,30 +255,19 @@ class TorchTrainBackend:
             ids_out.append(top_ids.view(rows, resp_len, k).cpu())
             logprobs_out.append(top_logprobs.view(rows, resp_len, k).cpu())
         out = {"teacher_topk_ids": torch.cat(ids_out), "teacher_topk_logprobs": torch.cat(logprobs_out)}
-        return Batch(out), self._teacher_metrics(start)
+        return Batch(out), teacher_metrics(start, self.ctx.device, self.offload_freed_gib)
 
     @torch.no_grad()
     def teacher_hidden(self, batch: Batch) -> tuple[Batch, dict]:
         """Final hidden states [B, R, H] at the positions predicting each response token."""
-        start = self._teacher_phase_start()
+        start = teacher_phase_start(self.ctx.device)
         out = [
             hidden[grid].view(rows, resp_len, -1).cpu()
             for rows, resp_len, hidden, grid in self._teacher_micro_batches(batch)
         ]
-        return Batch({"teacher_hidden": torch.cat(out)}), self._teacher_metrics(start)
-
-    def _teacher_phase_start(self) -> float:
-        if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
-            torch.cuda.reset_peak_memory_stats()
-        return time.perf_counter()
-
-    def _teacher_metrics(self, start: float) -> dict:
-        # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
-        metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
-        if self.ctx.device.type == "cuda":
-            metrics["teacher/max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload
-        return metrics
+        return Batch({"teacher_hidden": torch.cat(out)}), teacher_metrics(
+            start, self.ctx.device, self.offload_freed_gib
+        )
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
@@ -293,8 +282,7 @@ class TorchTrainBackend:
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(self.optimizer, lr)
 
     def forward_backward(self, micro_batches: list[Batch], weights: list[float]) -> list[dict]:
         self.optimizer.zero_grad(set_to_none=True)
@@ -357,10 +345,6 @@ class TorchTrainBackend:
         os.makedirs(path, exist_ok=True)
         self.model.save_pretrained(path, safe_serialization=True)
         load_tokenizer(self.path).save_pretrained(path)
-
-
-def _allocated_gib() -> float:
-    return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
 def _rng_state() -> dict:
