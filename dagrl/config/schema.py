@@ -132,8 +132,7 @@ class MegatronConfig:
 @dataclass
 class ActorConfig:
     strategy: str = "torch"
-    """Training backend, a registered train backend's name: torch (HF model, AdamW, DDP) or megatron
-    (megatron-core; actor.megatron.*), or one a plugin registered (@register_backend("train", name))."""
+    """Registered train backend: torch (HF model, AdamW, DDP), megatron (actor.megatron.*), or a plugin's."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     ppo_mini_batch_size: int = ranged(16, ge=1)
@@ -208,8 +207,7 @@ class VLLMEngineKwargs:
 @dataclass
 class RolloutConfig:
     name: str = "hf"
-    """Rollout engine, a registered rollout backend's name: hf (transformers, CPU default) or vllm
-    (GPUs; docs/vllm.md), or one a plugin registered (@register_backend("rollout", name))."""
+    """Registered rollout backend: hf (transformers, CPU default), vllm (GPUs; docs/vllm.md), or a plugin's."""
     n: int = ranged(8, ge=1)
     """Responses sampled per prompt."""
     temperature: float = ranged(1.0, ge=0, hint="0 = greedy")
@@ -345,12 +343,10 @@ class DistillRewardConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "grpo"
-    """The objective the actor update minimises, a registered objective's name (dagrl/objectives;
-    plugins add theirs with @register_objective("name")). Choose a built-in with the preset
-    `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys the algorithm relies on as well."""
+    """Registered objective of the actor update (dagrl/objectives, or a plugin's): choose a built-in
+    with the preset `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys it relies on too."""
     adv_estimator: str = "grpo"
-    """How rewards become advantages, a registered estimator's name; grpo: each response against
-    its prompt's group (plugins add theirs with @register_estimator("name", ...))."""
+    """Registered advantage estimator; grpo: each response against its prompt's group."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide group-relative advantages by the group's std (GRPO); false subtracts only the group
     mean (Dr. GRPO: the std up-weights prompts that are nearly always or never solved)."""
@@ -494,10 +490,8 @@ class DagrlConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The distillation teacher (none by default)."""
     roles: dict[str, Any] = field(default_factory=dict)
-    """Roles declared by plugins, name -> backend: `+roles.judge=my_judge` builds the backend the
-    plugin registered with @register_backend("judge", "my_judge") on the judge role's workers; or
-    name -> the role's own section (`PluginRoleConfig`: backend, model, dtype, micro_batch_size,
-    trust_remote_code), e.g. `+roles.judge={backend:my_judge,model:/ckpt/judge,dtype:bfloat16}`."""
+    """Plugin roles: `+roles.judge=my_judge` (the backend registered as ("judge", "my_judge")) or the
+    role's own section (`PluginRoleConfig`), e.g. `+roles.judge={backend:my_judge,model:/ckpt/j}`."""
 
 
 def register_configs() -> None:
