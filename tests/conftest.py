@@ -10,6 +10,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# the built-in parts register by name when their packages are imported (dagrl.trainer.setup does
+# this for a run; tests that validate or build a DAG directly need them too)
+import dagrl.backends  # noqa: E402, F401
+import dagrl.nodes  # noqa: E402, F401
+import dagrl.objectives  # noqa: E402, F401
+
 
 def compose_config(*overrides: str):
     """The typed DagrlConfig that `python -m dagrl.main <overrides>` would run with."""

@@ -1,19 +1,31 @@
-"""The built-in backends. Implementations are imported when a role builds one, not before."""
+"""The built-in backends, each with its own rules. Implementations are imported when a role builds
+one, not before. A train backend builds the model of its role's spec: a teacher or a reference is
+the same backend, forward-only, with its own spec."""
 
 from __future__ import annotations
 
 import copy
 
+from dagrl.backends.megatron.rules import (
+    check_megatron,
+    check_megatron_plan,
+    check_megatron_teacher,
+    resolve_megatron,
+)
 from dagrl.backends.registry import register_backend, restrict_devices, start_before_others
-from dagrl.config.roles import RoleKind, RoleSpec
+from dagrl.backends.torch.rules import check_torch
+from dagrl.backends.vllm.rules import (
+    check_rollout_device,
+    check_teacher_device,
+    check_vllm_rollout,
+    check_vllm_teacher,
+)
+from dagrl.config.roles import Role, RoleSpec
 
 
-def _train_cfg(cfg, spec: RoleSpec):
-    """The config a train backend reads, pointed at the spec's model.
-
-    Train backends read actor_rollout_ref.model; a teacher is the same backend in forward-only
-    mode with its own model, so it gets a copy whose model section names the teacher's.
-    """
+def _rollout_cfg(cfg, spec: RoleSpec):
+    """The config a rollout backend reads, pointed at the spec's model (a distill sampler's is the
+    teacher's). Rollout backends still read the root config (the train backends take their spec)."""
     model = cfg.actor_rollout_ref.model
     if (spec.model.path, spec.model.dtype) == (model.path, model.dtype):
         return cfg
@@ -26,20 +38,25 @@ def _train_cfg(cfg, spec: RoleSpec):
 def _torch(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    return TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=not spec.trains, offload=spec.offload)
+    return TorchTrainBackend(cfg, ctx, spec)
 
 
 def _megatron(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend(
-        _train_cfg(cfg, spec), ctx, forward_only=not spec.trains, offload=spec.offload
-    )
+    return MegatronTrainBackend(cfg, ctx, spec)
 
 
-for _kind in (RoleKind.train, RoleKind.ref, RoleKind.teacher):
+# the train kind carries the rules of the whole backend (actor and its ref); a colocated megatron
+# teacher adds its own (it runs in the actor's parallel groups)
+register_backend(Role.train, "torch", rules=check_torch)(_torch)
+register_backend(
+    Role.train, "megatron", rules=check_megatron, plan_rules=check_megatron_plan, resolve=resolve_megatron
+)(_megatron)
+for _kind in (Role.ref, Role.teacher):
     register_backend(_kind, "torch")(_torch)
-    register_backend(_kind, "megatron")(_megatron)
+register_backend(Role.ref, "megatron")(_megatron)
+register_backend(Role.teacher, "megatron", rules=check_megatron_teacher)(_megatron)
 restrict_devices(
     "megatron",
     {"cuda"},
@@ -48,21 +65,21 @@ restrict_devices(
 )
 
 
-@register_backend(RoleKind.rollout, "hf")
+@register_backend(Role.rollout, "hf")
 def _hf(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
     return HFRolloutBackend(
-        _train_cfg(cfg, spec), ctx
+        _rollout_cfg(cfg, spec), ctx
     )  # the spec's model: a distill sampler's is the teacher
 
 
-@register_backend(RoleKind.rollout, "vllm")
+@register_backend(Role.rollout, "vllm", rules=check_vllm_rollout, device_rules=check_rollout_device)
 def _vllm(cfg, spec: RoleSpec, ctx):
-    # imports vllm (GPU machines only); config/validate_rollout.py refuses it off the GPU, dry runs aside
+    # imports vllm (GPU machines only); check_rollout_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
-    return VLLMRolloutBackend(_train_cfg(cfg, spec), ctx)
+    return VLLMRolloutBackend(_rollout_cfg(cfg, spec), ctx)
 
 
 # vLLM asks for gpu_memory_utilization × the card at start and refuses to start when less is free:
@@ -70,9 +87,9 @@ def _vllm(cfg, spec: RoleSpec, ctx):
 start_before_others("vllm")
 
 
-@register_backend(RoleKind.teacher, "vllm")
+@register_backend(Role.teacher, "vllm", rules=check_vllm_teacher, device_rules=check_teacher_device)
 def _vllm_teacher(cfg, spec: RoleSpec, ctx):
-    # teacher.placement=standalone; config/validate_teacher.py refuses it off the GPU, dry runs aside
+    # teacher.placement=standalone; check_teacher_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.teacher import VLLMTeacherBackend
 
     return VLLMTeacherBackend(cfg, spec, ctx)

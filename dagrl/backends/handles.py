@@ -8,11 +8,10 @@ with its own `@role_method`-declared methods.
 from __future__ import annotations
 
 from dagrl.backends.protocols import RolloutBackend, TeacherBackend, TrainBackend
-from dagrl.config.roles import RoleKind, RoleSpec
+from dagrl.config.roles import Role, RoleSpec
 from dagrl.core.batch import Batch
 from dagrl.core.pools import RoleHandle, WorkerPool
-
-_TRAIN_BACKENDS = ("torch", "megatron")
+from dagrl.registry import BACKENDS
 
 
 class TrainRole(RoleHandle):
@@ -53,12 +52,14 @@ class StandaloneTeacherRole(RoleHandle):
 
 
 def make_handle(spec: RoleSpec, pool: WorkerPool) -> RoleHandle:
-    """The typed handle of a role: by kind for the built-in ones, the plain handle for plugin roles."""
-    if spec.kind == RoleKind.rollout.value:
+    """The typed handle of a role: by kind for the built-in ones, the plain handle for plugin roles.
+    A train backend is any backend registered for the train role (torch, megatron, a plugin's)."""
+    train_backend = spec.backend in BACKENDS.names(Role.train)
+    if spec.kind == Role.rollout:
         return RolloutRole(spec.name, pool)
-    if spec.kind == RoleKind.teacher.value and spec.backend not in _TRAIN_BACKENDS:
+    if spec.kind == Role.teacher and not train_backend:
         return StandaloneTeacherRole(spec.name, pool)
-    if spec.backend in _TRAIN_BACKENDS and spec.kind in (RoleKind.train, RoleKind.ref, RoleKind.teacher):
+    if train_backend and spec.kind in (Role.train, Role.ref, Role.teacher):
         return TrainRole(spec.name, pool)
     return RoleHandle(spec.name, pool)
 

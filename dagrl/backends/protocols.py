@@ -25,6 +25,9 @@ WeightBucket = dict[str, torch.Tensor]
 
 
 class DeviceTenant(Protocol):
+    """What every backend on a (possibly shared) device offers: its DP position, and leaving /
+    returning to the device between its turns."""
+
     def dp_info(self) -> tuple[int, int, bool]:
         """(dp_rank, dp_size, returns_output)."""
         ...
@@ -38,6 +41,10 @@ class DeviceTenant(Protocol):
 
 
 class TrainBackend(DeviceTenant, Protocol):
+    """A train backend (torch, megatron): log-probs, a teacher's top-k or hidden states when
+    forward-only, the update with the configured objective, weights out for the rollout, and
+    checkpoints. Built from its role's spec; tests/backends/test_contract.py is its contract."""
+
     @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
         """Log-probs [B, R] of `responses` given `prompts`, under output_key."""
@@ -81,6 +88,9 @@ class TrainBackend(DeviceTenant, Protocol):
 
 
 class RolloutBackend(DeviceTenant, Protocol):
+    """A rollout engine (hf, vllm): sampling with the rollout's log-probs, and the weight refresh
+    (begin, load buckets or write straight into `engine_params`, finish)."""
+
     @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
     def generate(self, batch: Batch, seed: int, validate: bool = False) -> tuple[Batch, dict]:
         """One response per row: responses, response_mask, rollout_logprobs."""

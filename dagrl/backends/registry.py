@@ -4,14 +4,15 @@ A factory takes (cfg, spec, ctx) and returns the backend. Built-in factories imp
 implementation inside the call, so a backend whose dependencies are missing on this machine
 (vLLM on a CPU box) costs nothing until a role asks for it:
 
-    @register_backend("rollout", "vllm")
+    @register_backend("rollout", "vllm", rules=check_vllm)
     def _vllm(cfg, spec, ctx):
         from dagrl.backends.vllm.rollout import VLLMRolloutBackend
-        return VLLMRolloutBackend(cfg, spec, ctx)
+        return VLLMRolloutBackend(cfg, ctx)
 
+A backend brings its own config rules (`rules(cfg)`, `plan_rules(cfg, plan)`) and its memory
+estimate (`estimate`); validate and the capacity check find them in dagrl.registry.BACKENDS.
 Plugins register theirs from `external_plugins` modules (loaded in the driver and every worker).
-The built-ins register when the `dagrl.backends` package is imported (dagrl/backends/builtin.py),
-which happens before this module is.
+The built-ins register when the `dagrl.backends` package is imported (dagrl/backends/builtin.py).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from enum import Enum
 
 from dagrl.config.roles import RoleSpec
 from dagrl.errors import ConfigError
+from dagrl.registry import BACKENDS, BackendEntry, _no_rules
 
 BackendFactory = Callable  # (cfg: DagrlConfig, spec: RoleSpec, ctx: ParallelContext) -> backend
 
-_BACKENDS: dict[tuple[str, str], BackendFactory] = {}
 # backend name -> devices it runs on, for backends that do not run everywhere
 _DEVICES: dict[str, set[str]] = {}
 _DEVICE_FIX: dict[str, str] = {}
@@ -32,14 +33,23 @@ _DEVICE_FIX: dict[str, str] = {}
 _STARTS_FIRST: set[str] = set()
 
 
-def register_backend(kind: str | Enum, name: str) -> Callable[[BackendFactory], BackendFactory]:
-    """Register a factory (or a class taking (cfg, spec, ctx)) for roles of `kind` named `name`."""
-    key = (_value(kind), name)
+def register_backend(
+    kind: str | Enum,
+    name: str,
+    *,
+    rules: Callable | None = None,
+    plan_rules: Callable | None = None,
+    estimate: Callable | None = None,
+    resolve: Callable | None = None,
+    device_rules: Callable | None = None,
+) -> Callable[[BackendFactory], BackendFactory]:
+    """Register a factory (or a class taking (cfg, spec, ctx)) for roles of `kind` named `name`,
+    with the backend's own config rules and memory estimate (see dagrl.registry.BackendEntry)."""
+    kind = _value(kind)
 
     def wrap(factory: BackendFactory) -> BackendFactory:
-        if key in _BACKENDS and _BACKENDS[key] is not factory:
-            raise ValueError(f"backend {key} is registered twice ({_BACKENDS[key]} and {factory})")
-        _BACKENDS[key] = factory
+        entry = BackendEntry(factory, rules or _no_rules, plan_rules, estimate, resolve, device_rules)
+        BACKENDS.register(kind, name, entry)
         return factory
 
     return wrap
@@ -73,7 +83,7 @@ def startup_order(specs: Iterable[RoleSpec]) -> list[str]:
 
 
 def backend_names(kind: str | Enum) -> list[str]:
-    return sorted(name for k, name in _BACKENDS if k == _value(kind))
+    return BACKENDS.names(_value(kind))
 
 
 def check_backends(specs: Iterable[RoleSpec], device: str | None = None) -> None:
@@ -82,23 +92,13 @@ def check_backends(specs: Iterable[RoleSpec], device: str | None = None) -> None
     for spec in specs:
         if device is not None and device not in _DEVICES.get(spec.backend, {device}):
             raise ConfigError("trainer.device", device, _DEVICE_FIX[spec.backend])
-        if (spec.kind, spec.backend) not in _BACKENDS:
-            known = backend_names(spec.kind)
-            raise ConfigError(
-                spec.backend_key,
-                spec.backend,
-                f"no {spec.kind!r} backend of that name; registered: {known or 'none'}"
-                + (
-                    ""
-                    if spec.builtin
-                    else " (register one with @register_backend in an external_plugins module)"
-                ),
-            )
+        how = "" if spec.builtin else "register one with @register_backend in an external_plugins module"
+        BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key, how)
 
 
 def build_backend(cfg, spec: RoleSpec, ctx):
     check_backends([spec])
-    return _BACKENDS[(spec.kind, spec.backend)](cfg, spec, ctx)
+    return BACKENDS.find(spec.kind, spec.backend).factory(cfg, spec, ctx)
 
 
 def build_role_backend(cfg, role: str, ctx):

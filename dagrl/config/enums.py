@@ -6,17 +6,6 @@ from __future__ import annotations
 from enum import Enum
 
 
-class TrainStrategy(str, Enum):
-    # member names equal their values: OmegaConf matches command-line values against names
-    torch = "torch"
-    megatron = "megatron"
-
-
-class RolloutName(str, Enum):
-    hf = "hf"
-    vllm = "vllm"
-
-
 class BuiltinTask(str, Enum):
     """Offline tasks that need no data files (data.train_files unset)."""
 
@@ -98,20 +87,6 @@ class TeacherPlacement(str, Enum):
     standalone = "standalone"  # vLLM replicas on devices of their own (teacher.gpus)
 
 
-class Algorithm(str, Enum):
-    """The objective of the actor update (dagrl/objectives); each has a preset
-    conf/algorithm/<name>.yaml that also sets the keys the algorithm depends on."""
-
-    grpo = "grpo"
-    dr_grpo = "dr_grpo"
-    gspo = "gspo"
-    gkd = "gkd"  # generalized knowledge distillation from algorithm.gkd / teacher.*
-    opsd = (
-        "opsd"  # GKD whose teacher reads each row's privileged teacher_prompt (on-policy self-distillation)
-    )
-    sft = "sft"  # supervised fine-tuning on the data's responses (conf/dags/sft.yaml: no rollout)
-
-
 class SelfTeacher(str, Enum):
     """Words `teacher.model` accepts instead of a path: the student distils from itself."""
 
@@ -128,9 +103,3 @@ class RolloutRSLevel(str, Enum):
     token = "token"
     sequence = "sequence"
     geometric = "geometric"
-
-
-class AdvEstimator(str, Enum):
-    """How token rewards become advantages (dagrl/objectives/advantage.py)."""
-
-    grpo = "grpo"

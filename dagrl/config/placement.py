@@ -12,19 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dagrl.config.device_groups import parse_device_groups
-from dagrl.config.roles import (
-    ROLE_REF,
-    ROLE_ROLLOUT,
-    ROLE_TEACHER,
-    ROLE_TRAIN,
-    RoleKind,
-    RoleSpec,
-    build_role_specs,
-)
+from dagrl.config.roles import Role, RoleSpec, build_role_specs
 from dagrl.config.schema import DagrlConfig, TeacherPlacement
 from dagrl.errors import ConfigError, PlacementError
 
-__all__ = ["ROLE_REF", "ROLE_ROLLOUT", "ROLE_TEACHER", "ROLE_TRAIN", "Plan", "make_plan", "format_plan"]
+__all__ = ["Plan", "make_plan", "format_plan"]
 
 
 @dataclass
@@ -54,6 +46,10 @@ class GroupPlan:
 
 @dataclass
 class Plan:
+    """Where every role runs: the colocate groups with their device slots, each role's layout
+    (workers, TP/PP/CP, DP) and spec, and the memory estimate per device; printed by a dry run,
+    read by launch to reserve placement-group bundles and start the pools."""
+
     nnodes: int
     n_gpus_per_node: int
     device: str  # "cpu" or "cuda"
@@ -148,12 +144,12 @@ def _groups_for(cfg: DagrlConfig, roles: set[str]) -> list[list[str]]:
         members = [r for r in group if r in roles]
         if members:
             groups.append(members)
-    if ROLE_TEACHER in roles - seen and cfg.teacher.placement == TeacherPlacement.colocate:
+    if Role.teacher in roles - seen and cfg.teacher.placement == TeacherPlacement.colocate:
         # a colocated teacher shares the train devices unless colocate_groups says otherwise
-        home = next((g for g in groups if ROLE_TRAIN in g), None)
+        home = next((g for g in groups if Role.train in g), None)
         if home is not None:
-            home.append(ROLE_TEACHER)
-            seen.add(ROLE_TEACHER)
+            home.append(Role.teacher.value)
+            seen.add(Role.teacher.value)
     groups += [[r] for r in sorted(roles - seen)]  # roles in no group own their devices
     return groups
 
@@ -161,7 +157,7 @@ def _groups_for(cfg: DagrlConfig, roles: set[str]) -> list[list[str]]:
 def check_role_names(cfg: DagrlConfig, roles: set[str]) -> None:
     """Every role named in placement.colocate_groups is a built-in role, a plugin role of
     `roles` (the DAG's) or of cfg.roles: a misspelt one would otherwise own devices of its own."""
-    known = sorted({k.value for k in RoleKind} | set(cfg.roles) | roles)
+    known = sorted({k.value for k in Role} | set(cfg.roles) | roles)
     for i, group in enumerate(cfg.placement.colocate_groups):
         for j, name in enumerate(group):
             if name not in known:
@@ -181,11 +177,11 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
     for group in groups:
         asked = {r: gpus.get(r) for r in group if gpus.get(r) is not None}
         if (
-            ROLE_TEACHER in group
+            Role.teacher in group
             and cfg.teacher.placement == TeacherPlacement.standalone
             and cfg.teacher.gpus
         ):
-            asked[ROLE_TEACHER] = cfg.teacher.gpus
+            asked[Role.teacher.value] = cfg.teacher.gpus
         if len(set(asked.values())) > 1:
             raise PlacementError(
                 f"colocated roles {group} ask for different device counts {asked}: colocated roles share"
@@ -196,7 +192,7 @@ def _group_sizes(cfg: DagrlConfig, groups: list[list[str]], total: int) -> list[
     free = [i for i, s in enumerate(sizes) if s is None]
     for group, size in zip(groups, sizes):
         if size is not None and size < 1:
-            role = next(r for r in group if gpus.get(r) is not None or r == ROLE_TEACHER)
+            role = next(r for r in group if gpus.get(r) is not None or r == Role.teacher)
             key = "teacher.gpus" if gpus.get(role) is None else f"placement.gpus.{role}"
             raise ConfigError(key, size, f"role {role!r} needs at least one device; set it to 1 or more")
     if free:
@@ -257,9 +253,9 @@ def _backend(plan: Plan, role: str) -> str:
     spec = plan.specs.get(role)
     if spec is None:
         return ""
-    if spec.kind == ROLE_ROLLOUT:
+    if spec.kind == Role.rollout:
         return f", rollout engine {spec.backend}"
-    if spec.kind == ROLE_TEACHER and spec.backend == "vllm":
+    if spec.kind == Role.teacher and spec.backend == "vllm":
         return ", engine vllm (standalone teacher)"
     if spec.builtin:
         return f", train backend {spec.backend}" + ("" if spec.trains else " (forward only)")

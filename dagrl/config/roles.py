@@ -2,28 +2,32 @@
 
 Placement (parallel sizes), validation (DP divisibility), the dry-run plan (memory estimate) and
 backend construction (registry key) read these specs; nothing else decodes the config per role.
-Built-in roles are `RoleKind` members; plugins declare more under `roles.<name>` (their kind is
-their name, so their backends register under it).
+Built-in roles are `Role` members (the one vocabulary of role names: members are strings, so
+they compare, hash and format as the names the DAG files use); plugins declare more under
+`roles.<name>` (their kind is their name, so their backends register under it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
-from dagrl.config.schema import DagrlConfig, MegatronConfig, SelfTeacher, TeacherPlacement, TrainStrategy
+from dagrl.config.schema import DagrlConfig, MegatronConfig, SelfTeacher, TeacherPlacement
+from dagrl.errors import ConfigError
 
 
-class RoleKind(str, Enum):
+class Role(StrEnum):
+    """The built-in roles. A plugin role is a plain string (its name under `roles.<name>`)."""
+
     train = "train"
     rollout = "rollout"
     ref = "ref"
     teacher = "teacher"
     reward = "reward"
 
-
-ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER = "train", "rollout", "ref", "teacher"
+    def __repr__(self) -> str:  # messages and plans show the name the config and DAG files use
+        return repr(self.value)
 
 
 @dataclass(frozen=True)
@@ -56,13 +60,18 @@ class OffloadPolicy:
 
 @dataclass(frozen=True)
 class RoleSpec:
+    """What one role runs, decoded once from the config: the backend reads its model, dtype,
+    parallel layout, micro-batch sizes and offload policy from here, not from the config tree
+    (a teacher is the train backend with a spec whose model is the teacher's)."""
+
     name: str
-    kind: str  # a RoleKind value, or the role's own name for plugin roles
+    kind: str  # a Role value, or the role's own name for plugin roles
     backend: str  # registry name under (kind, backend)
     backend_key: str  # the config key that chose the backend (for errors)
     model: ModelSpec
     parallel: ParallelLayout = field(default_factory=ParallelLayout)
-    micro_batch_size: int = 1  # sequences per forward on one device
+    micro_batch_size: int = 1  # sequences per forward on one device (the update's, for a trained role)
+    logprob_micro_batch_size: int = 1  # sequences per forward of the role's log-prob passes
     trains: bool = False
     offload: OffloadPolicy = field(default_factory=OffloadPolicy)
     megatron: MegatronConfig | None = None  # set when the backend is megatron
@@ -70,7 +79,7 @@ class RoleSpec:
     @property
     def builtin(self) -> bool:
         """Whether dagrl ships backends for this role (reward and plugin roles bring their own)."""
-        return self.kind in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER, KIND_REWARD_MODEL)
+        return self.kind in (Role.train, Role.rollout, Role.ref, Role.teacher, KIND_REWARD_MODEL)
 
 
 def teacher_model_path(cfg: DagrlConfig) -> str | None:
@@ -87,7 +96,7 @@ def rollout_dtype(cfg: DagrlConfig) -> str:
     arr = cfg.actor_rollout_ref
     if arr.rollout.dtype is not None:
         return _dtype_name(arr.rollout.dtype)
-    if arr.actor.strategy == TrainStrategy.megatron:
+    if arr.actor.strategy == "megatron":
         return _dtype_name(arr.actor.megatron.param_dtype)
     return _dtype_name(arr.model.dtype)
 
@@ -100,7 +109,7 @@ def role_aliases(cfg: DagrlConfig) -> dict[str, str]:
     """Roles a DAG names that run on another role's workers under this config: a `self_current`
     teacher is the train role's own model (no pool, no weights of its own)."""
     if cfg.teacher.model == SelfTeacher.self_current.value:
-        return {ROLE_TEACHER: ROLE_TRAIN}
+        return {Role.teacher.value: Role.train.value}
     return {}
 
 
@@ -113,13 +122,13 @@ def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
     arr = cfg.actor_rollout_ref
     actor_model = ModelSpec(arr.model.path, arr.model.dtype, None, arr.model.trust_remote_code)
     strategy_key = "actor_rollout_ref.actor.strategy"
-    if name in (ROLE_TRAIN, ROLE_REF):
-        trains = name == ROLE_TRAIN
+    if name in (Role.train, Role.ref):
+        trains = name == Role.train
         mega = _megatron(cfg, arr.actor.megatron if trains else arr.ref.megatron)
         return RoleSpec(
             name=name,
             kind=name,
-            backend=arr.actor.strategy.value,
+            backend=arr.actor.strategy,
             backend_key=strategy_key,
             model=actor_model,
             parallel=_layout(mega),
@@ -128,28 +137,75 @@ def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
                 if trains
                 else arr.ref.log_prob_micro_batch_size_per_gpu
             ),
+            logprob_micro_batch_size=(
+                arr.rollout.log_prob_micro_batch_size_per_gpu  # the old log-probs of the update
+                if trains
+                else arr.ref.log_prob_micro_batch_size_per_gpu
+            ),
             trains=trains,
             offload=_offload(cfg, mega),
             megatron=mega,
         )
-    if name == ROLE_ROLLOUT:
+    if name == Role.rollout:
         r = arr.rollout
         return RoleSpec(
             name=name,
             kind=name,
-            backend=r.name.value,
+            backend=r.name,
             backend_key="actor_rollout_ref.rollout.name",
             model=ModelSpec(arr.model.path, rollout_dtype(cfg), None, arr.model.trust_remote_code),
             parallel=ParallelLayout(tp=r.tensor_model_parallel_size),
             micro_batch_size=r.micro_batch_size_per_gpu,
         )
-    if name == ROLE_TEACHER:
+    if name == Role.teacher:
         return _teacher_spec(cfg, actor_model)
     if name in SAMPLING_ROLES:
         return _sampling_spec(cfg, name, actor_model)
-    # reward and plugin roles: the backend a plugin registered under the role's name
+    return _plugin_spec(cfg, name, actor_model)
+
+
+@dataclass
+class PluginRoleConfig:
+    """`roles.<name>` as a section: what a reward, judge or other plugin role runs."""
+
+    backend: str  # the name its plugin registered with @register_backend("<role name>", backend)
+    model: str | None = None  # the role's own model path; None = the actor's model
+    dtype: str | None = None  # None = the actor's model dtype
+    micro_batch_size: int = 1  # sequences per forward on one device
+    trust_remote_code: bool | None = None  # None = the actor's setting
+
+
+def _plugin_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleSpec:
+    """Reward and plugin roles: the backend a plugin registered under the role's name, with the
+    role's own model section when `roles.<name>` is one (the actor's model otherwise)."""
+    entry = cfg.roles.get(name, "")  # validate_roles refuses a DAG role without an entry
+    if isinstance(entry, str):
+        return RoleSpec(name=name, kind=name, backend=entry, backend_key=f"roles.{name}", model=actor_model)
+    known = set(PluginRoleConfig.__dataclass_fields__)
+    for key in entry:
+        if key not in known:
+            raise ConfigError(
+                f"roles.{name}.{key}", entry[key], f"unknown key; a role's section has {sorted(known)}"
+            )
+    if "backend" not in entry:
+        raise ConfigError(
+            f"roles.{name}.backend", None, "name the backend its plugin registered for this role"
+        )
+    section = PluginRoleConfig(**entry)
+    model = ModelSpec(
+        section.model if section.model is not None else actor_model.path,
+        section.dtype or actor_model.dtype,
+        None,
+        actor_model.trust_remote_code if section.trust_remote_code is None else section.trust_remote_code,
+    )
     return RoleSpec(
-        name=name, kind=name, backend=cfg.roles.get(name, ""), backend_key=f"roles.{name}", model=actor_model
+        name=name,
+        kind=name,
+        backend=section.backend,
+        backend_key=f"roles.{name}.backend",
+        model=model,
+        micro_batch_size=section.micro_batch_size,
+        logprob_micro_batch_size=section.micro_batch_size,
     )
 
 
@@ -174,8 +230,8 @@ def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleS
         )
         return RoleSpec(
             name=name,
-            kind=ROLE_ROLLOUT,
-            backend=r.name.value,
+            kind=Role.rollout,
+            backend=r.name,
             backend_key="actor_rollout_ref.rollout.name",
             model=model,
             parallel=ParallelLayout(tp=r.tensor_model_parallel_size),
@@ -201,30 +257,32 @@ def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
     model = ModelSpec(teacher_model_path(cfg), t.dtype or arr.model.dtype, None, arr.model.trust_remote_code)
     if t.placement == TeacherPlacement.standalone:
         return RoleSpec(
-            name=ROLE_TEACHER,
-            kind=ROLE_TEACHER,
+            name=Role.teacher.value,
+            kind=Role.teacher.value,
             backend="vllm",
             backend_key="teacher.placement",
             model=model,
             parallel=ParallelLayout(tp=t.tensor_model_parallel_size),
             micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
+            logprob_micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
         )
     mega = _megatron(cfg, arr.ref.megatron)
     return RoleSpec(
-        name=ROLE_TEACHER,
-        kind=ROLE_TEACHER,
-        backend=arr.actor.strategy.value,
+        name=Role.teacher.value,
+        kind=Role.teacher.value,
+        backend=arr.actor.strategy,
         backend_key="actor_rollout_ref.actor.strategy",  # the actor's train backend, forward-only
         model=model,
         parallel=_layout(mega),
         micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
+        logprob_micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
         offload=OffloadPolicy(params=t.offload),
         megatron=mega,
     )
 
 
 def _megatron(cfg: DagrlConfig, m: MegatronConfig) -> MegatronConfig | None:
-    return m if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron else None
+    return m if cfg.actor_rollout_ref.actor.strategy == "megatron" else None
 
 
 def _layout(m: MegatronConfig | None) -> ParallelLayout:

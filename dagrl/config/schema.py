@@ -14,8 +14,6 @@ from hydra.core.config_store import ConfigStore
 
 from dagrl.algos.losses import KLEstimator, LossAggMode
 from dagrl.config.enums import (  # noqa: F401  (re-exported: config users import them from here)
-    AdvEstimator,
-    Algorithm,
     BuiltinTask,
     Device,
     LayerSpec,
@@ -25,11 +23,9 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     RecomputeMethod,
     ResumeMode,
     RolloutISLevel,
-    RolloutName,
     RolloutRSLevel,
     SelfTeacher,
     TeacherPlacement,
-    TrainStrategy,
     TruncateSide,
     parse_resume_mode,
 )
@@ -156,8 +152,8 @@ class MegatronConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: TrainStrategy = TrainStrategy.torch
-    """Training backend: torch (HF model, AdamW, DDP) or megatron (megatron-core; actor.megatron.*)."""
+    strategy: str = "torch"
+    """Registered train backend: torch (HF model, AdamW, DDP), megatron (actor.megatron.*), or a plugin's."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     ppo_mini_batch_size: int = ranged(16, ge=1)
@@ -281,8 +277,8 @@ class MultiTurnConfig:
 
 @dataclass
 class RolloutConfig:
-    name: RolloutName = RolloutName.hf
-    """Rollout engine: hf (transformers, CPU default) or vllm (GPUs; docs/vllm.md)."""
+    name: str = "hf"
+    """Registered rollout backend: hf (transformers, CPU default), vllm (GPUs; docs/vllm.md), or a plugin's."""
     dtype: Optional[ModelDtype] = None
     """The engine's weights dtype; None = the trainer's compute dtype (actor.megatron.param_dtype
     under strategy=megatron, actor_rollout_ref.model.dtype under torch)."""
@@ -430,11 +426,11 @@ class DistillRewardConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Algorithm = Algorithm.grpo
-    """The objective the actor update minimises (dagrl/objectives). Choose it with the preset
-    `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys the algorithm relies on as well."""
-    adv_estimator: AdvEstimator = AdvEstimator.grpo
-    """How rewards become advantages; grpo: each response against its prompt's group."""
+    name: str = "grpo"
+    """Registered objective of the actor update (dagrl/objectives, or a plugin's): choose a built-in
+    with the preset `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys it relies on too."""
+    adv_estimator: str = "grpo"
+    """Registered advantage estimator; grpo: each response against its prompt's group."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide group-relative advantages by the group's std (GRPO); false subtracts only the group
     mean (Dr. GRPO: the std up-weights prompts that are nearly always or never solved)."""
@@ -582,9 +578,9 @@ class DagrlConfig:
     """The distillation teacher (none by default)."""
     sample: SampleConfig = field(default_factory=SampleConfig)
     """The sampling pipeline (pipeline=sample): no training, parquet shards out."""
-    roles: dict[str, str] = field(default_factory=dict)
-    """Roles declared by plugins, name -> backend: `+roles.judge=my_judge` builds the backend the
-    plugin registered with @register_backend("judge", "my_judge") on the judge role's workers."""
+    roles: dict[str, Any] = field(default_factory=dict)
+    """Plugin roles: `+roles.judge=my_judge` (the backend registered as ("judge", "my_judge")) or the
+    role's own section (`PluginRoleConfig`), e.g. `+roles.judge={backend:my_judge,model:/ckpt/j}`."""
 
 
 def register_configs() -> None:

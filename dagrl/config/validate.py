@@ -7,32 +7,23 @@ from __future__ import annotations
 
 import os
 
-from dagrl.config.placement import ROLE_REF, ROLE_ROLLOUT, ROLE_TRAIN, Plan
+from dagrl.config.placement import Plan
 from dagrl.config.ranges import check_ranges
-from dagrl.config.roles import ROLE_TEACHER, SAMPLING_ROLES, RoleKind
+from dagrl.config.roles import SAMPLING_ROLES, Role, RoleSpec, role_spec
 from dagrl.config.schema import (
-    Algorithm,
     BuiltinTask,
     DagrlConfig,
     Device,
     ResumeMode,
     TeacherPlacement,
-    TrainStrategy,
     parse_resume_mode,
-)
-from dagrl.config.validate_megatron import (
-    check_megatron,
-    check_megatron_plan,
-    check_no_megatron_knobs,
-    inherit_ref_megatron,
-    recompute_for_checkpointing,
 )
 from dagrl.config.validate_multi_turn import check_multi_turn
 from dagrl.config.validate_precision import check_precision
-from dagrl.config.validate_rollout import check_overlap_placement, check_rollout_engine
+from dagrl.config.validate_rollout import check_off_policy_settings, check_overlap_placement
 from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
-from dagrl.objectives import check_algorithm
+from dagrl.registry import BACKENDS, ESTIMATORS, OBJECTIVES
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -54,15 +45,15 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         from dagrl.data.builtin_calculator import tiny_calculator_path
 
         cfg.actor_rollout_ref.model.path = tiny_calculator_path()  # taught the tool-call format
-    if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
-        inherit_ref_megatron(cfg)
-        recompute_for_checkpointing(cfg)
+    train = BACKENDS.find(Role.train, cfg.actor_rollout_ref.actor.strategy)
+    if train is not None and train.resolve is not None:
+        train.resolve(cfg)  # megatron: the ref takes the actor's layout, checkpointing is recompute
     if cfg.placement.device_groups is not None and cfg.trainer.n_gpus_per_node == 1:
         from dagrl.config.device_groups import declared_nproc
 
         # ms-swift's groups say how many GPUs a node has: no need to repeat it as n_gpus_per_node
         cfg.trainer.n_gpus_per_node = declared_nproc(cfg.placement.device_groups) or 1
-    uses_teacher = cfg.algorithm.name in (Algorithm.gkd, Algorithm.opsd) or cfg.algorithm.distill_reward.coef
+    uses_teacher = cfg.algorithm.name in ("gkd", "opsd") or cfg.algorithm.distill_reward.coef
     if uses_teacher and cfg.actor_rollout_ref.model.path is None and cfg.teacher.model is None:
         from dagrl.data.builtin import tiny_teacher_path
 
@@ -73,20 +64,42 @@ def validate(cfg: DagrlConfig) -> None:
     """Rules that need only the config: first every field's own range (declared on the schema), then
     the rules between fields."""
     check_ranges(cfg)
+    check_names(cfg)
     _check_data(cfg)
     _check_actor(cfg)
     _check_rollout(cfg)
-    check_algorithm(cfg)  # the chosen objective's and advantage estimator's own rules
+    OBJECTIVES.get(cfg.algorithm.name).validate(cfg)  # the chosen objective's own rules
     _check_trainer(cfg)
     _check_teacher(cfg)
-    if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
-        check_megatron(cfg)
+    _backend_rules(cfg, role_spec(cfg, Role.train))  # the train backend's own rules (megatron's splits)
+
+
+def _backend_rules(cfg: DagrlConfig, spec: RoleSpec) -> None:
+    """The rules the role's backend registered with itself."""
+    BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key).rules(cfg)
+
+
+def check_role_devices(cfg: DagrlConfig, specs, device: str) -> None:
+    """What each role's backend needs of the resolved device (vLLM: GPUs, installed)."""
+    for spec in specs:
+        entry = BACKENDS.find(spec.kind, spec.backend)
+        if entry is not None and entry.device_rules is not None:
+            entry.device_rules(cfg, device)
+
+
+def check_names(cfg: DagrlConfig) -> None:
+    """The parts the config names by string are registered (built-ins register when their package
+    is imported, plugins from external_plugins): a ConfigError naming the nearest otherwise."""
+    OBJECTIVES.lookup(cfg.algorithm.name, "algorithm.name")
+    ESTIMATORS.lookup(cfg.algorithm.adv_estimator, "algorithm.adv_estimator")
+    BACKENDS.lookup(Role.train, cfg.actor_rollout_ref.actor.strategy, f"{A}.strategy")
+    BACKENDS.lookup(Role.rollout, cfg.actor_rollout_ref.rollout.name, f"{R}.name")
 
 
 def validate_roles(cfg: DagrlConfig, roles: set[str]) -> None:
     """The roles a DAG runs on exist in the config: a teacher needs teacher.model; any role without
     a built-in backend (reward, plugin roles) names its backend under roles.<name>."""
-    if ROLE_TEACHER in roles and cfg.teacher.model is None:
+    if Role.teacher in roles and cfg.teacher.model is None:
         raise ConfigError("teacher.model", None, "the DAG runs a teacher node; set the teacher's model path")
     if "sampler" in roles and cfg.sample.sampler_type.value == "distill" and cfg.teacher.model is None:
         raise ConfigError(
@@ -96,7 +109,7 @@ def validate_roles(cfg: DagrlConfig, roles: set[str]) -> None:
         raise ConfigError(
             "reward.model.path", None, "reward.model.enable=true needs the reward model's directory"
         )
-    builtin = {k.value for k in RoleKind} - {RoleKind.reward.value} | set(SAMPLING_ROLES)
+    builtin = set(Role) - {Role.reward} | set(SAMPLING_ROLES)
     for name in sorted(roles - builtin):
         if name not in cfg.roles:
             raise ConfigError(
@@ -111,10 +124,10 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
     """Rules that need the DP sizes of the placement plan."""
     a, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     rows = cfg.data.train_batch_size * n
-    if ROLE_TEACHER in plan.roles:
-        layout = plan.roles[ROLE_TEACHER]
+    if Role.teacher in plan.roles:
+        layout = plan.roles[Role.teacher]
         check_teacher_group(cfg, list(plan.groups[layout.group].roles), layout.workers)
-    for role in (ROLE_TRAIN, ROLE_ROLLOUT, ROLE_REF, ROLE_TEACHER):
+    for role in (Role.train, Role.rollout, Role.ref, Role.teacher):
         if role not in plan.roles:
             continue
         dp = plan.roles[role].dp
@@ -125,9 +138,9 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
                 f"train_batch_size × rollout.n = {rows} responses must split evenly over the {dp} DP ranks"
                 f" of role {role!r}; pick a batch size so that this divides",
             )
-    if ROLE_TRAIN not in plan.roles:
+    if Role.train not in plan.roles:
         return  # a DAG without an actor update (a plugin's pipeline)
-    dp = plan.roles[ROLE_TRAIN].dp
+    dp = plan.roles[Role.train].dp
     if (a.ppo_mini_batch_size * n) % dp:
         raise ConfigError(
             f"{A}.ppo_mini_batch_size",
@@ -146,10 +159,14 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
             a.ppo_micro_batch_size_per_gpu,
             f"each DP rank gets {per_rank} responses per mini-batch; use a micro-batch size that divides it",
         )
-    if a.strategy == TrainStrategy.megatron:
-        check_megatron_plan(cfg, plan)
-    if ROLE_ROLLOUT in plan.roles:
-        check_overlap_placement(cfg, plan.roles[ROLE_ROLLOUT].group == plan.roles[ROLE_TRAIN].group)
+    seen = set()
+    for spec in plan.specs.values():  # each backend's rules on the DP sizes, once per backend
+        entry = BACKENDS.find(spec.kind, spec.backend)
+        if entry is not None and entry.plan_rules is not None and entry.plan_rules not in seen:
+            seen.add(entry.plan_rules)
+            entry.plan_rules(cfg, plan)
+    if Role.rollout in plan.roles:
+        check_overlap_placement(cfg, plan.roles[Role.rollout].group == plan.roles[Role.train].group)
 
 
 def _check_data(cfg: DagrlConfig) -> None:
@@ -177,30 +194,19 @@ def _check_actor(cfg: DagrlConfig) -> None:
             a.ppo_mini_batch_size,
             f"must divide data.train_batch_size={cfg.data.train_batch_size} (both count prompts)",
         )
-    if a.strategy == TrainStrategy.torch:
-        check_no_megatron_knobs(cfg)
     check_precision(cfg)
-    model = cfg.actor_rollout_ref.model
-    if a.strategy == TrainStrategy.torch and model.use_remove_padding and model.trust_remote_code:
-        # packing relies on transformers' own masks reading sequence starts from the position ids
-        # (docs/packing.md); a repository's own modelling code may ignore them and mix sequences
-        raise ConfigError(
-            "actor_rollout_ref.model.use_remove_padding",
-            True,
-            "the torch backend packs for models transformers implements itself; with"
-            " trust_remote_code=true set use_remove_padding=false (or use actor.strategy=megatron)",
-        )
 
 
 def _check_rollout(cfg: DagrlConfig) -> None:
     r = cfg.actor_rollout_ref.rollout
-    if r.name.value == "hf" and r.tensor_model_parallel_size != 1:
+    if r.name == "hf" and r.tensor_model_parallel_size != 1:
         raise ConfigError(
             f"{R}.tensor_model_parallel_size",
             r.tensor_model_parallel_size,
             "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)",
         )
-    check_rollout_engine(cfg)
+    check_off_policy_settings(cfg)
+    _backend_rules(cfg, role_spec(cfg, Role.rollout))  # the engine's own rules (vllm's kwargs, context)
     check_multi_turn(cfg)
 
 
@@ -241,6 +247,9 @@ def _check_teacher(cfg: DagrlConfig) -> None:
                 "engine kwargs and tensor_model_parallel_size are for teacher.placement=standalone (vLLM)",
             )
     check_teacher_placement(cfg)
+    _backend_rules(
+        cfg, role_spec(cfg, Role.teacher)
+    )  # a standalone teacher's engine, a megatron teacher's layout
 
 
 def resolve_device(cfg: DagrlConfig) -> str:

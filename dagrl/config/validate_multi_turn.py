@@ -12,7 +12,7 @@ and, as for every rollout, prompt + max_response_length ≤ the vLLM engine's ma
 
 from __future__ import annotations
 
-from dagrl.config.schema import Algorithm, DagrlConfig
+from dagrl.config.schema import DagrlConfig
 from dagrl.errors import ConfigError
 
 MT = "actor_rollout_ref.rollout.multi_turn"
@@ -50,7 +50,7 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
             "raise it or lower those",
         )
     r = cfg.actor_rollout_ref.rollout
-    if r.name.value == "vllm" and r.tensor_model_parallel_size > 1:
+    if r.name == "vllm" and r.tensor_model_parallel_size > 1:
         raise ConfigError(
             "actor_rollout_ref.rollout.tensor_model_parallel_size",
             r.tensor_model_parallel_size,
@@ -64,10 +64,10 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
             f"the teacher does not yet read multi-turn rows (observations inside the response); "
             f"set 0 with {MT}.enable=true",
         )
-    if cfg.algorithm.name in (Algorithm.gkd, Algorithm.opsd):
+    if cfg.algorithm.name in ("gkd", "opsd"):
         raise ConfigError(
             f"{MT}.enable",
             True,
-            f"algorithm={cfg.algorithm.name.value} scores responses with a teacher that does not yet read "
+            f"algorithm={cfg.algorithm.name} scores responses with a teacher that does not yet read "
             "multi-turn rows (observations inside the response); use GRPO-family algorithms",
         )

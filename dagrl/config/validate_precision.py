@@ -9,7 +9,7 @@ other backend, naming the key that does it there.
 
 from __future__ import annotations
 
-from dagrl.config.schema import DagrlConfig, MegatronConfig, ModelDtype, TrainStrategy
+from dagrl.config.schema import DagrlConfig, MegatronConfig, ModelDtype
 from dagrl.errors import ConfigError
 
 A = "actor_rollout_ref.actor"
@@ -25,7 +25,7 @@ def check_precision(cfg: DagrlConfig) -> None:
     """The dtype and optimizer-offload settings the chosen strategy can honour."""
     arr = cfg.actor_rollout_ref
     _check_ref_has_no_optimizer(arr.ref.megatron)
-    if arr.actor.strategy == TrainStrategy.torch:
+    if arr.actor.strategy == "torch":
         _check_torch(cfg)
     else:
         _check_megatron(cfg)
@@ -88,7 +88,7 @@ def _check_megatron(cfg: DagrlConfig) -> None:
             " (moving it again between phases would put it on the device); leave optimizer_offload false",
         )
     if m.use_precision_aware_optimizer and not m.optimizer_cpu_offload:
-        from dagrl.config.validate_megatron import transformer_engine_available
+        from dagrl.backends.megatron.rules import transformer_engine_available
 
         if not transformer_engine_available():
             raise ConfigError(

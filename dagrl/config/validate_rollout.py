@@ -1,45 +1,12 @@
-"""Rules for the rollout engine's settings (vllm and hf), checked before Ray starts."""
+"""Rules on the rollout that hold for every engine (an engine's own are its backend's, e.g.
+dagrl/backends/vllm/rules.py), checked before Ray starts."""
 
 from __future__ import annotations
 
-import importlib.util
-
-from dagrl.config.schema import DagrlConfig, RolloutName
+from dagrl.config.schema import DagrlConfig
 from dagrl.errors import ConfigError
 
 R = "actor_rollout_ref.rollout"
-
-
-def check_rollout_engine(cfg: DagrlConfig) -> None:
-    """Rules that need only the config."""
-    r, d = cfg.actor_rollout_ref.rollout, cfg.data
-    check_off_policy_settings(cfg)
-    if r.name != RolloutName.vllm:
-        return
-    from dagrl.backends.vllm.engine_args import RESERVED_ENGINE_KWARGS
-
-    needed = d.max_prompt_length + d.max_response_length
-    if r.max_model_len is not None and r.max_model_len < needed:
-        raise ConfigError(
-            f"{R}.max_model_len",
-            r.max_model_len,
-            f"must hold data.max_prompt_length + data.max_response_length = {needed}; raise it or leave it"
-            " unset (then it is exactly that)",
-        )
-    for key in r.engine_kwargs.vllm:
-        if key in RESERVED_ENGINE_KWARGS:
-            raise ConfigError(
-                f"{R}.engine_kwargs.vllm.{key}",
-                r.engine_kwargs.vllm[key],
-                f"dagrl sets this engine argument itself; use {RESERVED_ENGINE_KWARGS[key]}",
-            )
-    if r.load_format == "dummy" and cfg.trainer.val_before_train:
-        raise ConfigError(
-            f"{R}.load_format",
-            "dummy",
-            "the engine starts with random weights and validation before training would score them;"
-            " set trainer.val_before_train=false or load_format=auto",
-        )
 
 
 def check_off_policy_settings(cfg: DagrlConfig) -> None:
@@ -77,21 +44,6 @@ def check_off_policy_settings(cfg: DagrlConfig) -> None:
             (lower, rc.rollout_rs_threshold),
             "need 0 < rollout_rs_threshold_lower <= rollout_rs_threshold (e.g. 0.5 and 2.0)",
         )
-
-
-def check_rollout_device(cfg: DagrlConfig, device: str) -> None:
-    """vLLM runs on GPUs only, and must be installed where the run starts (not for a dry run)."""
-    r = cfg.actor_rollout_ref.rollout
-    if r.name != RolloutName.vllm or cfg.trainer.dry_run:
-        return
-    if device != "cuda":
-        raise ConfigError(
-            f"{R}.name",
-            "vllm",
-            "vLLM needs GPUs; set trainer.device=cuda on a GPU machine, or use rollout.name=hf",
-        )
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"{R}.name", "vllm", "vllm is not installed here; pip install -e '.[vllm]'")
 
 
 def check_overlap_placement(cfg: DagrlConfig, colocated_with_train: bool) -> None:

@@ -59,6 +59,10 @@ def declare_key(name: str, description: str, meta: bool = False) -> None:
 
 @dataclass
 class Batch:
+    """Named tensors (`tensors`, first dimension = rows) and per-row metadata lists (`meta`) under
+    the declared keys (`KEYS`). What nodes pass each other: `split`/`chunks` cut rows for DP ranks
+    and micro-batches, `union`/`concat` join them back; no key outside `KEYS` reaches a DAG."""
+
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, list] = field(default_factory=dict)
 

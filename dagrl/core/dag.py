@@ -17,7 +17,9 @@ A node depends on the nodes producing its inputs and on those listed in `after`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import yaml
 
@@ -30,10 +32,23 @@ DAG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "conf", "dags
 
 @dataclass(frozen=True)
 class Dag:
+    """One validated step graph (conf/dags/<name>.yaml after `prune_disabled` and `build_dag`):
+    immutable once built, so the scheduler, the trainer and the validation DAG share it freely.
+
+    `source` are the batch keys the driver collates from the data rows; `nodes` are in
+    topological order; `deps` maps each node to the nodes it waits for (a read-only mapping).
+    """
+
     name: str
     source: tuple[str, ...]
     nodes: tuple[NodeSpec, ...]  # topological order
-    deps: dict[str, frozenset[str]]  # node -> nodes it waits for
+    deps: Mapping[str, frozenset[str]]  # node -> nodes it waits for (read-only)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "deps", MappingProxyType(dict(self.deps)))
+
+    def __reduce__(self):  # a read-only mapping does not pickle; rebuild from a plain dict
+        return (Dag, (self.name, self.source, self.nodes, dict(self.deps)))
 
     def roles(self) -> set[str]:
         return {n.role for n in self.nodes if n.role}
@@ -187,6 +202,16 @@ def _topological_order(dag: str, specs: list[NodeSpec], deps: dict[str, frozense
             done.add(s.name)
         pending = [s for s in pending if s.name not in done]
     return order
+
+
+def check_node_rules(specs: list[NodeSpec], cfg) -> None:
+    """Each kind's own config rules (`check_config(cfg, spec)`, ConfigError), for the nodes this
+    config runs (after `prune_disabled`): a rule runs when the DAG has its node."""
+    kinds = node_kinds()
+    for spec in specs:
+        check = getattr(kinds.get(spec.kind), "check_config", None)  # optional part of NodeKind
+        if check is not None:
+            check(cfg, spec)
 
 
 def prune_disabled(specs: list[NodeSpec], cfg) -> list[NodeSpec]:

@@ -4,7 +4,12 @@ A kind declares the batch keys it needs, may use, and produces, and whether it r
 role's worker pool (remote) or on the driver. A kind whose inputs depend on the config (the
 actor update reads what the configured objective declares) also defines
 `inputs_for(cfg) -> (required, optional)`; `prune_disabled` resolves it into each NodeSpec.
-Users add kinds from modules named in `external_plugins` with `@register_node_kind("name")`.
+A kind whose work has config rules of its own (GRPO's advantage needs groups, a standalone
+teacher's top-k must fit vLLM's max_logprobs) defines `check_config(cfg, spec)`: it runs, before
+any worker starts, exactly when the DAG has such a node (`check_node_rules`), so the rules follow
+the DAG rather than the algorithm's name.
+Users add kinds from modules named in `external_plugins` with `@register_node_kind("name")`;
+the built-in kinds register when `dagrl.nodes` is imported (the trainer's setup does).
 """
 
 from __future__ import annotations
@@ -79,6 +84,5 @@ def register_node_kind(name: str):
 
 
 def node_kinds() -> dict[str, type]:
-    import dagrl.nodes  # noqa: F401  (registers the built-in kinds)
-
+    """The registered kinds by name (the built-ins once `dagrl.nodes` is imported)."""
     return dict(_KINDS)

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field, replace
 
 @dataclass
 class Runtime:
+    """The services a node's `run` may use: the typed config, a handle per role (`role(name)`),
+    the tokenizer, the reward composer, and this step's number (`at_step` makes the per-step view)."""
+
     cfg: object  # DagrlConfig
     roles: dict = field(default_factory=dict)  # role -> RoleHandle
     tokenizer: object = None

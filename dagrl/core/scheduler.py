@@ -30,6 +30,10 @@ from dagrl.core.runtime import Runtime
 
 
 class Scheduler:
+    """Runs one validated `Dag` per step: builds each node once from its kind, then starts every
+    node whose dependencies are done on a thread pool (so nodes on different pools overlap) and
+    merges their outputs and metrics; see the module docstring for the dataflow."""
+
     def __init__(self, dag: Dag, runtime: Runtime, max_workers: int = 8):
         kinds = node_kinds()
         self.dag = dag

@@ -51,6 +51,11 @@ class AdvantageNode:
         return True
 
     @staticmethod
+    def check_config(cfg, spec) -> None:
+        """The configured estimator's rules (GRPO's groups need rollout.n >= 2)."""
+        estimator(cfg.algorithm.adv_estimator).validate(cfg)
+
+    @staticmethod
     def inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(required, optional): the estimator's keys; the log-probs are required with KL in the reward."""
         required = ("scores", "response_mask", *estimator(cfg.algorithm.adv_estimator).required_keys)

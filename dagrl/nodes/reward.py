@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dagrl.console import log
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.rewards import mean_by_source
 from dagrl.rewards.composer import nonfinite_rows
-from dagrl.trainer.logger import log
 
 NONFINITE_REWARDS = "train/nonfinite_rewards"
 

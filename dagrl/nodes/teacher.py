@@ -22,6 +22,8 @@ without a privileged prompt carry their own prompt there (collate), i.e. plain G
 from __future__ import annotations
 
 from dagrl.backends.handles import teacher_role, train_role
+from dagrl.backends.vllm.rules import check_standalone_topk, refuse_standalone_full_vocab
+from dagrl.config.roles import Role
 from dagrl.config.schema import TeacherPlacement
 from dagrl.core.batch import Batch
 from dagrl.core.metrics import reduce_all
@@ -79,6 +81,12 @@ class TeacherLogprobNode:
         self.spec = spec
         self.k = cfg.algorithm.gkd.gkd_logits_topk if set(_TOPK) & set(spec.outputs) else None
         self.temperature = cfg.algorithm.gkd.temperature
+
+    @staticmethod
+    def check_config(cfg, spec) -> None:
+        """A standalone teacher asked for its top-k: K within vLLM's max_logprobs."""
+        if _standalone(cfg, spec) and set(_TOPK) & set(spec.outputs):
+            check_standalone_topk(cfg)
 
     @staticmethod
     def enabled(cfg) -> bool:
@@ -160,9 +168,20 @@ class TeacherHiddenNode:
         self.spec = spec
 
     @staticmethod
+    def check_config(cfg, spec) -> None:
+        """A standalone (vLLM) teacher has no hidden states to hand over: top-k only."""
+        if _standalone(cfg, spec):
+            refuse_standalone_full_vocab()
+
+    @staticmethod
     def enabled(cfg) -> bool:
         return cfg.algorithm.name in DISTILL_ALGORITHMS and cfg.algorithm.gkd.gkd_logits_topk is None
 
     def run(self, runtime, batch):
         out, per_rank = train_role(runtime, self.spec.role).teacher_hidden(with_teacher_prompts(batch))
         return NodeResult(out, {**reduce_all(per_rank), **prompt_kinds(batch)})
+
+
+def _standalone(cfg, spec) -> bool:
+    """The node runs on the teacher role and the teacher is vLLM replicas of its own."""
+    return spec.role == Role.teacher and cfg.teacher.placement == TeacherPlacement.standalone

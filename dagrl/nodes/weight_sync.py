@@ -7,7 +7,7 @@ when the roles are colocated, a broadcast from train rank 0 in buckets when they
 from __future__ import annotations
 
 from dagrl.backends.weight_sync import sync_weights
-from dagrl.config.roles import ROLE_TRAIN
+from dagrl.config.roles import Role
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
 
@@ -28,4 +28,4 @@ class WeightSyncNode:
 
     def run(self, runtime, batch):
         dst = self.spec.role
-        return NodeResult(Batch(), sync_weights(runtime.role(ROLE_TRAIN), runtime.role(dst)))
+        return NodeResult(Batch(), sync_weights(runtime.role(Role.train), runtime.role(dst)))

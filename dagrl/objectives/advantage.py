@@ -2,52 +2,42 @@
 
 An estimator turns the token rewards ``[B, R]`` (plus the batch keys it declares) into
 advantages ``[B, R]``, and carries the config rules its math depends on (GRPO's groups need
-rollout.n >= 2). The math is in dagrl/algos; adding one is an `AdvEstimator` member and a
-registration.
+rollout.n >= 2; they run when the DAG has an advantage node). The math is in dagrl/algos;
+adding one is `@register_estimator("name", ...)` (in an `external_plugins` module for a plugin).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from torch import Tensor
 
 from dagrl.algos import compute_grpo_advantages
-from dagrl.config.schema import AdvEstimator, AlgorithmConfig, DagrlConfig
+from dagrl.config.schema import AlgorithmConfig, DagrlConfig
 from dagrl.core.batch import Batch
 from dagrl.errors import ConfigError
+from dagrl.registry import ESTIMATORS, EstimatorEntry
 
 # (token_rewards [B, R], batch with required_keys and response_mask, algorithm config) -> [B, R]
 Estimate = Callable[[Tensor, Batch, AlgorithmConfig], Tensor]
 
 
-@dataclass(frozen=True)
-class Estimator:
-    estimate: Estimate
-    required_keys: tuple[str, ...]  # batch keys besides response_mask
-    validate: Callable[[DagrlConfig], None]  # its config rules (ConfigError)
+Estimator = EstimatorEntry
 
 
-_ESTIMATORS: dict[AdvEstimator, Estimator] = {}
+def register_estimator(name: str, required_keys: tuple[str, ...], validate: Callable[[DagrlConfig], None]):
+    """Register `estimate` under `name` (the value of `algorithm.adv_estimator`)."""
 
-
-def register_estimator(
-    name: AdvEstimator, required_keys: tuple[str, ...], validate: Callable[[DagrlConfig], None]
-):
     def wrap(estimate: Estimate) -> Estimate:
-        entry = _ESTIMATORS.get(name)
-        if entry is not None and entry.estimate is not estimate:
-            raise ValueError(f"advantage estimator {name.value!r} is registered twice")
-        _ESTIMATORS[name] = Estimator(estimate, tuple(required_keys), validate)
+        entry = EstimatorEntry(estimate, tuple(required_keys), validate)
+        ESTIMATORS.register(name, entry, same=lambda a, b: a.estimate is b.estimate)
         return estimate
 
     return wrap
 
 
-def estimator(name: AdvEstimator) -> Estimator:
-    assert name in _ESTIMATORS, f"no advantage estimator registered for {name}"
-    return _ESTIMATORS[name]
+def estimator(name: str) -> Estimator:
+    return ESTIMATORS.get(name)
 
 
 def _check_groups(cfg: DagrlConfig) -> None:
@@ -60,7 +50,7 @@ def _check_groups(cfg: DagrlConfig) -> None:
         )
 
 
-@register_estimator(AdvEstimator.grpo, required_keys=("group_ids",), validate=_check_groups)
+@register_estimator("grpo", required_keys=("group_ids",), validate=_check_groups)
 def grpo_advantages(token_rewards: Tensor, batch: Batch, algo: AlgorithmConfig) -> Tensor:
     """Group-relative: each response's total reward against its group's mean (and std, unless
     algorithm.norm_adv_by_std_in_grpo=false, as Dr. GRPO)."""

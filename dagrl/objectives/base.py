@@ -4,8 +4,10 @@ An objective declares which batch keys its loss reads (`required_keys`; the acto
 requires them in the DAG, so a missing producer fails before any worker starts; the backend
 moves them to the device) and which per-token quantities it wants from the forward pass
 (`request`). Both train backends run one shared loop (backends/update_loop.py): per
-micro-batch they compute what is asked and call `objective.loss`. Adding an algorithm is a
-member of `Algorithm` plus a registered builder; backends, nodes and the loop stay as they are.
+micro-batch they compute what is asked and call `objective.loss`. Adding an algorithm is one
+registered builder, `@register_objective("name")` (in an `external_plugins` module for a plugin),
+plus its preset conf/algorithm/<name>.yaml if it wants one; backends, nodes and the loop stay as
+they are. `algorithm.name` is checked against the registered names in validate.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
-from dagrl.config.schema import Algorithm
 from dagrl.core.batch import Batch
+from dagrl.registry import OBJECTIVES, ObjectiveEntry, _no_rules
 
 if TYPE_CHECKING:
     from dagrl.config.schema import DagrlConfig
@@ -85,39 +87,19 @@ class Objective(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class ObjectiveEntry:
-    build: Callable[[DagrlConfig], Objective]
-    validate: Callable[[DagrlConfig], None]  # the algorithm's own config rules (ConfigError)
-
-
-_OBJECTIVES: dict[Algorithm, ObjectiveEntry] = {}
-
-
-def _no_rules(cfg: DagrlConfig) -> None:
-    return None
-
-
-def register_objective(algorithm: Algorithm, validate: Callable[[DagrlConfig], None] = _no_rules):
-    """Register `build(cfg) -> Objective` under `algorithm`, with the algorithm's config rules."""
+def register_objective(name: str, validate: Callable[[DagrlConfig], None] = _no_rules):
+    """Register `build(cfg) -> Objective` under `name` (the value of `algorithm.name`), with the
+    algorithm's config rules (`validate(cfg)` raises ConfigError)."""
 
     def wrap(build: Callable[[DagrlConfig], Objective]):
-        entry = _OBJECTIVES.get(algorithm)
-        if entry is not None and entry.build is not build:
-            raise ValueError(f"objective {algorithm.value!r} is registered twice ({entry.build} and {build})")
-        _OBJECTIVES[algorithm] = ObjectiveEntry(build, validate)
+        OBJECTIVES.register(name, ObjectiveEntry(build, validate), same=lambda a, b: a.build is b.build)
         return build
 
     return wrap
 
 
-def objective_entry(algorithm: Algorithm) -> ObjectiveEntry:
-    import dagrl.objectives.distill  # noqa: F401  (registers the built-in objectives)
-    import dagrl.objectives.policy  # noqa: F401
-    import dagrl.objectives.sft  # noqa: F401
-
-    assert algorithm in _OBJECTIVES, f"no objective registered for algorithm {algorithm}"
-    return _OBJECTIVES[algorithm]
+def objective_entry(name: str) -> ObjectiveEntry:
+    return OBJECTIVES.get(name)
 
 
 def build_objective(cfg: DagrlConfig) -> Objective:

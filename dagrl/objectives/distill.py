@@ -35,7 +35,7 @@ from torch import Tensor
 from dagrl.algos import LossAggMode, agg_loss
 from dagrl.algos.distillation import topk_divergence
 from dagrl.config.roles import teacher_model_path
-from dagrl.config.schema import Algorithm, DagrlConfig, SelfTeacher, TeacherPlacement, TrainStrategy
+from dagrl.config.schema import DagrlConfig, SelfTeacher, TeacherPlacement
 from dagrl.core.batch import Batch
 from dagrl.data.builtin import tiny_model_path
 from dagrl.errors import ConfigError
@@ -50,7 +50,7 @@ from dagrl.objectives.base import (
 G = "algorithm.gkd"
 TOPK_KEYS = ("teacher_topk_ids", "teacher_topk_logprobs")
 HIDDEN_KEY = "teacher_hidden"
-DISTILL_ALGORITHMS = (Algorithm.gkd, Algorithm.opsd)
+DISTILL_ALGORITHMS = ("gkd", "opsd")
 
 
 class GKDObjective:
@@ -144,7 +144,7 @@ def _check_gkd(cfg: DagrlConfig) -> None:
         )
     if g.lmbda < 1.0 or g.sft_alpha > 0:
         check_responses_in_data(cfg)
-    name = cfg.algorithm.name.value
+    name = cfg.algorithm.name
     if cfg.teacher.model is None:
         raise ConfigError(
             "teacher.model", None, f"algorithm={name} distils from a teacher: set its model path"
@@ -165,18 +165,6 @@ def _check_gkd(cfg: DagrlConfig) -> None:
         raise ConfigError(
             "teacher.placement", cfg.teacher.placement, "a self teacher is the student's model: use colocate"
         )
-    if cfg.actor_rollout_ref.actor.strategy == TrainStrategy.megatron:
-        if g.sft_alpha > 0:
-            raise ConfigError(
-                f"{G}.sft_alpha", g.sft_alpha, "the SFT term runs on the torch train backend for now: set 0"
-            )
-        if self_teacher:
-            raise ConfigError(
-                "teacher.model",
-                cfg.teacher.model,
-                "self-distillation runs on the torch train backend for now: set actor.strategy=torch",
-            )
-        _check_megatron_teacher_layout(cfg)
     if g.gkd_logits_topk is not None and g.gkd_logits_topk < 1:
         raise ConfigError(
             f"{G}.gkd_logits_topk", g.gkd_logits_topk, "must be >= 1, or unset for full vocabulary"
@@ -234,22 +222,6 @@ def _check_vocabularies(cfg: DagrlConfig) -> None:
         )
 
 
-def _check_megatron_teacher_layout(cfg: DagrlConfig) -> None:
-    """A colocated megatron teacher runs in the student's processes, so in its parallel groups
-    (megatron's are per process): it uses ref.megatron, which must match the actor's layout."""
-    from dagrl.config.validate_megatron import PARALLEL_KNOBS
-
-    actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
-    for key in PARALLEL_KNOBS:
-        if getattr(ref, key) != getattr(actor, key):
-            raise ConfigError(
-                f"actor_rollout_ref.ref.megatron.{key}",
-                getattr(ref, key),
-                f"the colocated teacher runs with ref.megatron in the actor's processes, whose {key} is "
-                f"{getattr(actor, key)}: use the same value (or leave ref.megatron's parallel settings unset)",
-            )
-
-
 def distill_topk(cfg: DagrlConfig) -> int:
     """K of the teacher's top-k (top-k mode only: full vocabulary goes through teacher_hidden)."""
     k = cfg.algorithm.gkd.gkd_logits_topk
@@ -257,13 +229,13 @@ def distill_topk(cfg: DagrlConfig) -> int:
     return k
 
 
-@register_objective(Algorithm.gkd, validate=_check_gkd)
+@register_objective("gkd", validate=_check_gkd)
 def gkd(cfg: DagrlConfig) -> GKDObjective:
     """GKD (Agarwal et al. 2024): generalized JSD to the teacher on its top-k support."""
     return GKDObjective(cfg)
 
 
-@register_objective(Algorithm.opsd, validate=_check_gkd)
+@register_objective("opsd", validate=_check_gkd)
 def opsd(cfg: DagrlConfig) -> GKDObjective:
     """OPSD: GKD whose teacher reads each row's privileged teacher_prompt (dagrl/nodes/teacher.py)."""
     return GKDObjective(cfg)

@@ -28,7 +28,7 @@ from dagrl.algos.rollout_correction import (
     rollout_log_ratio,
     rollout_rs_mask,
 )
-from dagrl.config.schema import Algorithm, DagrlConfig, RolloutCorrectionConfig
+from dagrl.config.schema import DagrlConfig, RolloutCorrectionConfig
 from dagrl.core.batch import Batch
 from dagrl.errors import ConfigError
 from dagrl.objectives.base import TokenOutputs, TokenRequest, micro_batch_weights, register_objective
@@ -141,7 +141,7 @@ def _ppo_clip(cfg: DagrlConfig) -> PolicyLoss:
     )
 
 
-@register_objective(Algorithm.grpo)
+@register_objective("grpo")
 def grpo(cfg: DagrlConfig) -> PolicyGradientObjective:
     """GRPO (Shao et al. 2024, "DeepSeekMath", §4.1): PPO's token-level clipped surrogate with
     group-relative advantages (dual-clip and clip-higher as configured)."""
@@ -167,7 +167,7 @@ def _check_dr_grpo(cfg: DagrlConfig) -> None:
         )
 
 
-@register_objective(Algorithm.dr_grpo, validate=_check_dr_grpo)
+@register_objective("dr_grpo", validate=_check_dr_grpo)
 def dr_grpo(cfg: DagrlConfig) -> PolicyGradientObjective:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO's surrogate with
     constant-length aggregation (checked by `_check_dr_grpo`) and advantages without std."""
@@ -185,7 +185,7 @@ def _check_gspo(cfg: DagrlConfig) -> None:
         )
 
 
-@register_objective(Algorithm.gspo, validate=_check_gspo)
+@register_objective("gspo", validate=_check_gspo)
 def gspo(cfg: DagrlConfig) -> PolicyGradientObjective:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): one length-normalised
     importance ratio per response, clipped per response (no dual-clip)."""

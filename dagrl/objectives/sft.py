@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from dagrl.algos import LossAggMode, agg_loss
-from dagrl.config.schema import Algorithm, DagrlConfig
+from dagrl.config.schema import DagrlConfig
 from dagrl.core.batch import Batch, declare_key
 from dagrl.errors import ConfigError
 from dagrl.objectives.base import TokenOutputs, TokenRequest, register_objective
@@ -91,7 +91,7 @@ def _check_response_column(cfg: DagrlConfig) -> None:
             )
 
 
-@register_objective(Algorithm.sft, validate=_check_sft)
+@register_objective("sft", validate=_check_sft)
 def sft(cfg: DagrlConfig) -> SFTObjective:
     """SFT: NLL of the dataset's responses (assistant turns only for `messages` rows)."""
     return SFTObjective(cfg)

@@ -15,7 +15,7 @@ from functools import partial
 
 from dagrl.backends.memory import GIB
 from dagrl.config.placement import Plan
-from dagrl.config.roles import ROLE_TRAIN
+from dagrl.config.roles import Role
 from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import data_files
 from dagrl.errors import ConfigError
@@ -74,7 +74,7 @@ def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], Mem
     """model.gradient_checkpointing=None (auto) on the torch backend: off when the update fits
     without it, else on; the choice and both figures become a note of the plan."""
     model = cfg.actor_rollout_ref.model
-    spec = plan.specs.get(ROLE_TRAIN)
+    spec = plan.specs.get(Role.train)
     if model.gradient_checkpointing is not None or spec is None or spec.backend != "torch":
         return make_plan()
     model.gradient_checkpointing = False
@@ -118,7 +118,7 @@ def check_memory(cfg: DagrlConfig, memory: MemoryPlan, plan: Plan) -> str | None
 def _pinned(cfg: DagrlConfig, plan: Plan, row) -> tuple[str, object]:
     """The key to name: gradient checkpointing pinned off where recomputation is the lever, else
     the card's size."""
-    spec = plan.specs.get(ROLE_TRAIN)
+    spec = plan.specs.get(Role.train)
     if row.phase == "update" and spec is not None and spec.backend == "torch":
         if cfg.actor_rollout_ref.model.gradient_checkpointing is False:
             return f"{M}.gradient_checkpointing", False

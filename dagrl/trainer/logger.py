@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 
+from dagrl.console import log  # noqa: F401  (re-exported: the trainer's callers import it here)
 from dagrl.errors import ConfigError
 
 CONSOLE_KEYS = [
@@ -32,11 +32,6 @@ CONSOLE_KEYS = [
     ("weight_sync/s", "sync_s", "{:.3f}"),
     ("timing_s/step", "step_s", "{:.2f}"),
 ]
-
-
-def log(msg: str) -> None:
-    """The one place the driver prints (rank-0 style)."""
-    print(msg, file=sys.stdout, flush=True)
 
 
 def check_loggers(loggers: list[str]) -> None:

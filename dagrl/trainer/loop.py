@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from dagrl.backends.handles import train_role
 from dagrl.backends.update_loop import NONFINITE_GRADS, NONFINITE_LOSSES
-from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
+from dagrl.config.roles import Role
 from dagrl.core.batch import Batch, left_pad, right_pad
 from dagrl.errors import NonFiniteError
 from dagrl.nodes.reward import NONFINITE_REWARDS
@@ -76,7 +76,7 @@ class Trainer:
         by_epochs = t.total_epochs * train_loader.steps_per_epoch
         self.total_steps = min(by_epochs, t.total_training_steps) if t.total_training_steps else by_epochs
         overlap = cfg.actor_rollout_ref.rollout.overlap_steps
-        self.ahead = RolloutAhead(scheduler, ROLE_ROLLOUT) if overlap else None
+        self.ahead = RolloutAhead(scheduler, Role.rollout) if overlap else None
 
     def fit(self) -> dict[str, float]:
         self.maybe_resume()
@@ -178,7 +178,7 @@ class Trainer:
         """All ranks write into a staging dir; the driver seals it atomically (checkpoint.save)."""
 
         def write(staging: str) -> None:
-            train_role(self.runtime, ROLE_TRAIN).save(os.path.join(staging, "actor"))
+            train_role(self.runtime, Role.train).save(os.path.join(staging, "actor"))
             if self.cfg.trainer.save_hf:  # inside the staging dir: sealed with the checkpoint
                 self.export_hf(os.path.join(staging, "actor_hf"))
 
@@ -197,7 +197,7 @@ class Trainer:
         if path is None:
             return
         state = checkpoint.read_state(path)
-        train_role(self.runtime, ROLE_TRAIN).load(os.path.join(path, "actor"))
+        train_role(self.runtime, Role.train).load(os.path.join(path, "actor"))
         self.loader.load_state_dict(state["data"])
         self.step = self.saved_step = int(state["global_step"])
         log(f"resumed from {path} at step {self.step}")
@@ -205,4 +205,4 @@ class Trainer:
     def export_hf(self, path: str) -> None:
         """A HF model directory of the current actor (every train worker takes part: megatron
         gathers its shards collectively; one rank writes)."""
-        train_role(self.runtime, ROLE_TRAIN).export_hf(path)
+        train_role(self.runtime, Role.train).export_hf(path)

@@ -25,7 +25,7 @@ from dagrl.backends.model_shape import ModelShape, read_model_shape
 from dagrl.backends.torch import memory as torch_memory
 from dagrl.backends.vllm import memory as vllm_memory
 from dagrl.config.placement import Plan, RoleLayout
-from dagrl.config.roles import ROLE_REF, ROLE_ROLLOUT, ROLE_TEACHER, ROLE_TRAIN, RoleSpec, teacher_model_path
+from dagrl.config.roles import Role, RoleSpec, teacher_model_path
 from dagrl.config.schema import DagrlConfig
 
 CONTEXT_BYTES = 1.0 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers: outside the allocator
@@ -34,11 +34,11 @@ A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollo
 
 # phase -> the role that has the device, in the order a step runs them
 PHASES = (
-    ("rollout", ROLE_ROLLOUT),
-    ("old_logprob", ROLE_TRAIN),
-    ("ref_logprob", ROLE_REF),
-    ("teacher", ROLE_TEACHER),
-    ("update", ROLE_TRAIN),
+    ("rollout", Role.rollout),
+    ("old_logprob", Role.train),
+    ("ref_logprob", Role.ref),
+    ("teacher", Role.teacher),
+    ("update", Role.train),
 )
 
 
@@ -142,7 +142,7 @@ def _shapes(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[str | None, M
     """Model path (as the specs name it) -> shape, for the actor and a teacher whose config is here."""
     trust = cfg.actor_rollout_ref.model.trust_remote_code
     shapes = {cfg.actor_rollout_ref.model.path: read_model_shape(model_path, trust)}
-    teacher = teacher_model_path(cfg) if ROLE_TEACHER in plan.specs else None
+    teacher = teacher_model_path(cfg) if Role.teacher in plan.specs else None
     if teacher is not None and teacher not in shapes:
         local = os.path.abspath(os.path.expanduser(teacher))
         if os.path.isfile(os.path.join(local, "config.json")):
@@ -174,7 +174,7 @@ def role_memory(
 def _vllm_memory(
     cfg: DagrlConfig, spec: RoleSpec, shape: ModelShape, card: float, colocated: int
 ) -> RoleMemory:
-    if spec.kind == ROLE_TEACHER:  # standalone: its own devices, never asleep
+    if spec.kind == Role.teacher:  # standalone: its own devices, never asleep
         from dagrl.backends.vllm.engine_args import TEACHER_GPU_MEMORY_UTILIZATION
 
         util = cfg.teacher.engine_kwargs.get("gpu_memory_utilization", TEACHER_GPU_MEMORY_UTILIZATION)
@@ -277,14 +277,14 @@ def update_workload(cfg: DagrlConfig, dp: int) -> Workload:
 def _forward_phases(cfg: DagrlConfig, spec: RoleSpec, dp: int) -> dict[str, Workload]:
     """The forward-only passes a train-backend role runs, with their workloads."""
     arr = cfg.actor_rollout_ref
-    if spec.kind == ROLE_TRAIN:
+    if spec.kind == Role.train:
         r = arr.rollout
         budget = r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None
         return {"old_logprob": _workload(cfg, r.log_prob_micro_batch_size_per_gpu, budget, dp)}
-    if spec.kind == ROLE_REF:
+    if spec.kind == Role.ref:
         budget = arr.ref.log_prob_max_token_len_per_gpu if arr.ref.log_prob_use_dynamic_bsz else None
         return {"ref_logprob": _workload(cfg, arr.ref.log_prob_micro_batch_size_per_gpu, budget, dp)}
-    if spec.kind == ROLE_TEACHER:
+    if spec.kind == Role.teacher:
         return {"teacher": _workload(cfg, cfg.teacher.log_prob_micro_batch_size_per_gpu, None, dp)}
     return {}
 

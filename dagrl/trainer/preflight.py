@@ -11,8 +11,9 @@ import shutil
 import socket
 import time
 
-from dagrl.config.placement import ROLE_TRAIN, Plan
-from dagrl.config.schema import DagrlConfig, TrainStrategy
+from dagrl.config.placement import Plan
+from dagrl.config.roles import Role
+from dagrl.config.schema import DagrlConfig
 from dagrl.errors import ConfigError
 from dagrl.trainer import checkpoint
 
@@ -61,7 +62,7 @@ def checkpoint_bytes(cfg: DagrlConfig, plan: Plan, params: int) -> tuple[float, 
     fp32), stored once (dist_checkpointing deduplicates replicas). save_hf adds the weights again.
     """
     arr = cfg.actor_rollout_ref
-    if arr.actor.strategy == TrainStrategy.megatron:
+    if arr.actor.strategy == "megatron":
         width = 4 if arr.actor.megatron.param_dtype == "float32" else 2
         factor = (8 + (0 if width == 4 else 4)) / width
     else:
@@ -69,7 +70,7 @@ def checkpoint_bytes(cfg: DagrlConfig, plan: Plan, params: int) -> tuple[float, 
 
         width = torch_dtype(arr.model.dtype).itemsize
         per_rank = (8 + (0 if width == 4 else 4)) / width
-        factor = per_rank * plan.roles[ROLE_TRAIN].workers if ROLE_TRAIN in plan.roles else 0
+        factor = per_rank * plan.roles[Role.train].workers if Role.train in plan.roles else 0
     if cfg.trainer.save_hf:
         factor += 1
     how = f"{params / 1e6:.1f}M params × {width} bytes × (1 + {factor:g} optimizer/export factor)"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import dagrl.nodes  # noqa: F401  (registers the built-in node kinds)
+import dagrl.objectives  # noqa: F401  (registers the built-in objectives and estimators)
 from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_model_path, torch_dtype
 from dagrl.backends.registry import check_backends
 from dagrl.backends.torch.mixed_precision import device_bytes_per_param
@@ -18,6 +20,7 @@ from dagrl.config.placement import Plan, RoleLayout, make_plan
 from dagrl.config.roles import build_role_specs
 from dagrl.config.schema import DagrlConfig, MegatronConfig
 from dagrl.config.validate import (
+    check_role_devices,
     data_files,
     resolve_defaults,
     resolve_device,
@@ -25,11 +28,10 @@ from dagrl.config.validate import (
     validate_roles,
     validate_with_plan,
 )
-from dagrl.config.validate_rollout import check_rollout_device
-from dagrl.config.validate_teacher import check_teacher_device
-from dagrl.core.dag import Dag, build_dag, load_dag_specs, prune_disabled
+from dagrl.core.dag import Dag, build_dag, check_node_rules, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
+from dagrl.registry import BACKENDS
 from dagrl.rewards import RewardComposer, RewardTerm
 from dagrl.trainer.capacity import check_dataset_size, plan_device_memory
 from dagrl.trainer.logger import check_loggers
@@ -56,14 +58,14 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     validate(cfg)
     check_rewards_for_data(cfg)
     device = resolve_device(cfg)
-    check_rollout_device(cfg, device)
-    check_teacher_device(cfg, device)
     source, specs = load_dag_specs(cfg.dag)
     specs = prune_disabled(specs, cfg)
+    check_node_rules(specs, cfg)  # each node kind's own rules, for the nodes this config runs
     role_names = {s.role for s in specs if s.role} | validation_roles(cfg)
     validate_roles(cfg, role_names)
     roles = build_role_specs(cfg, role_names)
     check_backends(roles.values(), None if cfg.trainer.dry_run else device)
+    check_role_devices(cfg, roles.values(), device)  # each backend's needs of the device (vLLM: GPUs)
     plan = make_plan(cfg, roles, device)
     validate_with_plan(cfg, plan)
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
@@ -147,9 +149,9 @@ def validation_roles(cfg: DagrlConfig) -> set[str]:
 def validation_dags(roles: set[str], name: str = "validate") -> tuple[Dag, Dag] | None:
     """The validation DAG (conf/dags/<name>.yaml) without and with its weight sync; None when
     the training DAG has no rollout role to sample with."""
-    from dagrl.config.roles import ROLE_ROLLOUT, ROLE_TRAIN
+    from dagrl.config.roles import Role
 
-    if not {ROLE_ROLLOUT, ROLE_TRAIN} <= roles:
+    if not {Role.rollout, Role.train} <= roles:
         return None
     source, specs = load_dag_specs(name)
     first = [s for s in specs if s.kind != "weight_sync"]
@@ -170,6 +172,10 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
     out = {}
     for role, layout in plan.roles.items():
         spec = plan.specs[role]
+        entry = BACKENDS.find(spec.kind, spec.backend)
+        if entry is not None and entry.estimate is not None:  # the backend's own estimate
+            out[role] = max(entry.estimate(cfg, spec, layout).values())  # its peak phase
+            continue
         if spec.model.path != cfg.actor_rollout_ref.model.path:
             teacher = _teacher_weights_gib(cfg, spec, layout)
             if teacher is not None:
@@ -193,10 +199,10 @@ def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[s
 
 def _teacher_weights_gib(cfg: DagrlConfig, spec, layout: RoleLayout) -> float | None:
     """GiB of a teacher's weights per device; None for other roles or a model not on this disk."""
-    from dagrl.config.roles import ROLE_TEACHER
+    from dagrl.config.roles import Role
 
     path = spec.model.path
-    if spec.kind != ROLE_TEACHER or path is None:
+    if spec.kind != Role.teacher or path is None:
         return None
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(os.path.join(path, "config.json")):
@@ -260,14 +266,13 @@ def load_data(cfg: DagrlConfig, model_path: str):
         response_key=d.response_key,
     )
     if d.train_files is None:
-        from dagrl.config.schema import Algorithm
         from dagrl.data import builtin, builtin_calculator
 
         generate_rows = (
             builtin_calculator if d.builtin_task.value == "calculator" else builtin
         ).generate_rows
 
-        privileged = cfg.algorithm.name == Algorithm.opsd  # under gkd, rows with one would be OPSD
+        privileged = cfg.algorithm.name == "opsd"  # under gkd, rows with one would be OPSD
 
         train = PromptDataset.from_rows(
             generate_rows("train", d.builtin_train_rows, d.seed, privileged),
@@ -314,7 +319,9 @@ def init_ray(cfg: DagrlConfig) -> None:
 
 
 def launch(prepared: Prepared, tokenizer, rewarder):
-    """Start (or join) Ray, reserve bundles, build pools and role handles; returns (runtime, pools)."""
+    """Start (or join) Ray, reserve bundles, build pools and role handles. Returns (runtime, pools,
+    bundles): the role handles and the driver's state, the worker pools to shut down at the end,
+    and the placement-group bundles to release after them."""
     from dagrl.backends import build_role_backend
     from dagrl.backends.handles import make_handle
     from dagrl.backends.registry import startup_order

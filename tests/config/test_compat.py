@@ -44,7 +44,7 @@ def test_ms_swift_keys():
     )
     assert cfg.actor_rollout_ref.rollout.n == 4
     assert [t.name for t in cfg.reward.functions] == ["gsm8k", "arith"]
-    assert cfg.actor_rollout_ref.rollout.name.value == "vllm"
+    assert cfg.actor_rollout_ref.rollout.name == "vllm"
     assert cfg.placement.gpus["train"] == 2
 
 

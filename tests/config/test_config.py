@@ -197,7 +197,12 @@ def test_mini_batch_must_divide_train_batch():
 
 
 def test_rollout_n_of_one_rejected():
-    expect_config_error(f"{R}.n", "use rollout.n >= 2", f"{R}.n=1")
+    # GRPO's group rule belongs to the advantage node: it runs when the DAG has one (prepare)
+    from dagrl.trainer.setup import prepare
+
+    with pytest.raises(ConfigError) as info:
+        prepare(compose_config(f"{R}.n=1", "trainer.dry_run=true"))
+    assert info.value.key == f"{R}.n" and "use rollout.n >= 2" in str(info.value)
 
 
 def test_model_path_needs_lr(tmp_path):

@@ -151,7 +151,7 @@ def test_a_dagrl_keyed_file_nested_or_dotted(tmp_path):
         "teacher: {engine_kwargs: {max_logprobs: 8}}\n"
     )
     cfg = typed("--config", str(path), "trainer.n_gpus_per_node=4")
-    assert cfg.algorithm.name.value == "gkd" and cfg.actor_rollout_ref.rollout.n == 2
+    assert cfg.algorithm.name == "gkd" and cfg.actor_rollout_ref.rollout.n == 2
     assert cfg.trainer.n_gpus_per_node == 4 and cfg.placement.gpus["rollout"] == 1
     assert cfg.teacher.engine_kwargs == {"max_logprobs": 8}
 

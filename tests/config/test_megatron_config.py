@@ -1,4 +1,4 @@
-"""strategy=megatron: the rules of config/validate_megatron.py, the memory estimate, and the launch script.
+"""strategy=megatron: the rules of backends/megatron/rules.py, the memory estimate, and the launch script.
 
 Models are config.json files only (validation and the estimate read the config and build on the meta
 device), written by transformers into tmp_path.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dagrl.config import validate_megatron
+from dagrl.backends.megatron import rules as validate_megatron
 from dagrl.config.placement import format_plan, make_plan
 from dagrl.config.validate import resolve_defaults, validate, validate_with_plan
 from dagrl.errors import ConfigError, DagrlError, PlacementError

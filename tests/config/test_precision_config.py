@@ -106,7 +106,7 @@ def test_memory_estimate_counts_masters_and_cpu_offload(tmp_path, monkeypatch):
     """Bytes per parameter on the device (TP 2 × PP 4, DP 1): megatron bf16 2 + 4 grads + 12
     (master, m, v); the CPU optimizer takes m, v to the host, precision-aware the master too.
     torch (one device): bf16 2 + 2 + 12, with the host step 2 + 2."""
-    from dagrl.config import validate_megatron
+    from dagrl.backends.megatron import rules as validate_megatron
 
     monkeypatch.setattr(validate_megatron, "transformer_engine_available", lambda: True)
     model = qwen3_dir(tmp_path / "qwen3")
@@ -137,7 +137,7 @@ def test_precision_aware_cpu_optimizer_needs_no_transformer_engine():
     picks store_param_remainders (TE's FusedAdam's), so dagrl sets the flags itself without TE."""
     pytest.importorskip("megatron.core")
     from dagrl.backends.megatron.optimizer import optimizer_config
-    from dagrl.config.validate_megatron import transformer_engine_available
+    from dagrl.backends.megatron.rules import transformer_engine_available
 
     if transformer_engine_available():
         pytest.skip("TE installed: megatron-core builds the config itself")

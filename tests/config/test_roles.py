@@ -173,7 +173,7 @@ def test_unknown_rollout_backend_names_the_rollout_key():
 
     with pytest.raises(ConfigError) as exc:
         check_backends([replace(spec, backend="sglang")])
-    assert exc.value.key == "actor_rollout_ref.rollout.name" and "['hf', 'vllm']" in str(exc.value)
+    assert exc.value.key == "actor_rollout_ref.rollout.name" and "registered: hf, vllm" in str(exc.value)
 
 
 def test_parallel_layout_must_fit_the_devices():
@@ -182,3 +182,20 @@ def test_parallel_layout_must_fit_the_devices():
     )
     with pytest.raises(PlacementError, match="TP×PP×CP"):
         make_plan(cfg, build_role_specs(cfg, ROLES), "cuda")
+
+
+def test_user_role_declares_its_own_model_section():
+    cfg = compose_config(
+        "+roles.judge={backend:nope,model:/ckpt/judge,dtype:float32,micro_batch_size:4}",
+        "+roles.scorer=nope",  # the string form: the backend only, the actor's model
+    )
+    validate_roles(cfg, {"judge", "scorer"})
+    specs = build_role_specs(cfg, {"judge", "scorer"})
+    judge, scorer = specs["judge"], specs["scorer"]
+    assert (judge.backend, judge.model.path, judge.model.dtype) == ("nope", "/ckpt/judge", "float32")
+    assert judge.micro_batch_size == judge.logprob_micro_batch_size == 4
+    assert judge.backend_key == "roles.judge.backend"
+    assert scorer.model.path == cfg.actor_rollout_ref.model.path and scorer.backend == "nope"
+    with pytest.raises(ConfigError) as exc:
+        build_role_specs(compose_config("+roles.judge={backend:nope,modle:/x}"), {"judge"})
+    assert exc.value.key == "roles.judge.modle" and "model" in str(exc.value)

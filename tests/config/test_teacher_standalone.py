@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from dagrl.backends.vllm.rules import check_teacher_device
 from dagrl.config.placement import format_plan
-from dagrl.config.validate_teacher import check_teacher_device
 from dagrl.errors import ConfigError
 from dagrl.trainer.setup import prepare
 from tests.conftest import compose_config
@@ -36,7 +36,7 @@ def test_each_preset_dry_runs_on_a_declared_gpu_cluster(name):
     groups, used = PRESETS[name]
     assert plan.device == "cuda" and [g.roles for g in plan.groups] == groups
     assert plan.total_slots == used
-    assert prepared.cfg.actor_rollout_ref.rollout.name.value == "vllm"
+    assert prepared.cfg.actor_rollout_ref.rollout.name == "vllm"
     # per-GPU estimates for the student, the rollout and the teacher (the shipped tiny models)
     assert set(plan.memory_gib) == {"train", "rollout", "teacher"}
     assert all(v > 0 for v in plan.memory_gib.values())

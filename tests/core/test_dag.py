@@ -305,3 +305,14 @@ def test_kl_in_reward_requires_the_log_probs_at_the_advantage_node(tmp_path):
     build_for(path)  # without KL in the reward the advantage node does not need them
     with pytest.raises(DagError, match=r"kind advantage needs inputs \['ref_logprobs'\]"):
         build_for(path, "algorithm.use_kl_in_reward=true")
+
+
+def test_built_dag_is_immutable_and_pickles():
+    import pickle
+
+    source, specs = load_dag_specs("grpo")
+    dag = build_dag("grpo", source, prune_disabled(specs, compose_config()), {"train", "rollout"})
+    with pytest.raises(TypeError):
+        dag.deps["advantage"] = frozenset()  # frozen means frozen: deps cannot be edited either
+    again = pickle.loads(pickle.dumps(dag))
+    assert again == dag and again.deps["reward"] == {"rollout"}

@@ -114,7 +114,6 @@ def _batch(tokenizer_pad: int = 0) -> Batch:
 
 
 def _backend(cfg, forward_only: bool):
-    from dagrl.backends.builtin import _train_cfg
     from dagrl.backends.torch.train import TorchTrainBackend
     from dagrl.config.roles import build_role_specs
 
@@ -122,7 +121,7 @@ def _backend(cfg, forward_only: bool):
     if not forward_only:
         return TorchTrainBackend(cfg, ctx)
     spec = build_role_specs(cfg, {"train", "teacher"})["teacher"]
-    return TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=True)
+    return TorchTrainBackend(cfg, ctx, spec)
 
 
 def _response_logits(model, batch: Batch) -> torch.Tensor:

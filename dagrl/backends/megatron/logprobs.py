@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dagrl.config.validate_megatron import logprob_kernel_override
+from dagrl.backends.megatron.rules import logprob_kernel_override
 
 NEG = -1e30  # the logit of vocabulary padding: finite, so p * z is 0 * NEG = 0, not nan
 _CHUNK_BYTES = 256 * 2**20  # fp32 working set of the torch path per chunk of tokens

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from dagrl.backends.megatron.rules import transformer_engine_available
 from dagrl.config.schema import ActorConfig, MegatronConfig
-from dagrl.config.validate_megatron import transformer_engine_available
 
 
 def optimizer_config(actor: ActorConfig, m: MegatronConfig, dtype: torch.dtype):

@@ -43,6 +43,9 @@ from megatron.core.transformer.transformer_layer import (
     TransformerLayerSubmodules,
 )
 
+from dagrl.backends.megatron.rules import transformer_engine_available
+from dagrl.config.schema import LayerSpec
+
 
 class RMSNorm(torch.nn.Module):
     """RMSNorm over the last dim, computed in fp32; usable with sequence parallelism.
@@ -269,3 +272,27 @@ def get_sdpa_block_spec(
     )
     num_layers = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
+
+
+def layer_spec_for(choice: LayerSpec, tcfg, packing: bool = False):
+    """The megatron layer spec for `megatron.layer_spec` (auto: TE when installed, else sdpa;
+    sdpa with packing, whose block-diagonal mask the TE spec's causal attention would ignore)."""
+    if choice == LayerSpec.auto:
+        choice = LayerSpec.te if transformer_engine_available() and not packing else LayerSpec.sdpa
+    if tcfg.num_moe_experts and not transformer_engine_available():
+        import megatron.core.transformer.moe.moe_utils as moe_utils
+
+        # megatron-core 0.16.1's router reads this TE name even when TE is absent (NameError)
+        if not hasattr(moe_utils, "te_general_gemm"):
+            moe_utils.te_general_gemm = None
+    kwargs = dict(num_experts=tcfg.num_moe_experts, qk_layernorm=tcfg.qk_layernorm)
+    if choice == LayerSpec.te:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec(moe_grouped_gemm=True, **kwargs)
+    if choice == LayerSpec.local:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        return get_gpt_layer_local_spec(normalization="RMSNorm", **kwargs)
+    # a block spec (per pipeline/virtual stage): it also gives the final norm sequence parallel
+    return lambda vp_stage: get_sdpa_block_spec(tcfg, vp_stage=vp_stage, **kwargs)

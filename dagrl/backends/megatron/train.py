@@ -30,16 +30,15 @@ from dagrl.backends.host_store import HostStore
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron.logprobs import response_logprobs
-from dagrl.backends.megatron.model import build_model, transformer_config
+from dagrl.backends.megatron.model import build_model, throughput, transformer_config
 from dagrl.backends.megatron.optimizer import optimizer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
-from dagrl.backends.megatron.spec import get_sdpa_block_spec
+from dagrl.backends.megatron.spec import layer_spec_for
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
+from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, teacher_phase_start
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
-from dagrl.config.roles import OffloadPolicy
-from dagrl.config.schema import LayerSpec
-from dagrl.config.validate_megatron import transformer_engine_available
+from dagrl.config.roles import Role, RoleSpec, role_spec
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import log_prob_token_budget, micro_batches
 from dagrl.core.packing import PaddingStats, pack_sequences
@@ -68,29 +67,27 @@ class MicroInputs:
 
 
 class MegatronTrainBackend:
-    def __init__(self, cfg, ctx, forward_only: bool = False, offload: OffloadPolicy | None = None):
-        """`offload`: what the role keeps in host memory between its turns (teacher.offload for a
-        teacher); None = the megatron.*_offload flags."""
+    def __init__(self, cfg, ctx, spec: RoleSpec | None = None):
+        """The model, megatron section, offload policy and log-prob micro-batch come from the
+        role's `spec` (None = the train role's); a spec that does not train builds a forward-only
+        backend (a reference, or a teacher with its own model). `cfg` supplies the update's settings."""
         from transformers import AutoConfig
 
+        spec = spec or role_spec(cfg, Role.train)
+        forward_only = not spec.trains
         arr = cfg.actor_rollout_ref
-        self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
-        self.m = arr.ref.megatron if forward_only else arr.actor.megatron
-        self.offload_policy = offload or OffloadPolicy(
-            self.m.param_offload, self.m.grad_offload, self.m.optimizer_offload
-        )
+        self.cfg, self.ctx, self.forward_only, self.spec = cfg, ctx, forward_only, spec
+        assert spec.megatron is not None, f"role {spec.name} has no megatron section"
+        self.m = spec.megatron
+        self.offload_policy = spec.offload
         self._teacher_head = None  # the teacher's output-layer shard (full-vocabulary GKD), lazily
-        self.path = resolve_model_path(arr.model.path)
+        self.path = resolve_model_path(spec.model.path)
         self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
-        self.micro = (
-            arr.ref.log_prob_micro_batch_size_per_gpu
-            if forward_only
-            else (arr.rollout.log_prob_micro_batch_size_per_gpu)
-        )
+        self.micro = spec.logprob_micro_batch_size
         self.budget = log_prob_token_budget(cfg, forward_only)
         init_parallel(self.m, cfg.trainer.seed)
-        self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=arr.model.trust_remote_code)
-        self.dtype = DTYPES[self.m.param_dtype]  # validate_megatron checked the name
+        self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=spec.model.trust_remote_code)
+        self.dtype = DTYPES[self.m.param_dtype]  # megatron/rules.py checked the name
         self.tcfg = transformer_config(
             self.hf_config, self.m, params_dtype=self.dtype, use_cpu_initialization=ctx.device.type == "cpu"
         )
@@ -156,7 +153,7 @@ class MegatronTrainBackend:
             return False  # resident: the worker keeps the allocator's cache for the next phase
         if not self._resident:  # a second offload (another role's turn) keeps the first one's figure
             return True
-        before = _allocated_gib()
+        before = allocated_gib()
         if self.offload_policy.params:
             self._offload_params()
             self._move_teacher_head(torch.device("cpu"))
@@ -167,7 +164,7 @@ class MegatronTrainBackend:
             self.optimizer.offload_to_cpu()
         if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.offload_freed_gib = before - _allocated_gib()
+        self.offload_freed_gib = before - allocated_gib()
         self._resident = False
         return True
 
@@ -367,21 +364,14 @@ class MegatronTrainBackend:
         def loss_fn(mi: MicroInputs, hidden: torch.Tensor):
             return hidden.new_zeros(()), per_micro(mi, hidden)
 
-        cuda = self.ctx.device.type == "cuda"
-        allocated = device_memory.phase_start() if cuda else 0  # the teacher phase's own peak
-        start = time.perf_counter()
+        start = teacher_phase_start(self.ctx.device)
         micros = [
             self._micro_inputs(mb, 1.0)
             for mb in batch.chunks(self.cfg.teacher.log_prob_micro_batch_size_per_gpu)
         ]
         with distill_steps.hidden_instead_of_logits(self.chunks, self.m.sequence_parallel):
             outputs = self._run_schedule(micros, loss_fn, forward_only=True)
-        # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
-        metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
-        if cuda:  # device_memory.py: figures that cannot exceed the card
-            metrics["teacher/peak_added_gib"] = device_memory.peak_added_gib(allocated)
-            metrics["teacher/device_memory_used_gib"] = device_memory.note_phase_end()
-            metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload
+        metrics = teacher_metrics(start, self.ctx.device, self.offload_freed_gib)
         if not outputs:  # not the last pipeline stage: nothing to return
             return Batch(), metrics
         return Batch({k: torch.cat([o[k] for o in outputs]).cpu() for k in outputs[0]}), metrics
@@ -390,26 +380,7 @@ class MegatronTrainBackend:
         return mpu.is_pipeline_last_stage(ignore_virtual=True)
 
     def _throughput(self, phase: str, micros: list[MicroInputs], seconds: float, passes: int) -> dict:
-        """Tokens/s of this DP shard (the tokens run through the model, padding included) and
-        model TFLOP/s per GPU (`passes` forward-equivalents; fwd+bwd = 3). Flops per token:
-        2 x matmul params (output layer included, embedding lookup not) + causal attention
-        2 x layers x seq x heads x head_dim, per forward."""
-        c = self.tcfg
-        tokens = sum(mi.input_ids.numel() for mi in micros)
-        seq = sum(mi.input_ids.numel() * mi.input_ids.shape[1] for mi in micros) / max(tokens, 1)
-        kv = c.num_query_groups * c.kv_channels
-        q = c.num_attention_heads * c.kv_channels
-        ffn = c.moe_ffn_hidden_size * c.moe_router_topk if c.num_moe_experts else c.ffn_hidden_size
-        mlp = (3 if c.gated_linear_unit else 2) * c.hidden_size * ffn
-        per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + mlp
-        matmul = c.num_layers * per_layer + c.hidden_size * self.hf_config.vocab_size
-        flops = passes * tokens * (2 * matmul + 2 * c.num_layers * seq * q)
-        gpus = self.m.tensor_model_parallel_size * self.m.pipeline_model_parallel_size
-        return {
-            f"perf/{phase}_s": seconds,
-            f"perf/{phase}_tokens_per_s": tokens / seconds,
-            f"perf/{phase}_tflops_per_gpu": flops / gpus / seconds / 1e12,
-        }
+        return throughput(self.tcfg, self.hf_config.vocab_size, self.m, phase, micros, seconds, passes)
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
@@ -432,8 +403,7 @@ class MegatronTrainBackend:
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(self.optimizer, lr)
 
     def forward_backward(self, micro_batches: list[Batch], weights: list[float]) -> list[dict]:
         for chunk in self.model:
@@ -519,31 +489,3 @@ def _padding_stats(micros: list[MicroInputs]) -> PaddingStats:
         packed = mi.input_ids.numel() if mi.attention_mask is not None else 0
         stats.add(mi.real_tokens, mi.padded_tokens, packed)
     return stats
-
-
-def _allocated_gib() -> float:
-    return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
-
-
-def layer_spec_for(choice: LayerSpec, tcfg, packing: bool = False):
-    """The megatron layer spec for `megatron.layer_spec` (auto: TE when installed, else sdpa;
-    sdpa with packing, whose block-diagonal mask the TE spec's causal attention would ignore)."""
-    if choice == LayerSpec.auto:
-        choice = LayerSpec.te if transformer_engine_available() and not packing else LayerSpec.sdpa
-    if tcfg.num_moe_experts and not transformer_engine_available():
-        import megatron.core.transformer.moe.moe_utils as moe_utils
-
-        # megatron-core 0.16.1's router reads this TE name even when TE is absent (NameError)
-        if not hasattr(moe_utils, "te_general_gemm"):
-            moe_utils.te_general_gemm = None
-    kwargs = dict(num_experts=tcfg.num_moe_experts, qk_layernorm=tcfg.qk_layernorm)
-    if choice == LayerSpec.te:
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
-        return get_gpt_layer_with_transformer_engine_spec(moe_grouped_gemm=True, **kwargs)
-    if choice == LayerSpec.local:
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-        return get_gpt_layer_local_spec(normalization="RMSNorm", **kwargs)
-    # a block spec (per pipeline/virtual stage): it also gives the final norm sequence parallel
-    return lambda vp_stage: get_sdpa_block_spec(tcfg, vp_stage=vp_stage, **kwargs)

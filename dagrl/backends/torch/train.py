@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -31,9 +30,10 @@ from dagrl.backends.torch.distill import (
 )
 from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
 from dagrl.backends.torch.packed import packed_token_outputs
+from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, teacher_phase_start
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
-from dagrl.config.roles import OffloadPolicy
+from dagrl.config.roles import Role, RoleSpec, role_spec
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import log_prob_token_budget, micro_batches
 from dagrl.core.packing import PaddingStats, sequence_lengths
@@ -41,17 +41,21 @@ from dagrl.objectives import TokenOutputs, TokenRequest, build_objective
 
 
 class TorchTrainBackend:
-    def __init__(self, cfg, ctx, forward_only: bool = False, offload: OffloadPolicy | None = None):
-        """`offload`: the role's policy (teacher.offload for a teacher); None = actor.offload."""
-        self.cfg, self.ctx, self.forward_only = cfg, ctx, forward_only
-        self.offload_params = cfg.actor_rollout_ref.actor.offload if offload is None else offload.params
+    def __init__(self, cfg, ctx, spec: RoleSpec | None = None):
+        """The model, dtype, offload policy and log-prob micro-batch come from the role's `spec`
+        (None = the train role's); a spec that does not train builds a forward-only backend (a
+        reference, or a teacher with its own model). `cfg` supplies the update's settings."""
+        spec = spec or role_spec(cfg, Role.train)
+        forward_only = not spec.trains
+        self.cfg, self.ctx, self.forward_only, self.spec = cfg, ctx, forward_only, spec
+        self.offload_params = spec.offload.params
         self.offload_freed_gib = 0.0
         self._host = HostStore()  # where offload() keeps the state between turns (pinned, reused)
         self._teacher_head: tuple[torch.Tensor, torch.Tensor | None] | None = None  # full-vocab GKD
         arr = cfg.actor_rollout_ref
-        self.path = resolve_model_path(arr.model.path)
+        self.path = resolve_model_path(spec.model.path)
         torch.manual_seed(cfg.trainer.seed)
-        self.model = load_causal_lm(self.path, arr.model.dtype, ctx.device, arr.model.trust_remote_code)
+        self.model = load_causal_lm(self.path, spec.model.dtype, ctx.device, spec.model.trust_remote_code)
         self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
         self.packing = arr.model.use_remove_padding
         self.padding = PaddingStats()  # token counts of this step's update, for the perf metrics
@@ -59,11 +63,10 @@ class TorchTrainBackend:
         self.ddp = None
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
         self.budget = log_prob_token_budget(cfg, forward_only)
+        self.micro = spec.logprob_micro_batch_size
         if forward_only:
             self.model.eval().requires_grad_(False)
-            self.micro = arr.ref.log_prob_micro_batch_size_per_gpu
             return
-        self.micro = arr.rollout.log_prob_micro_batch_size_per_gpu
         if arr.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.objective = build_objective(cfg)
@@ -82,9 +85,9 @@ class TorchTrainBackend:
         if not self.offload_params:  # the state stays resident on the GPU
             return False
         if not self._host.holds:  # a second offload (another role's turn) keeps the first one's figure
-            before = _allocated_gib()
+            before = allocated_gib()
             self._host.offload(self._state_tensors())
-            self.offload_freed_gib = before - _allocated_gib()
+            self.offload_freed_gib = before - allocated_gib()
         return True
 
     def onload(self) -> None:
@@ -253,7 +256,7 @@ class TorchTrainBackend:
     def teacher_topk(self, batch: Batch, k: int, temperature: float) -> tuple[Batch, dict]:
         """The K most likely next tokens at every response position and their log-probs over the
         whole vocabulary at `temperature`: teacher_topk_ids / teacher_topk_logprobs [B, R, K]."""
-        start = self._teacher_phase_start()
+        start = teacher_phase_start(self.ctx.device)
         head = output_layer(self.model)
         ids_out, logprobs_out = [], []
         for rows, resp_len, hidden, grid in self._teacher_micro_batches(batch):
@@ -261,31 +264,19 @@ class TorchTrainBackend:
             ids_out.append(top_ids.view(rows, resp_len, k).cpu())
             logprobs_out.append(top_logprobs.view(rows, resp_len, k).cpu())
         out = {"teacher_topk_ids": torch.cat(ids_out), "teacher_topk_logprobs": torch.cat(logprobs_out)}
-        return Batch(out), self._teacher_metrics(start)
+        return Batch(out), teacher_metrics(start, self.ctx.device, self.offload_freed_gib)
 
     @torch.no_grad()
     def teacher_hidden(self, batch: Batch) -> tuple[Batch, dict]:
         """Final hidden states [B, R, H] at the positions predicting each response token."""
-        start = self._teacher_phase_start()
+        start = teacher_phase_start(self.ctx.device)
         out = [
             hidden[grid].view(rows, resp_len, -1).cpu()
             for rows, resp_len, hidden, grid in self._teacher_micro_batches(batch)
         ]
-        return Batch({"teacher_hidden": torch.cat(out)}), self._teacher_metrics(start)
-
-    def _teacher_phase_start(self) -> float:
-        if self.ctx.device.type == "cuda":  # the teacher phase's own peak, not the process's
-            self._phase_allocated = device_memory.phase_start()
-        return time.perf_counter()
-
-    def _teacher_metrics(self, start: float) -> dict:
-        # the teacher's forward alone; the node's timing_s/<node> adds the transfers to and from it
-        metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
-        if self.ctx.device.type == "cuda":
-            metrics["teacher/peak_added_gib"] = device_memory.peak_added_gib(self._phase_allocated)
-            metrics["teacher/device_memory_used_gib"] = device_memory.note_phase_end()
-            metrics["teacher/offload_freed_gib"] = self.offload_freed_gib  # at its last offload
-        return metrics
+        return Batch({"teacher_hidden": torch.cat(out)}), teacher_metrics(
+            start, self.ctx.device, self.offload_freed_gib
+        )
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
@@ -303,8 +294,7 @@ class TorchTrainBackend:
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(self.optimizer, lr)
 
     def forward_backward(self, micro_batches: list[Batch], weights: list[float]) -> list[dict]:
         self.optimizer.zero_grad(set_to_none=True)
@@ -363,10 +353,6 @@ class TorchTrainBackend:
         os.makedirs(path, exist_ok=True)
         self.model.save_pretrained(path, safe_serialization=True)
         load_tokenizer(self.path).save_pretrained(path)
-
-
-def _allocated_gib() -> float:
-    return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
 def _rng_state() -> dict:

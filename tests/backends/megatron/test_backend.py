@@ -60,9 +60,11 @@ def make_batch(rows: int = 8, prompt_len: int = 6, resp_len: int = 5, vocab: int
 
 def _backend(cfg, rank: int, world: int, forward_only: bool = False):
     from dagrl.backends.megatron.train import MegatronTrainBackend
+    from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
 
-    return MegatronTrainBackend(cfg, ParallelContext(rank, world, torch.device("cpu")), forward_only)
+    spec = role_spec(cfg, "ref" if forward_only else "train")
+    return MegatronTrainBackend(cfg, ParallelContext(rank, world, torch.device("cpu")), spec)
 
 
 def _logprobs_then_step(rank: int, world: int, cfg, batch):

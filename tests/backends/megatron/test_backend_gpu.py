@@ -138,9 +138,10 @@ def _megatron_logprobs(rank, world, cfg, batch, offload_check=False):
 
 def _hf_logprobs(cfg, batch):
     from dagrl.backends.torch.train import TorchTrainBackend
+    from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
 
-    backend = TorchTrainBackend(cfg, ParallelContext(0, 1, torch.device("cuda", 0)), forward_only=True)
+    backend = TorchTrainBackend(cfg, ParallelContext(0, 1, torch.device("cuda", 0)), role_spec(cfg, "ref"))
     return backend.forward_logprobs(batch, "ref_logprobs")[0]["ref_logprobs"]
 
 

@@ -45,7 +45,6 @@ def _weights(backend) -> dict:
 
 
 def _torch_reference(batch: Batch) -> dict:
-    from dagrl.backends.builtin import _train_cfg
     from dagrl.backends.torch.train import TorchTrainBackend
     from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
@@ -55,7 +54,7 @@ def _torch_reference(batch: Batch) -> dict:
     for mode in MODES:
         cfg = gkd_config(mode)
         spec = role_spec(cfg, "teacher")
-        teacher = TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=True, offload=spec.offload)
+        teacher = TorchTrainBackend(cfg, ctx, spec)
         student = TorchTrainBackend(cfg, ctx)
         scored = _teacher_outputs(teacher, batch, mode)
         _, metrics = student.train_step(batch.union(scored))
@@ -66,7 +65,6 @@ def _torch_reference(batch: Batch) -> dict:
 def _gkd_rank(rank: int, world: int, overrides: tuple[str, ...], batch: Batch) -> dict:
     """Per mode: the megatron teacher scores the batch, a fresh megatron student takes one step."""
     import dagrl.algos.distillation as distillation
-    from dagrl.backends.builtin import _train_cfg
     from dagrl.backends.megatron.train import MegatronTrainBackend
     from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
@@ -78,7 +76,7 @@ def _gkd_rank(rank: int, world: int, overrides: tuple[str, ...], batch: Batch) -
         megatron = ("actor_rollout_ref.actor.strategy=megatron", f"{M}.param_dtype=float32")
         cfg = gkd_config(mode, *megatron, "teacher.offload=true", *overrides)
         spec = role_spec(cfg, "teacher")
-        teacher = MegatronTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=True, offload=spec.offload)
+        teacher = MegatronTrainBackend(cfg, ctx, spec)
         student = MegatronTrainBackend(cfg, ctx)
         returns = student.dp_info()[2]
         scored = _teacher_outputs(teacher, batch, mode)

@@ -67,7 +67,6 @@ def response_logits(model, b: Batch) -> torch.Tensor:
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_full_vocab_gkd_equals_unchunked_reference(models, beta, monkeypatch):
-    from dagrl.backends.builtin import _train_cfg
     from dagrl.backends.torch.train import TorchTrainBackend
     from dagrl.config.roles import build_role_specs
 
@@ -86,7 +85,7 @@ def test_full_vocab_gkd_equals_unchunked_reference(models, beta, monkeypatch):
     monkeypatch.setattr(distillation, "_CHUNK_ELEMENTS", 3 * VOCAB)  # 3 tokens per chunk: 4 chunks
     ctx = ParallelContext(0, 1, torch.device("cpu"))
     spec = build_role_specs(cfg, {"train", "teacher"})["teacher"]
-    teacher = TorchTrainBackend(_train_cfg(cfg, spec), ctx, forward_only=True, offload=spec.offload)
+    teacher = TorchTrainBackend(cfg, ctx, spec)
     student = TorchTrainBackend(cfg, ctx)
     b = batch()
     out, metrics = teacher.teacher_hidden(b)

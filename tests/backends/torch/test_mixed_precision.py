@@ -88,6 +88,7 @@ def test_offload_moves_the_masters_and_forward_only_roles_have_none(bf16_update)
     assert all(id(m) in moved for m in backend.optimizer.masters)
     assert all(id(v) in moved for s in backend.optimizer.state.values() for k, v in s.items() if k != "step")
     from dagrl.backends.torch.train import TorchTrainBackend
+    from dagrl.config.roles import role_spec
 
-    ref = TorchTrainBackend(backend.cfg, backend.ctx, forward_only=True)
+    ref = TorchTrainBackend(backend.cfg, backend.ctx, role_spec(backend.cfg, "ref"))
     assert ref.optimizer is None and not any(p.requires_grad for p in ref.model.parameters())

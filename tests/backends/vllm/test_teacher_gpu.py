@@ -61,7 +61,7 @@ def cfg(model_dir):
 @pytest.fixture(scope="module")
 def teachers(cfg):
     standalone = VLLMTeacherBackend(cfg, role_spec(cfg, "teacher"), CTX)
-    colocated = TorchTrainBackend(cfg, CTX, forward_only=True)  # the actor model is the teacher's here
+    colocated = TorchTrainBackend(cfg, CTX, role_spec(cfg, "ref"))  # the actor model is the teacher's here
     yield standalone, colocated
     standalone.shutdown()
 

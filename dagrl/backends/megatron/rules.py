@@ -1,4 +1,5 @@
-"""The rules of actor_rollout_ref.actor.strategy=megatron, checked before Ray starts (see validate.py).
+"""The megatron backend's own rules, registered with it (dagrl/backends/builtin.py) and run by
+validate when a role uses it, before Ray starts.
 
 They read the model's HF config.json (heads, layers, experts must split over the parallel
 sizes) and, once placement is planned, the DP sizes. Each failure is a ConfigError naming the key.
@@ -9,8 +10,17 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from dagrl.config.placement import ROLE_REF, ROLE_TRAIN, Plan
-from dagrl.config.schema import DagrlConfig, LayerSpec, MegatronConfig, RecomputeGranularity, RecomputeMethod
+from dagrl.config.placement import Plan
+from dagrl.config.roles import Role
+from dagrl.config.schema import (
+    DagrlConfig,
+    LayerSpec,
+    MegatronConfig,
+    RecomputeGranularity,
+    RecomputeMethod,
+    SelfTeacher,
+    TeacherPlacement,
+)
 from dagrl.errors import ConfigError, DagrlError
 
 A = "actor_rollout_ref.actor"
@@ -41,6 +51,13 @@ def inherit_ref_megatron(cfg: DagrlConfig) -> None:
     if all(getattr(ref, k) == getattr(default, k) for k in REF_INHERITS):
         for k in REF_INHERITS:
             setattr(ref, k, getattr(actor, k))
+
+
+def resolve_megatron(cfg: DagrlConfig) -> None:
+    """The megatron backend's defaults that depend on other keys: the ref inherits the actor's
+    layout, and verl's gradient checkpointing becomes megatron's recompute."""
+    inherit_ref_megatron(cfg)
+    recompute_for_checkpointing(cfg)
 
 
 def check_no_megatron_knobs(cfg: DagrlConfig) -> None:
@@ -111,6 +128,40 @@ def check_megatron(cfg: DagrlConfig) -> None:
         _check_packing(prefix, m, arr.model.use_remove_padding)
         _check_recompute(prefix, m, hf)
     _check_ref_shares_actor_groups(cfg)
+    _check_distillation(cfg)
+
+
+def _check_distillation(cfg: DagrlConfig) -> None:
+    """What the megatron train backend does not do yet for distillation."""
+    G = "algorithm.gkd"
+    if cfg.algorithm.gkd.sft_alpha > 0:
+        raise ConfigError(
+            f"{G}.sft_alpha",
+            cfg.algorithm.gkd.sft_alpha,
+            "the SFT term runs on the torch train backend for now: set 0",
+        )
+    if cfg.teacher.model in {t.value for t in SelfTeacher}:
+        raise ConfigError(
+            "teacher.model",
+            cfg.teacher.model,
+            "self-distillation runs on the torch train backend for now: set actor.strategy=torch",
+        )
+
+
+def check_megatron_teacher(cfg: DagrlConfig) -> None:
+    """A colocated megatron teacher runs in the student's processes, so in its parallel groups
+    (megatron's are per process): it uses ref.megatron, which must match the actor's layout."""
+    if cfg.teacher.placement != TeacherPlacement.colocate:
+        return
+    actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
+    for key in PARALLEL_KNOBS:
+        if getattr(ref, key) != getattr(actor, key):
+            raise ConfigError(
+                f"actor_rollout_ref.ref.megatron.{key}",
+                getattr(ref, key),
+                f"the colocated teacher runs with ref.megatron in the actor's processes, whose {key} is "
+                f"{getattr(actor, key)}: use the same value (or leave ref.megatron's parallel settings unset)",
+            )
 
 
 def _hf_config(cfg: DagrlConfig):
@@ -287,7 +338,7 @@ def _check_recompute(prefix: str, m: MegatronConfig, hf) -> None:
 
 def _check_ref_shares_actor_groups(cfg: DagrlConfig) -> None:
     """A ref colocated with the train role runs in the actor's processes, hence in its parallel groups."""
-    if not any({ROLE_TRAIN, ROLE_REF} <= set(g) for g in cfg.placement.colocate_groups):
+    if not any({Role.train, Role.ref} <= set(g) for g in cfg.placement.colocate_groups):
         return
     actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
     for key in PARALLEL_KNOBS:
@@ -305,8 +356,8 @@ def check_megatron_plan(cfg: DagrlConfig, plan: Plan) -> None:
     """Megatron rules that need the DP sizes: expert groups and the interleaved schedule."""
     arr = cfg.actor_rollout_ref
     roles = [
-        (ROLE_TRAIN, f"{A}.megatron", arr.actor.megatron),
-        (ROLE_REF, f"{REF}.megatron", arr.ref.megatron),
+        (Role.train, f"{A}.megatron", arr.actor.megatron),
+        (Role.ref, f"{REF}.megatron", arr.ref.megatron),
     ]
     for role, prefix, m in roles:
         if role not in plan.roles:
@@ -345,21 +396,21 @@ def _check_interleaved_micro_batches(cfg: DagrlConfig, plan: Plan) -> None:
     mini, batch = arr.actor.ppo_mini_batch_size * n, cfg.data.train_batch_size * n
     passes = [  # (role, its megatron config, rows per pass, micro-batch key, micro-batch size)
         (
-            ROLE_TRAIN,
+            Role.train,
             arr.actor.megatron,
             mini,
             f"{A}.ppo_micro_batch_size_per_gpu",
             arr.actor.ppo_micro_batch_size_per_gpu,
         ),
         (
-            ROLE_TRAIN,
+            Role.train,
             arr.actor.megatron,
             batch,
             f"{R}.log_prob_micro_batch_size_per_gpu",
             arr.rollout.log_prob_micro_batch_size_per_gpu,
         ),
         (
-            ROLE_REF,
+            Role.ref,
             arr.ref.megatron,
             batch,
             f"{REF}.log_prob_micro_batch_size_per_gpu",

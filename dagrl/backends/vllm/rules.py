@@ -1,0 +1,133 @@
+"""The vllm backends' own rules (rollout engine and standalone teacher), registered with them
+(dagrl/backends/builtin.py) and run before Ray starts when a role uses them. Importing this
+module does not import vLLM."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from dagrl.backends.vllm.engine_args import (
+    RESERVED_ENGINE_KWARGS,
+    TEACHER_RESERVED_ENGINE_KWARGS,
+    VLLM_DEFAULT_MAX_LOGPROBS,
+    teacher_max_model_len,
+)
+from dagrl.config.schema import DagrlConfig, TeacherPlacement
+from dagrl.errors import ConfigError
+
+R = "actor_rollout_ref.rollout"
+T = "teacher"
+TOPK = "algorithm.gkd.gkd_logits_topk"
+
+
+def check_vllm_rollout(cfg: DagrlConfig) -> None:
+    """The vllm rollout's rules that need only the config."""
+    r, d = cfg.actor_rollout_ref.rollout, cfg.data
+    needed = d.max_prompt_length + d.max_response_length
+    if r.max_model_len is not None and r.max_model_len < needed:
+        raise ConfigError(
+            f"{R}.max_model_len",
+            r.max_model_len,
+            f"must hold data.max_prompt_length + data.max_response_length = {needed}; raise it or leave it"
+            " unset (then it is exactly that)",
+        )
+    for key in r.engine_kwargs.vllm:
+        if key in RESERVED_ENGINE_KWARGS:
+            raise ConfigError(
+                f"{R}.engine_kwargs.vllm.{key}",
+                r.engine_kwargs.vllm[key],
+                f"dagrl sets this engine argument itself; use {RESERVED_ENGINE_KWARGS[key]}",
+            )
+    if r.load_format == "dummy" and cfg.trainer.val_before_train:
+        raise ConfigError(
+            f"{R}.load_format",
+            "dummy",
+            "the engine starts with random weights and validation before training would score them;"
+            " set trainer.val_before_train=false or load_format=auto",
+        )
+
+
+def check_rollout_device(cfg: DagrlConfig, device: str) -> None:
+    """vLLM runs on GPUs only, and must be installed where the run starts (not for a dry run)."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.name != "vllm" or cfg.trainer.dry_run:
+        return
+    if device != "cuda":
+        raise ConfigError(
+            f"{R}.name",
+            "vllm",
+            "vLLM needs GPUs; set trainer.device=cuda on a GPU machine, or use rollout.name=hf",
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"{R}.name", "vllm", "vllm is not installed here; pip install -e '.[vllm]'")
+
+
+def check_vllm_teacher(cfg: DagrlConfig) -> None:
+    """A standalone teacher's engine rules that need only the config."""
+    if cfg.teacher.placement == TeacherPlacement.standalone:
+        check_standalone_engine(cfg)
+
+
+def check_standalone_engine(cfg: DagrlConfig) -> None:
+    """Engine kwargs dagrl sets itself are refused; the context holds prompt + response."""
+    t = cfg.teacher
+    for key, value in t.engine_kwargs.items():
+        if key in TEACHER_RESERVED_ENGINE_KWARGS:
+            raise ConfigError(
+                f"{T}.engine_kwargs.{key}",
+                value,
+                f"dagrl sets this itself; use {TEACHER_RESERVED_ENGINE_KWARGS[key]}",
+            )
+    needed = teacher_max_model_len(cfg)
+    context = t.engine_kwargs.get("max_model_len", needed)
+    if context < needed:
+        raise ConfigError(
+            f"{T}.engine_kwargs.max_model_len",
+            context,
+            f"must hold data.max_prompt_length + data.max_response_length + 1 = {needed} (one token is"
+            " sampled after prompt + response); raise it or leave it unset",
+        )
+
+
+def refuse_standalone_full_vocab() -> None:
+    """A node asks a standalone teacher for the full vocabulary (its final hidden states)."""
+    raise ConfigError(
+        TOPK,
+        None,
+        "a standalone (vLLM) teacher returns top-k log-probs only, never the full vocabulary: set"
+        f" {TOPK}=K (e.g. 64) and {T}.engine_kwargs.max_logprobs >= K",
+    )
+
+
+def check_standalone_topk(cfg: DagrlConfig) -> None:
+    """A node asks a standalone teacher for its top-k: vLLM returns at most max_logprobs of them."""
+    t, g = cfg.teacher, cfg.algorithm.gkd
+    if g.gkd_logits_topk is None:
+        refuse_standalone_full_vocab()
+    max_logprobs = t.engine_kwargs.get("max_logprobs", VLLM_DEFAULT_MAX_LOGPROBS)
+    if max_logprobs != -1 and max_logprobs < g.gkd_logits_topk:
+        raise ConfigError(
+            f"{T}.engine_kwargs.max_logprobs",
+            max_logprobs,
+            f"vLLM returns at most max_logprobs prompt log-probs per position (default"
+            f" {VLLM_DEFAULT_MAX_LOGPROBS}) and {TOPK}={g.gkd_logits_topk}: set"
+            f" +{T}.engine_kwargs.max_logprobs={g.gkd_logits_topk} or lower {TOPK}",
+        )
+
+
+def check_teacher_device(cfg: DagrlConfig, device: str) -> None:
+    """A standalone teacher is vLLM: GPUs only, installed where the run starts (not for a dry run)."""
+    t = cfg.teacher
+    if t.model is None or t.placement != TeacherPlacement.standalone or cfg.trainer.dry_run:
+        return
+    if device != "cuda":
+        raise ConfigError(
+            f"{T}.placement",
+            "standalone",
+            "a standalone teacher runs vLLM, which needs GPUs: set trainer.device=cuda on a GPU machine,"
+            f" or {T}.placement=colocate",
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"{T}.placement", "standalone", "vllm is not installed here; pip install -e '.[vllm]'"
+        )

@@ -1,0 +1,152 @@
+"""Name tables of the parts a run is assembled from, open to plain strings.
+
+Objectives, advantage estimators and backends register themselves here by name (built-ins when
+their package is imported, plugins from `external_plugins` modules), so `dagrl.config` can check
+a configured name and run the part's own rules by asking the table, without importing any part:
+
+    OBJECTIVES.register("reinforce", entry)           # in the part's module
+    OBJECTIVES.lookup(cfg.algorithm.name, "algorithm.name")  # in validate: entry or ConfigError
+
+A name that is not registered is a ConfigError naming the config key, the value, the nearest
+registered name and the registered ones (STYLE rule 11). This module sits on the ground floor
+with dagrl.errors: it knows no config type, no backend and no objective.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from dagrl.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The registered name closest to `name` (None when nothing is close)."""
+    matches = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
+    return matches[0] if matches else None
+
+
+def unknown_name_fix(name: str, known: Iterable[str], what: str, how: str = "") -> str:
+    """The fix part of a ConfigError for an unregistered `name`."""
+    known = sorted(known)
+    near = nearest(name, known)
+    hint = f"did you mean {near!r}? " if near else ""
+    return f"no {what} of that name; {hint}registered: {', '.join(known) or 'none'}" + (
+        f" ({how})" if how else ""
+    )
+
+
+class Registry(Generic[T]):
+    """name -> entry. Registering a name twice with a different entry is a programming error."""
+
+    def __init__(self, what: str, how_to_add: str) -> None:
+        self.what = what  # "objective", "advantage estimator", ...
+        self.how_to_add = how_to_add  # said in the error for a name nobody registered
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str, entry: T, same: Callable[[T, T], bool] | None = None) -> None:
+        assert isinstance(name, str), f"{self.what} names are strings, got {name!r}"
+        old = self._entries.get(name)
+        if old is not None and not (same or (lambda a, b: a is b))(old, entry):
+            raise ValueError(f"{self.what} {name!r} is registered twice ({old} and {entry})")
+        self._entries[name] = entry
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, name: str) -> T:
+        """The entry of a name checked before (validate); an assert for internal callers."""
+        assert name in self._entries, f"no {self.what} registered under {name!r}"
+        return self._entries[name]
+
+    def lookup(self, name: str, key: str) -> T:
+        """The entry under `name`, or a ConfigError under config key `key` naming the nearest."""
+        if name not in self._entries:
+            raise ConfigError(key, name, unknown_name_fix(name, self._entries, self.what, self.how_to_add))
+        return self._entries[name]
+
+
+def _no_rules(cfg: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """A registered backend: how to build it and what it owns besides.
+
+    - `factory(cfg, spec, ctx)` returns the backend (see dagrl/backends/registry.py).
+    - `rules(cfg)`: its config rules when a role uses it, before Ray starts (ConfigError).
+    - `plan_rules(cfg, plan)`: rules that need the placement plan's DP sizes.
+    - `estimate(cfg, spec, layout) -> dict[str, float]`: GiB per phase it keeps resident on one
+      device (weights, grads, optimizer, activations, engine pool); None = not estimated. The
+      capacity check sums the estimates of the roles sharing a device.
+    - `resolve(cfg)`: fills the defaults that depend on this backend (validate's resolve_defaults).
+    - `device_rules(cfg, device)`: what the resolved device must offer (GPUs, an installed engine).
+    """
+
+    factory: Callable
+    rules: Callable[[Any], None] = _no_rules
+    plan_rules: Callable[[Any, Any], None] | None = None
+    estimate: Callable[..., dict[str, float]] | None = None
+    resolve: Callable[[Any], None] | None = None
+    device_rules: Callable[[Any, str], None] | None = None
+
+
+@dataclass(frozen=True)
+class ObjectiveEntry:
+    build: Callable  # (cfg) -> Objective
+    validate: Callable[[Any], None] = _no_rules  # the algorithm's own config rules (ConfigError)
+
+
+@dataclass(frozen=True)
+class EstimatorEntry:
+    estimate: Callable  # (token_rewards [B, R], batch, algorithm config) -> advantages [B, R]
+    required_keys: tuple[str, ...] = ()  # batch keys besides response_mask
+    validate: Callable[[Any], None] = _no_rules  # its config rules, run when the DAG has an advantage node
+
+
+@dataclass
+class BackendTable:
+    """Backends under (role kind, name): a name is looked up among the kind's backends."""
+
+    entries: dict[tuple[str, str], BackendEntry] = field(default_factory=dict)
+
+    def register(self, kind: str, name: str, entry: BackendEntry) -> None:
+        old = self.entries.get((kind, name))
+        if old is not None and old.factory is not entry.factory:
+            raise ValueError(
+                f"backend {(kind, name)} is registered twice ({old.factory} and {entry.factory})"
+            )
+        self.entries[(kind, name)] = entry
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(n for k, n in self.entries if k == kind)
+
+    def find(self, kind: str, name: str) -> BackendEntry | None:
+        return self.entries.get((kind, name))
+
+    def lookup(self, kind: str, name: str, key: str, how: str = "") -> BackendEntry:
+        entry = self.entries.get((kind, name))
+        if entry is None:
+            raise ConfigError(key, name, unknown_name_fix(name, self.names(kind), f"{kind!r} backend", how))
+        return entry
+
+    def by_name(self, name: str) -> list[BackendEntry]:
+        """Every entry registered under `name` (a name may serve several role kinds)."""
+        return [e for (_, n), e in self.entries.items() if n == name]
+
+
+OBJECTIVES: Registry[ObjectiveEntry] = Registry(
+    "objective", "register one with @register_objective('name') in an external_plugins module"
+)
+ESTIMATORS: Registry[EstimatorEntry] = Registry(
+    "advantage estimator", "register one with @register_estimator('name', ...) in an external_plugins module"
+)
+BACKENDS = BackendTable()
