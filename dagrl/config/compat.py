@@ -407,8 +407,11 @@ def translate(overrides: list[str], notes: bool = True) -> list[str]:
     out = []
     for text in overrides:
         text = json_override(text)
-        _refuse_unsupported(text)  # a refused key is refused for itself, whatever its value
-        override, text = override_values.parse(parser, text)  # unreadable values: one line
+        try:
+            override, text = override_values.parse(parser, text)  # unreadable values: one line
+        except ConfigError:
+            _refuse_unsupported(text)  # a refused key is refused for itself, whatever its value
+            raise
         key = override.key_or_group
         found = None if override.is_delete() else lookup(key)
         if found is None:

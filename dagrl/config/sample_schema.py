@@ -64,7 +64,7 @@ class SampleConfig:
     """best_of_n, threshold or keep_all."""
     n_best_to_keep: int = ranged(1, ge=1)
     """best_of_n: responses kept per prompt (highest score first)."""
-    threshold: float = 0.5
+    threshold: float = ranged(0.5, hint="any finite score")
     """threshold: the lowest score kept."""
     orm_model: str | None = None
     """Outcome reward model (sequence-classification HF dir) on role `orm`; None = rule rewards only."""
@@ -74,12 +74,12 @@ class SampleConfig:
     """Text that ends a step of a response (the PRM scores the prefix up to each step's end)."""
     prm_aggregate: PrmAggregate = PrmAggregate.min
     """How the per-step scores become the response's PRM score: min, last or mean."""
-    prm_weight: float = 1.0
+    prm_weight: float = ranged(1.0, hint="any finite weight; 0 leaves the score out")
     """Weight of the PRM score in the filter's score (next to the ORM / rule score)."""
-    rule_weight: float = 1.0
+    rule_weight: float = ranged(1.0, hint="any finite weight; 0 leaves the score out")
     """Weight of the rule rewards (reward.functions, or the data source's) in the filter's score;
     the rule score is reported (sample/reward_mean) whatever its weight."""
-    orm_weight: float = 1.0
+    orm_weight: float = ranged(1.0, hint="any finite weight; 0 leaves the score out")
     """Weight of the ORM model's score in the filter's score (next to the rule score)."""
     max_prompts: int | None = ranged(None, ge=1, hint="or null = every row")
     """Sample at most this many prompts of data.train_files (the first ones)."""

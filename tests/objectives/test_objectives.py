@@ -30,7 +30,7 @@ def test_every_preset_and_estimator_is_registered():
     from dagrl.registry import ESTIMATORS, OBJECTIVES
 
     presets = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "algorithm")) if f.endswith(".yaml"))
-    assert presets == OBJECTIVES.names() == ["dr_grpo", "gkd", "grpo", "gspo", "opsd"]
+    assert presets == OBJECTIVES.names() == ["dr_grpo", "gkd", "grpo", "gspo", "opsd", "sft"]
     for algorithm in presets:
         assert objective_entry(algorithm).build is not None
     assert ESTIMATORS.names() == ["grpo"]

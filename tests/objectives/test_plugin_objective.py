@@ -65,7 +65,7 @@ def test_update_node_asks_the_dag_for_the_plugin_keys(plugin):
 
     required, optional = ActorUpdateNode.inputs_for(compose_config(*SELECT))
     assert required == ("prompts", "prompt_mask", "responses", "response_mask", "advantages")
-    assert optional == ("old_logprobs", "ref_logprobs")
+    assert optional == ("old_logprobs", "ref_logprobs", "response_attention_mask")
 
 
 def test_plugin_name_is_checked_like_a_builtin(plugin):
