@@ -15,6 +15,7 @@ with dagrl.errors: it knows no config type, no backend and no objective.
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -22,6 +23,21 @@ from typing import Any, Generic, TypeVar
 from dagrl.errors import ConfigError
 
 T = TypeVar("T")
+
+
+# The packages whose import registers the built-in parts. Asked for by name on a table's first
+# read, so a script that validates a config without going through dagrl.main sees the built-ins
+# too, and this module still imports no part.
+BUILTIN_PACKAGES = ("dagrl.objectives", "dagrl.backends", "dagrl.nodes")
+_builtins_loaded = False
+
+
+def load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        for package in BUILTIN_PACKAGES:
+            importlib.import_module(package)
 
 
 def nearest(name: str, known: Iterable[str]) -> str | None:
@@ -56,18 +72,22 @@ class Registry(Generic[T]):
         self._entries[name] = entry
 
     def __contains__(self, name: object) -> bool:
+        load_builtins()
         return name in self._entries
 
     def names(self) -> list[str]:
+        load_builtins()
         return sorted(self._entries)
 
     def get(self, name: str) -> T:
         """The entry of a name checked before (validate); an assert for internal callers."""
+        load_builtins()
         assert name in self._entries, f"no {self.what} registered under {name!r}"
         return self._entries[name]
 
     def lookup(self, name: str, key: str) -> T:
         """The entry under `name`, or a ConfigError under config key `key` naming the nearest."""
+        load_builtins()
         if name not in self._entries:
             raise ConfigError(key, name, unknown_name_fix(name, self._entries, self.what, self.how_to_add))
         return self._entries[name]
@@ -127,12 +147,15 @@ class BackendTable:
         self.entries[(kind, name)] = entry
 
     def names(self, kind: str) -> list[str]:
+        load_builtins()
         return sorted(n for k, n in self.entries if k == kind)
 
     def find(self, kind: str, name: str) -> BackendEntry | None:
+        load_builtins()
         return self.entries.get((kind, name))
 
     def lookup(self, kind: str, name: str, key: str, how: str = "") -> BackendEntry:
+        load_builtins()
         entry = self.entries.get((kind, name))
         if entry is None:
             raise ConfigError(key, name, unknown_name_fix(name, self.names(kind), f"{kind!r} backend", how))
@@ -140,6 +163,7 @@ class BackendTable:
 
     def by_name(self, name: str) -> list[BackendEntry]:
         """Every entry registered under `name` (a name may serve several role kinds)."""
+        load_builtins()
         return [e for (_, n), e in self.entries.items() if n == name]
 
 

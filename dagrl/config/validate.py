@@ -101,6 +101,13 @@ def validate_roles(cfg: DagrlConfig, roles: set[str]) -> None:
     a built-in backend (reward, plugin roles) names its backend under roles.<name>."""
     if Role.teacher in roles and cfg.teacher.model is None:
         raise ConfigError("teacher.model", None, "the DAG runs a teacher node; set the teacher's model path")
+    if Role.teacher not in roles and cfg.teacher.placement == TeacherPlacement.standalone:
+        raise ConfigError(
+            "teacher.placement",
+            "standalone",
+            f"the DAG ({cfg.dag}) runs no teacher node, so no teacher replicas would start: use "
+            "algorithm=gkd|opsd, or algorithm.distill_reward.coef > 0, or leave teacher.placement unset",
+        )
     if "sampler" in roles and cfg.sample.sampler_type.value == "distill" and cfg.teacher.model is None:
         raise ConfigError(
             "teacher.model", None, "sample.sampler_type=distill samples from the teacher: set its model path"

@@ -488,7 +488,7 @@ ROUND3 = [
         ["trainer.logger[1]", "'tensorbord'", "did you mean 'tensorboard'"],
     ),
     ([f"{A}.strategy=megatorn"], {}, [], [f"{A}.strategy", "'megatorn'", "did you mean 'megatron'"]),
-    (["algorithm=gkdd"], {}, [], ["'algorithm' = 'gkdd'", "did you mean 'gkd'"]),
+    (["algorithm=gkdd"], {}, [], ["'algorithm' = 'gkdd'", "did you mean 'algorithm=gkd'"]),
     (
         ["data.train_files={tmp}/good.parquet", "data.val_files={tmp}/no_rows.parquet", *SMALL],
         {},
