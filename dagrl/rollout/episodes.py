@@ -25,6 +25,7 @@ from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Executor, Future,
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dagrl.errors import DagrlError
 from dagrl.rollout.template import TurnTemplate, truncate
 from dagrl.tools.base import Environment, StepResult
 
@@ -107,8 +108,12 @@ def run_episodes(
     """Play one episode per prompt to its end; trajectories in prompt order."""
     trajs = [Trajectory(list(p)) for p in prompts]
     for env, row in zip(envs, rows):
-        if env.reset(row):
-            raise NotImplementedError("an environment's first observation must be in the row's prompt")
+        if env.reset(row):  # a plugin environment's contract: the task is in the prompt
+            raise DagrlError(
+                f"environment {type(env).__name__}: reset() returned a first observation; dagrl starts"
+                " each episode from the row's prompt, so put that text into the prompt when preprocessing"
+                " (or in a row transform) and return None or '' from reset()"
+            )
     for i, t in enumerate(trajs):
         sampler.submit(i, t.prompt, limits.turn_budget(0))
     stepping: dict[Future, int] = {}
