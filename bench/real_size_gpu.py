@@ -49,13 +49,13 @@ SETUPS = {
         f"{MEGA}.recompute_num_layers=1",
     ),
 }
-REWARD = '''from dagrl.rewards.registry import register_reward
+REWARD = """from dagrl.rewards.registry import register_reward
 
 
 @register_reward("long_answer")
 def long_answer(solution_str, ground_truth, extra_info=None):
     return len(solution_str) / 1000.0
-'''
+"""
 
 
 def build(out: str, shape: str) -> str:
