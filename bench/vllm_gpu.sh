@@ -47,6 +47,8 @@ side() {  # side NAME EXTRA...
     local name=$1
     shift
     mkdir -p "$OUT/$name"
+    # a process left on the GPU by an earlier run would slow this one: name it in the log
+    echo "== $name: GPU processes before: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ' ')"
     step "$name" 420 env OUT="$OUT/$name" EXTRA="$*" bash .anchors/side_by_side.sh dagrl
     cp /tmp/dagrl_side/metrics.jsonl "$OUT/$name/metrics.jsonl" 2>/dev/null && python3 - "$OUT/$name/metrics.jsonl" <<'PY'
 import json, sys
