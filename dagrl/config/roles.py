@@ -297,6 +297,6 @@ def _offload(cfg: DagrlConfig, m: MegatronConfig | None) -> OffloadPolicy:
     """The train/ref roles' offload: megatron's three switches, or the torch backend's one
     (actor.offload moves params and optimizer state together)."""
     if m is None:
-        on = cfg.actor_rollout_ref.actor.offload
+        on = cfg.actor_rollout_ref.actor.offload is not False  # null (auto) until the plan says
         return OffloadPolicy(params=on, grads=on, optimizer=on)
     return OffloadPolicy(m.param_offload, m.grad_offload, m.optimizer_offload)

@@ -200,9 +200,11 @@ class ActorConfig:
     low_var_kl (= k3, the default) are accepted."""
     entropy_coeff: float = ranged(0.0, hint="negative values penalise entropy")
     """Weight of the entropy bonus subtracted from the loss; 0 = entropy is only reported."""
-    offload: bool = True
+    offload: Optional[bool] = None
     """torch strategy, colocated on a GPU: params and optimizer state go to CPU while other roles
-    (rollout, ref) use the device; false keeps them resident (fastest when everything fits)."""
+    (rollout, ref) use the device; false keeps them resident (fastest when everything fits).
+    null (auto): resident when the memory plan puts every phase within 90 % of the card with the
+    trainer resident, else offloaded (offloaded where there is no plan: CPU, unknown card)."""
     optimizer_cpu_offload: bool = False
     """torch strategy: the fp32 master weights, their gradients and Adam's moments live in pinned
     host memory and the optimizer step runs on the CPU (the device keeps the compute weights and

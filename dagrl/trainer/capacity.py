@@ -9,13 +9,14 @@ here from the plan (gradient checkpointing).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from functools import partial
 
 from dagrl.backends.memory import GIB
 from dagrl.config.placement import Plan
-from dagrl.config.roles import Role
+from dagrl.config.roles import OffloadPolicy, Role
 from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import data_files
 from dagrl.errors import ConfigError
@@ -64,10 +65,40 @@ def plan_device_memory(
     capacity, source = device_memory_gib(cfg)
     if capacity is None:
         return None, None
-    memory = _resolve_recompute(
-        cfg, plan, partial(plan_memory, cfg, plan, model_path, capacity, source, phases)
-    )
+    make_plan = partial(plan_memory, cfg, plan, model_path, capacity, source, phases)
+    memory = _resolve_offload(cfg, plan, make_plan, _resolve_recompute(cfg, plan, make_plan))
     return memory, check_memory(cfg, memory, plan)
+
+
+RESIDENT_SHARE = 0.9  # auto keeps the trainer resident only with this much of the card planned
+
+
+def _resolve_offload(
+    cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan], memory: MemoryPlan
+) -> MemoryPlan:
+    """actor.offload=None (auto) on the torch backend: resident (no state moved between phases)
+    when every phase fits within RESIDENT_SHARE of the card that way, else offloaded as planned."""
+    actor = cfg.actor_rollout_ref.actor
+    torch_roles = [
+        r for r, s in plan.specs.items() if s.backend == "torch" and s.kind in (Role.train, Role.ref)
+    ]
+    if actor.offload is not None or not torch_roles:
+        return memory
+    offloaded = {r: plan.specs[r] for r in torch_roles}
+    for role in torch_roles:
+        plan.specs[role] = dataclasses.replace(plan.specs[role], offload=OffloadPolicy())
+    resident = make_plan()
+    peak = max((r.total for g in resident.groups for r in g.rows), default=0.0)
+    if peak <= RESIDENT_SHARE * resident.card_bytes:
+        actor.offload = False
+        resident.notes = memory.notes + [
+            f"{A}.offload: auto -> false (peak {peak / GIB:.1f} GiB resident, card {resident.card_bytes / GIB:.0f} GiB)"
+        ]
+        return resident
+    actor.offload = True
+    plan.specs.update(offloaded)
+    memory.notes.append(f"{A}.offload: auto -> true (peak {peak / GIB:.1f} GiB if resident)")
+    return memory
 
 
 def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan]) -> MemoryPlan:

@@ -67,7 +67,8 @@ SMALL_JOB = (
 
 
 def test_small_colocated_job_by_hand(small):
-    prepared = dry(small, *SMALL_JOB, f"{A}.recompute_old_logprobs=true")  # auto skips it on-policy
+    # both pinned: auto would skip the old-log-prob pass on-policy and keep this small trainer resident
+    prepared = dry(small, *SMALL_JOB, f"{A}.recompute_old_logprobs=true", f"{A}.offload=true")
     [group] = prepared.memory.groups
     rows = {r.phase: r for r in group.rows}
     assert list(rows) == ["rollout", "old_logprob", "update"]
@@ -200,3 +201,20 @@ def test_out_of_memory_line_quotes_the_plan(small):
     assert f"{M}.gradient_checkpointing=true" in line.split("the memory plan")[1]
     other = DeviceFault("nccl", "train", 0, "train_step", "timeout", "")
     assert fault_plan_hint(prepared.memory, prepared.plan, other) == ""
+
+
+def test_offload_auto_keeps_the_trainer_resident_only_where_it_fits(small):
+    """actor.offload=null: resident when every phase fits in 90 % of the card that way; the
+    rollout phase then carries the trainer's weights and Adam state besides the engine's pool."""
+    roomy = dry(small, *SMALL_JOB)
+    assert roomy.cfg.actor_rollout_ref.actor.offload is False
+    assert not roomy.plan.specs["train"].offload.params
+    rollout = {r.phase: r for r in roomy.memory.groups[0].rows}["rollout"]
+    assert rollout.others["train"] > 0 and any("offload: auto -> false" in n for n in roomy.memory.notes)
+    # a pool of 0.9 of the card leaves no room for a resident trainer: offloaded as before
+    tight = dry(small, *SMALL_JOB, f"{R}.gpu_memory_utilization=0.9")
+    assert tight.cfg.actor_rollout_ref.actor.offload is True and tight.plan.specs["train"].offload.params
+    pinned = dry(small, *SMALL_JOB, f"{A}.offload=true")
+    assert pinned.plan.specs["train"].offload.params and not any(
+        "offload: auto" in n for n in pinned.memory.notes
+    )
