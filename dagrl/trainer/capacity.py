@@ -153,6 +153,9 @@ def _pinned(cfg: DagrlConfig, plan: Plan, row) -> tuple[str, object]:
     if row.phase == "update" and spec is not None and spec.backend == "torch":
         if cfg.actor_rollout_ref.model.gradient_checkpointing is False:
             return f"{M}.gradient_checkpointing", False
+    if row.role != Role.train and row.others.get(Role.train) and spec is not None and spec.backend == "torch":
+        if cfg.actor_rollout_ref.actor.offload is False:  # pinned resident while another role runs
+            return f"{A}.offload", False
     return "trainer.gpu_memory_gib", cfg.trainer.gpu_memory_gib
 
 

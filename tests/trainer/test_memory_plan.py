@@ -218,3 +218,13 @@ def test_offload_auto_keeps_the_trainer_resident_only_where_it_fits(small):
     assert pinned.plan.specs["train"].offload.params and not any(
         "offload: auto" in n for n in pinned.memory.notes
     )
+
+
+def test_pinned_resident_trainer_is_named_when_the_rollout_cannot_fit(small):
+    overrides = (*SMALL_JOB, f"{R}.gpu_memory_utilization=0.95", f"{A}.offload=false")
+    prepared = dry(small, *overrides)
+    assert "in phase rollout" in prepared.warnings[0]
+    prepared.cfg.trainer.dry_run = False
+    with pytest.raises(ConfigError) as info:
+        check_memory(prepared.cfg, prepared.memory, prepared.plan)
+    assert info.value.key == f"{A}.offload" and info.value.value is False
