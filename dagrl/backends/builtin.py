@@ -1,11 +1,12 @@
 """The built-in backends, each with its own rules. Implementations are imported when a role builds
-one, not before. A train backend builds the model of its role's spec: a teacher or a reference is
-the same backend, forward-only, with its own spec."""
+one, not before. Every backend is built from its role's spec: a train backend builds the model of
+the spec (a teacher or a reference is the same backend, forward-only, with its own spec), a rollout
+engine samples with the spec's model and `rollout` section (a distill sampler's model is the
+teacher's), a standalone teacher and a reward model read their own specs."""
 
 from __future__ import annotations
 
-import copy
-
+from dagrl.backends.hf.rules import check_hf_rollout
 from dagrl.backends.megatron.rules import (
     check_megatron,
     check_megatron_plan,
@@ -23,28 +24,16 @@ from dagrl.backends.vllm.rules import (
 from dagrl.config.roles import Role, RoleSpec
 
 
-def _rollout_cfg(cfg, spec: RoleSpec):
-    """The config a rollout backend reads, pointed at the spec's model (a distill sampler's is the
-    teacher's). Rollout backends still read the root config (the train backends take their spec)."""
-    model = cfg.actor_rollout_ref.model
-    if (spec.model.path, spec.model.dtype) == (model.path, model.dtype):
-        return cfg
-    cfg = copy.deepcopy(cfg)
-    cfg.actor_rollout_ref.model.path = spec.model.path
-    cfg.actor_rollout_ref.model.dtype = spec.model.dtype
-    return cfg
-
-
 def _torch(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    return TorchTrainBackend(cfg, ctx, spec)
+    return TorchTrainBackend.from_config(cfg, ctx, spec)  # the spec and the objective
 
 
 def _megatron(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend(cfg, ctx, spec)
+    return MegatronTrainBackend.from_config(cfg, ctx, spec)
 
 
 # the train kind carries the rules of the whole backend (actor and its ref); a colocated megatron
@@ -65,21 +54,24 @@ restrict_devices(
 )
 
 
-@register_backend(Role.rollout, "hf")
+@register_backend(Role.rollout, "hf", rules=check_hf_rollout)
 def _hf(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
-    return HFRolloutBackend(
-        _rollout_cfg(cfg, spec), ctx
-    )  # the spec's model: a distill sampler's is the teacher
+    return HFRolloutBackend(spec, ctx)
 
 
-@register_backend(Role.rollout, "vllm", rules=check_vllm_rollout, device_rules=check_rollout_device)
+@register_backend(
+    Role.rollout,
+    "vllm",
+    rules=check_vllm_rollout,
+    device_rules=check_rollout_device,
+)
 def _vllm(cfg, spec: RoleSpec, ctx):
     # imports vllm (GPU machines only); check_rollout_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
-    return VLLMRolloutBackend(_rollout_cfg(cfg, spec), ctx)
+    return VLLMRolloutBackend(spec, ctx)
 
 
 # vLLM asks for gpu_memory_utilization × the card at start and refuses to start when less is free:
@@ -87,12 +79,17 @@ def _vllm(cfg, spec: RoleSpec, ctx):
 start_before_others("vllm")
 
 
-@register_backend(Role.teacher, "vllm", rules=check_vllm_teacher, device_rules=check_teacher_device)
+@register_backend(
+    Role.teacher,
+    "vllm",
+    rules=check_vllm_teacher,
+    device_rules=check_teacher_device,
+)
 def _vllm_teacher(cfg, spec: RoleSpec, ctx):
     # teacher.placement=standalone; check_teacher_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.teacher import VLLMTeacherBackend
 
-    return VLLMTeacherBackend(cfg, spec, ctx)
+    return VLLMTeacherBackend(spec, ctx)
 
 
 # ---- reward models as roles (orm / prm of the sampling pipeline, rm of GRPO's reward node)
@@ -100,4 +97,4 @@ def _vllm_teacher(cfg, spec: RoleSpec, ctx):
 def _reward_model(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.reward_model import RewardModelBackend
 
-    return RewardModelBackend(cfg, spec, ctx)
+    return RewardModelBackend(spec, ctx)
