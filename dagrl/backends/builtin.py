@@ -6,7 +6,9 @@ teacher's), a standalone teacher and a reward model read their own specs."""
 
 from __future__ import annotations
 
+from dagrl.backends.hf import memory as hf_memory
 from dagrl.backends.hf.rules import check_hf_rollout
+from dagrl.backends.megatron import memory as megatron_memory
 from dagrl.backends.megatron.rules import (
     check_megatron,
     check_megatron_plan,
@@ -14,7 +16,9 @@ from dagrl.backends.megatron.rules import (
     resolve_megatron,
 )
 from dagrl.backends.registry import register_backend, restrict_devices, start_before_others
+from dagrl.backends.torch import memory as torch_memory
 from dagrl.backends.torch.rules import check_torch
+from dagrl.backends.vllm import memory as vllm_memory
 from dagrl.backends.vllm.rules import (
     check_rollout_device,
     check_teacher_device,
@@ -37,15 +41,26 @@ def _megatron(cfg, spec: RoleSpec, ctx):
 
 
 # the train kind carries the rules of the whole backend (actor and its ref); a colocated megatron
-# teacher adds its own (it runs in the actor's parallel groups)
-register_backend(Role.train, "torch", rules=check_torch)(_torch)
+# teacher adds its own (it runs in the actor's parallel groups). Each brings its memory estimate
+# (backends/*/memory.py) and the train kind its checkpoint estimate.
+_TORCH = dict(estimate=torch_memory.role_memory)
+_MEGATRON = dict(estimate=megatron_memory.role_memory)
+register_backend(Role.train, "torch", rules=check_torch, checkpoint=torch_memory.checkpoint_size, **_TORCH)(
+    _torch
+)
 register_backend(
-    Role.train, "megatron", rules=check_megatron, plan_rules=check_megatron_plan, resolve=resolve_megatron
+    Role.train,
+    "megatron",
+    rules=check_megatron,
+    plan_rules=check_megatron_plan,
+    resolve=resolve_megatron,
+    checkpoint=megatron_memory.checkpoint_size,
+    **_MEGATRON,
 )(_megatron)
 for _kind in (Role.ref, Role.teacher):
-    register_backend(_kind, "torch")(_torch)
-register_backend(Role.ref, "megatron")(_megatron)
-register_backend(Role.teacher, "megatron", rules=check_megatron_teacher)(_megatron)
+    register_backend(_kind, "torch", **_TORCH)(_torch)
+register_backend(Role.ref, "megatron", **_MEGATRON)(_megatron)
+register_backend(Role.teacher, "megatron", rules=check_megatron_teacher, **_MEGATRON)(_megatron)
 restrict_devices(
     "megatron",
     {"cuda"},
@@ -54,7 +69,7 @@ restrict_devices(
 )
 
 
-@register_backend(Role.rollout, "hf", rules=check_hf_rollout)
+@register_backend(Role.rollout, "hf", rules=check_hf_rollout, estimate=hf_memory.role_memory)
 def _hf(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
@@ -66,6 +81,7 @@ def _hf(cfg, spec: RoleSpec, ctx):
     "vllm",
     rules=check_vllm_rollout,
     device_rules=check_rollout_device,
+    estimate=vllm_memory.rollout_memory,
 )
 def _vllm(cfg, spec: RoleSpec, ctx):
     # imports vllm (GPU machines only); check_rollout_device refuses it off the GPU, dry runs aside
@@ -84,6 +100,7 @@ start_before_others("vllm")
     "vllm",
     rules=check_vllm_teacher,
     device_rules=check_teacher_device,
+    estimate=vllm_memory.teacher_memory,
 )
 def _vllm_teacher(cfg, spec: RoleSpec, ctx):
     # teacher.placement=standalone; check_teacher_device refuses it off the GPU, dry runs aside
@@ -93,7 +110,9 @@ def _vllm_teacher(cfg, spec: RoleSpec, ctx):
 
 
 # ---- reward models as roles (orm / prm of the sampling pipeline, rm of GRPO's reward node)
-@register_backend("reward_model", "hf")
+# the memory plan counted reward models with the hf rollout's estimate before it was a registry
+# hook; kept so that the plan is unchanged (a forward-only estimate would be closer)
+@register_backend("reward_model", "hf", estimate=hf_memory.role_memory)
 def _reward_model(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.reward_model import RewardModelBackend
 
