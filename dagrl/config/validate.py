@@ -19,7 +19,6 @@ from dagrl.config.schema import (
     parse_resume_mode,
 )
 from dagrl.config.validate_multi_turn import check_multi_turn
-from dagrl.config.validate_precision import check_precision
 from dagrl.config.validate_rollout import check_off_policy_settings, check_overlap_placement
 from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
@@ -201,7 +200,6 @@ def _check_actor(cfg: DagrlConfig) -> None:
             a.ppo_mini_batch_size,
             f"must divide data.train_batch_size={cfg.data.train_batch_size} (both count prompts)",
         )
-    check_precision(cfg)
 
 
 def _check_rollout(cfg: DagrlConfig) -> None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import dagrl.nodes  # noqa: F401  (registers the built-in node kinds)
-import dagrl.objectives  # noqa: F401  (registers the built-in objectives and estimators)
 from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_model_path
 from dagrl.backends.registry import check_backends
 from dagrl.config.enums import SelfTeacher
