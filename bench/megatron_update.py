@@ -157,7 +157,7 @@ def main() -> None:
         cfg = OmegaConf.to_object(compose(config_name="config", overrides=overrides))
     resolve_defaults(cfg)
     validate(cfg)
-    backend = MegatronTrainBackend(
+    backend = MegatronTrainBackend.from_config(
         cfg,
         ParallelContext(
             rank, world, torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")

@@ -172,10 +172,10 @@ def build_backend(args, cfg, mode: str):
     if args.backend == "megatron":
         from dagrl.backends.megatron.train import MegatronTrainBackend
 
-        return MegatronTrainBackend(cfg, ctx), None
+        return MegatronTrainBackend.from_config(cfg, ctx), None
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    backend = TorchTrainBackend(cfg, ctx)
+    backend = TorchTrainBackend.from_config(cfg, ctx)
     if mode == "pure_bf16":
         backend.optimizer = None  # frees the masters before the plain AdamW's state appears
         if args.device == "cuda":

@@ -58,6 +58,7 @@ def _latency(settings, tools, pool):
 
 def build(args):
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
+    from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
     from tests.conftest import compose_config
 
@@ -73,7 +74,7 @@ def build(args):
         f"data.max_response_length={total + args.turns * 16}",
         "trainer.device=cuda",
     )
-    backend = VLLMRolloutBackend(cfg, ParallelContext(0, 1, torch.device("cuda", 0)))
+    backend = VLLMRolloutBackend(role_spec(cfg, "rollout"), ParallelContext(0, 1, torch.device("cuda", 0)))
     return cfg, backend
 
 
@@ -89,7 +90,7 @@ def rollout(cfg, backend, args, turns: int, per_turn: int, synchronous: bool):
     tok = load_tokenizer(args.model)
     runner = MultiTurnRollout(mt, tok, cfg.data.max_response_length, backend.eos_ids, backend.pad_id)
     sampler = (SyncSampler if synchronous else VLLMStepSampler)(
-        backend.llm, sampling_kwargs(cfg, backend.eos_ids, False), 1 << 16
+        backend.llm, sampling_kwargs(backend.spec, backend.eos_ids, False), 1 << 16
     )
     prompts = [tok.encode(f"{i}+{i + 1}=", add_special_tokens=False) for i in range(args.episodes)]
     torch.cuda.synchronize()

@@ -143,10 +143,10 @@ def make_backend(args, model_dir: str, shape: tuple):
     if args.backend == "torch":
         from dagrl.backends.torch.train import TorchTrainBackend
 
-        return TorchTrainBackend(cfg, ctx)
+        return TorchTrainBackend.from_config(cfg, ctx)
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend(cfg, ctx)
+    return MegatronTrainBackend.from_config(cfg, ctx)
 
 
 def set_packing(backend, on: bool) -> None:
@@ -159,7 +159,7 @@ def run_pass(backend, name: str, batch) -> None:
     if name == "logprob":
         backend.forward_logprobs(batch.select(INPUTS), "old_logprobs")
         return
-    micro_batches = batch.chunks(backend.cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)
+    micro_batches = batch.chunks(backend.settings.update.ppo_micro_batch_size_per_gpu)
     weights = backend.objective.micro_batch_weights(batch, micro_batches)
     for module in backend.model if isinstance(backend.model, list) else [backend.model]:
         module.train()  # megatron: its model chunks; torch: the HF model
@@ -249,7 +249,7 @@ def main(argv=None) -> list[dict]:
             backend = make_backend(args, model_dir, shape)
         else:  # same model, this shape's micro-batch sizes
             backend.micro = args.logprob_micro or shape[5]
-            backend.cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = args.micro or shape[4]
+            backend.settings.update.ppo_micro_batch_size_per_gpu = args.micro or shape[4]
         batch = synthetic_batch(shape, sizes["vocab"])
         for name in args.passes.split(","):
             row = measure(args, backend, shape_name, shape, name, batch)

@@ -24,6 +24,7 @@ import torch
 
 def build(args):
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
+    from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
     from tests.conftest import compose_config
 
@@ -42,7 +43,8 @@ def build(args):
         f"data.max_response_length={args.len}",
         "trainer.device=cuda",
     )
-    return cfg, VLLMRolloutBackend(cfg, ParallelContext(0, 1, torch.device("cuda", 0)))
+    spec = role_spec(cfg, "rollout")
+    return cfg, VLLMRolloutBackend(spec, ParallelContext(0, 1, torch.device("cuda", 0)))
 
 
 def batch_of(cfg, args):

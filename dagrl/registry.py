@@ -104,9 +104,13 @@ class BackendEntry:
     - `factory(cfg, spec, ctx)` returns the backend (see dagrl/backends/registry.py).
     - `rules(cfg)`: its config rules when a role uses it, before Ray starts (ConfigError).
     - `plan_rules(cfg, plan)`: rules that need the placement plan's DP sizes.
-    - `estimate(cfg, spec, layout) -> dict[str, float]`: GiB per phase it keeps resident on one
-      device (weights, grads, optimizer, activations, engine pool); None = not estimated. The
-      capacity check sums the estimates of the roles sharing a device.
+    - `estimate(cfg, spec, layout, shape, card_bytes, colocated) -> RoleMemory`: bytes per device
+      it keeps while it runs, per phase, while a colocated role runs, and on the host
+      (dagrl/backends/memory.py); None = not estimated. The memory plan, the capacity check and
+      the dry run's per-role figures sum the estimates of the roles sharing a device.
+    - `checkpoint(cfg, spec, layout) -> (bytes per weight, factor)`: a train backend's checkpoint
+      size as weights × (1 + factor) (optimizer state, replicas); spec and layout are None when the
+      DAG trains nothing. None = not estimated (the free-space check is skipped).
     - `resolve(cfg)`: fills the defaults that depend on this backend (validate's resolve_defaults).
     - `device_rules(cfg, device)`: what the resolved device must offer (GPUs, an installed engine).
     """
@@ -114,9 +118,10 @@ class BackendEntry:
     factory: Callable
     rules: Callable[[Any], None] = _no_rules
     plan_rules: Callable[[Any, Any], None] | None = None
-    estimate: Callable[..., dict[str, float]] | None = None
+    estimate: Callable[..., Any] | None = None
     resolve: Callable[[Any], None] | None = None
     device_rules: Callable[[Any, str], None] | None = None
+    checkpoint: Callable[..., tuple[int, float]] | None = None
 
 
 @dataclass(frozen=True)

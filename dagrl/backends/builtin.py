@@ -1,11 +1,14 @@
 """The built-in backends, each with its own rules. Implementations are imported when a role builds
-one, not before. A train backend builds the model of its role's spec: a teacher or a reference is
-the same backend, forward-only, with its own spec."""
+one, not before. Every backend is built from its role's spec: a train backend builds the model of
+the spec (a teacher or a reference is the same backend, forward-only, with its own spec), a rollout
+engine samples with the spec's model and `rollout` section (a distill sampler's model is the
+teacher's), a standalone teacher and a reward model read their own specs."""
 
 from __future__ import annotations
 
-import copy
-
+from dagrl.backends.hf import memory as hf_memory
+from dagrl.backends.hf.rules import check_hf_rollout
+from dagrl.backends.megatron import memory as megatron_memory
 from dagrl.backends.megatron.rules import (
     check_megatron,
     check_megatron_plan,
@@ -13,7 +16,9 @@ from dagrl.backends.megatron.rules import (
     resolve_megatron,
 )
 from dagrl.backends.registry import register_backend, restrict_devices, start_before_others
+from dagrl.backends.torch import memory as torch_memory
 from dagrl.backends.torch.rules import check_torch
+from dagrl.backends.vllm import memory as vllm_memory
 from dagrl.backends.vllm.rules import (
     check_rollout_device,
     check_teacher_device,
@@ -23,40 +28,39 @@ from dagrl.backends.vllm.rules import (
 from dagrl.config.roles import Role, RoleSpec
 
 
-def _rollout_cfg(cfg, spec: RoleSpec):
-    """The config a rollout backend reads, pointed at the spec's model (a distill sampler's is the
-    teacher's). Rollout backends still read the root config (the train backends take their spec)."""
-    model = cfg.actor_rollout_ref.model
-    if (spec.model.path, spec.model.dtype) == (model.path, model.dtype):
-        return cfg
-    cfg = copy.deepcopy(cfg)
-    cfg.actor_rollout_ref.model.path = spec.model.path
-    cfg.actor_rollout_ref.model.dtype = spec.model.dtype
-    return cfg
-
-
 def _torch(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    return TorchTrainBackend(cfg, ctx, spec)
+    return TorchTrainBackend.from_config(cfg, ctx, spec)  # the spec and the objective
 
 
 def _megatron(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend(cfg, ctx, spec)
+    return MegatronTrainBackend.from_config(cfg, ctx, spec)
 
 
 # the train kind carries the rules of the whole backend (actor and its ref); a colocated megatron
-# teacher adds its own (it runs in the actor's parallel groups)
-register_backend(Role.train, "torch", rules=check_torch)(_torch)
+# teacher adds its own (it runs in the actor's parallel groups). Each brings its memory estimate
+# (backends/*/memory.py) and the train kind its checkpoint estimate.
+_TORCH = dict(estimate=torch_memory.role_memory)
+_MEGATRON = dict(estimate=megatron_memory.role_memory)
+register_backend(Role.train, "torch", rules=check_torch, checkpoint=torch_memory.checkpoint_size, **_TORCH)(
+    _torch
+)
 register_backend(
-    Role.train, "megatron", rules=check_megatron, plan_rules=check_megatron_plan, resolve=resolve_megatron
+    Role.train,
+    "megatron",
+    rules=check_megatron,
+    plan_rules=check_megatron_plan,
+    resolve=resolve_megatron,
+    checkpoint=megatron_memory.checkpoint_size,
+    **_MEGATRON,
 )(_megatron)
 for _kind in (Role.ref, Role.teacher):
-    register_backend(_kind, "torch")(_torch)
-register_backend(Role.ref, "megatron")(_megatron)
-register_backend(Role.teacher, "megatron", rules=check_megatron_teacher)(_megatron)
+    register_backend(_kind, "torch", **_TORCH)(_torch)
+register_backend(Role.ref, "megatron", **_MEGATRON)(_megatron)
+register_backend(Role.teacher, "megatron", rules=check_megatron_teacher, **_MEGATRON)(_megatron)
 restrict_devices(
     "megatron",
     {"cuda"},
@@ -65,21 +69,25 @@ restrict_devices(
 )
 
 
-@register_backend(Role.rollout, "hf")
+@register_backend(Role.rollout, "hf", rules=check_hf_rollout, estimate=hf_memory.role_memory)
 def _hf(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
-    return HFRolloutBackend(
-        _rollout_cfg(cfg, spec), ctx
-    )  # the spec's model: a distill sampler's is the teacher
+    return HFRolloutBackend(spec, ctx)
 
 
-@register_backend(Role.rollout, "vllm", rules=check_vllm_rollout, device_rules=check_rollout_device)
+@register_backend(
+    Role.rollout,
+    "vllm",
+    rules=check_vllm_rollout,
+    device_rules=check_rollout_device,
+    estimate=vllm_memory.rollout_memory,
+)
 def _vllm(cfg, spec: RoleSpec, ctx):
     # imports vllm (GPU machines only); check_rollout_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
-    return VLLMRolloutBackend(_rollout_cfg(cfg, spec), ctx)
+    return VLLMRolloutBackend(spec, ctx)
 
 
 # vLLM asks for gpu_memory_utilization × the card at start and refuses to start when less is free:
@@ -87,17 +95,25 @@ def _vllm(cfg, spec: RoleSpec, ctx):
 start_before_others("vllm")
 
 
-@register_backend(Role.teacher, "vllm", rules=check_vllm_teacher, device_rules=check_teacher_device)
+@register_backend(
+    Role.teacher,
+    "vllm",
+    rules=check_vllm_teacher,
+    device_rules=check_teacher_device,
+    estimate=vllm_memory.teacher_memory,
+)
 def _vllm_teacher(cfg, spec: RoleSpec, ctx):
     # teacher.placement=standalone; check_teacher_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.teacher import VLLMTeacherBackend
 
-    return VLLMTeacherBackend(cfg, spec, ctx)
+    return VLLMTeacherBackend(spec, ctx)
 
 
 # ---- reward models as roles (orm / prm of the sampling pipeline, rm of GRPO's reward node)
-@register_backend("reward_model", "hf")
+# the memory plan counted reward models with the hf rollout's estimate before it was a registry
+# hook; kept so that the plan is unchanged (a forward-only estimate would be closer)
+@register_backend("reward_model", "hf", estimate=hf_memory.role_memory)
 def _reward_model(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.reward_model import RewardModelBackend
 
-    return RewardModelBackend(cfg, spec, ctx)
+    return RewardModelBackend(spec, ctx)

@@ -1,17 +1,45 @@
-"""What the backends' memory estimates share: the workload of one forward and the parts a role
-keeps on a device.
+"""What the backends' memory estimates share: the workload of one forward, the parts a role
+keeps on a device (`RoleMemory`), and the workloads of the passes a role runs.
 
 Each backend estimates its own footprint in its own module (backends/torch/memory.py,
 backends/megatron/memory.py, backends/vllm/memory.py, backends/hf/memory.py) as pure functions of
-the model's shape, the role's spec and a `Workload`; dagrl/trainer/memory_plan.py adds up what
-every colocated role keeps on a device in each phase of a step. All figures are bytes per device.
+the model's shape, the role's spec and a `Workload`, and registers the estimate with itself
+(`register_backend(..., estimate=)`, dagrl/backends/builtin.py); dagrl/trainer/memory_plan.py asks
+the registered estimate of each role and adds up what every colocated role keeps on a device in
+each phase of a step. All figures are bytes per device.
+
+An estimate is called as `estimate(cfg, spec, layout, shape, card_bytes, colocated) -> RoleMemory`:
+the role's spec and placement layout, the model's shape, the card's size and how many roles share
+the device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+
+from dagrl.config.roles import Role, RoleSpec
+from dagrl.config.schema import DagrlConfig
 
 GIB = 2**30
+
+_WIDTH = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+
+
+def param_width(param_dtype) -> int:
+    """Bytes per element of a dtype name (or its enum)."""
+    return _WIDTH[getattr(param_dtype, "value", param_dtype)]
+
+
+@dataclass
+class RoleMemory:
+    """One role's bytes per device: `active` while it has the device (besides a phase's own
+    transient parts in `phases`), `idle` while a colocated role has it, `host` kept in host memory."""
+
+    active: dict[str, float]
+    idle: dict[str, float]
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    host: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -32,3 +60,46 @@ class Workload:
 
 def parts_total(parts: dict[str, float]) -> float:
     return float(sum(parts.values()))
+
+
+# ---- workloads of the passes a role runs -------------------------------------------------------
+
+
+def _seq(cfg: DagrlConfig) -> tuple[int, int]:
+    d = cfg.data
+    return d.max_prompt_length + d.max_response_length, d.max_response_length
+
+
+def workload(
+    cfg: DagrlConfig, micro_rows: int, budget: int | None, dp: int, rows_per_device=None
+) -> Workload:
+    """The largest forward of a pass: `micro_rows` sequences, or as many whole sequences as the
+    token `budget` holds (at least one), never more than the device's share of the batch."""
+    seq, response = _seq(cfg)
+    if rows_per_device is None:
+        rows_per_device = max(1, cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // dp)
+    rows = max(1, budget // seq) if budget is not None else micro_rows
+    rows = min(rows, rows_per_device)
+    return Workload(rows, seq, response, math.ceil(rows_per_device / rows))
+
+
+def update_workload(cfg: DagrlConfig, dp: int) -> Workload:
+    a = cfg.actor_rollout_ref.actor
+    mini_rows = max(1, a.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // dp)
+    budget = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
+    return workload(cfg, a.ppo_micro_batch_size_per_gpu, budget, dp, mini_rows)
+
+
+def forward_phases(cfg: DagrlConfig, spec: RoleSpec, dp: int) -> dict[str, Workload]:
+    """The forward-only passes a train-backend role runs, with their workloads."""
+    arr = cfg.actor_rollout_ref
+    if spec.kind == Role.train:
+        r = arr.rollout
+        budget = r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None
+        return {"old_logprob": workload(cfg, r.log_prob_micro_batch_size_per_gpu, budget, dp)}
+    if spec.kind == Role.ref:
+        budget = arr.ref.log_prob_max_token_len_per_gpu if arr.ref.log_prob_use_dynamic_bsz else None
+        return {"ref_logprob": workload(cfg, arr.ref.log_prob_micro_batch_size_per_gpu, budget, dp)}
+    if spec.kind == Role.teacher:
+        return {"teacher": workload(cfg, cfg.teacher.log_prob_micro_batch_size_per_gpu, None, dp)}
+    return {}

@@ -7,10 +7,11 @@ implementation inside the call, so a backend whose dependencies are missing on t
     @register_backend("rollout", "vllm", rules=check_vllm)
     def _vllm(cfg, spec, ctx):
         from dagrl.backends.vllm.rollout import VLLMRolloutBackend
-        return VLLMRolloutBackend(cfg, ctx)
+        return VLLMRolloutBackend(spec, ctx)  # the spec, never the whole config
 
-A backend brings its own config rules (`rules(cfg)`, `plan_rules(cfg, plan)`) and its memory
-estimate (`estimate`); validate and the capacity check find them in dagrl.registry.BACKENDS.
+A backend brings its own config rules (`rules(cfg)`, `plan_rules(cfg, plan)`), its memory estimate
+(`estimate`) and its checkpoint estimate (`checkpoint`); validate, the memory plan, the capacity
+check and the preflight find them in dagrl.registry.BACKENDS.
 Plugins register theirs from `external_plugins` modules (loaded in the driver and every worker).
 The built-ins register when the `dagrl.backends` package is imported (dagrl/backends/builtin.py).
 """
@@ -42,13 +43,16 @@ def register_backend(
     estimate: Callable | None = None,
     resolve: Callable | None = None,
     device_rules: Callable | None = None,
+    checkpoint: Callable | None = None,
 ) -> Callable[[BackendFactory], BackendFactory]:
     """Register a factory (or a class taking (cfg, spec, ctx)) for roles of `kind` named `name`,
-    with the backend's own config rules and memory estimate (see dagrl.registry.BackendEntry)."""
+    with the backend's own config rules, memory and checkpoint estimates (dagrl.registry.BackendEntry)."""
     kind = _value(kind)
 
     def wrap(factory: BackendFactory) -> BackendFactory:
-        entry = BackendEntry(factory, rules or _no_rules, plan_rules, estimate, resolve, device_rules)
+        entry = BackendEntry(
+            factory, rules or _no_rules, plan_rules, estimate, resolve, device_rules, checkpoint
+        )
         BACKENDS.register(kind, name, entry)
         return factory
 

@@ -2,7 +2,7 @@
 
 One model class serves three roles: `orm` (outcome reward: one score per response, read at its
 last token), `prm` (process reward: a score at the last token of every step of a response, one
-forward pass per response; dagrl/sample/steps.py finds the step ends) and `rm` (GRPO's reward
+forward pass per response; dagrl/rewards/steps.py finds the step ends) and `rm` (GRPO's reward
 node: reward.model.*). The model is an HF AutoModelForSequenceClassification with one label;
 its head is applied to the backbone's final hidden states at the positions asked for, so the
 ORM's score equals what the HF class returns for the whole sequence and the PRM's step scores
@@ -46,7 +46,7 @@ def load_reward_model(path: str, dtype: str, device: torch.device, trust_remote_
 class RewardModelBackend:
     """Scores sequences with a sequence-classification head; forward-only, no optimizer."""
 
-    def __init__(self, cfg, spec: RoleSpec, ctx):
+    def __init__(self, spec: RoleSpec, ctx):
         self.ctx, self.micro = ctx, spec.micro_batch_size
         path = resolve_model_path(spec.model.path) if spec.model.path else None
         if path is None:

@@ -24,7 +24,8 @@ from typing import Protocol
 
 import torch
 
-from dagrl.config.schema import DagrlConfig, OptimConfig
+from dagrl.config.roles import TrainSettings
+from dagrl.config.schema import OptimConfig
 from dagrl.core.batch import Batch
 from dagrl.core.metrics import fold, reduce
 from dagrl.core.micro_batches import micro_batches
@@ -60,18 +61,26 @@ def lr_at(optim: OptimConfig, step: int) -> float:
 
 
 def run_update(
-    engine: UpdateEngine, objective: Objective, batch: Batch, cfg: DagrlConfig, dp_size: int, step: int
+    engine: UpdateEngine,
+    objective: Objective,
+    batch: Batch,
+    settings: TrainSettings,
+    seed: int,
+    dp_size: int,
+    step: int,
 ) -> dict[str, float]:
-    """Epochs × mini-batches on this DP shard; returns the metrics (means over mini-batches)."""
-    actor = cfg.actor_rollout_ref.actor
-    mini_rows = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // dp_size
+    """Epochs × mini-batches on this DP shard, as the trained role's spec says (`settings.update`:
+    actor_rollout_ref.actor); returns the metrics (means over mini-batches)."""
+    actor = settings.update
+    assert actor is not None, "a forward-only role has no update"
+    mini_rows = actor.ppo_mini_batch_size * settings.group_size // dp_size
     micro_rows = actor.ppo_micro_batch_size_per_gpu
     budget = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None  # tokens per micro-batch
     lr = lr_at(actor.optim, step)
     engine.set_lr(lr)
     history: dict[str, list[float]] = {}
     counts = dict.fromkeys(NONFINITE_COUNTS, 0.0)  # summed over mini-batches, not averaged
-    gen = torch.Generator().manual_seed(cfg.trainer.seed + step)
+    gen = torch.Generator().manual_seed(seed + step)
     for _ in range(actor.ppo_epochs):
         order = torch.randperm(len(batch), generator=gen) if actor.shuffle else torch.arange(len(batch))
         for mini in batch.index(order).chunks(mini_rows):

@@ -422,7 +422,7 @@ def translate(overrides: list[str], notes: bool = True) -> list[str]:
         if isinstance(rule, Unsupported):
             raise ConfigError(key, value, f"not a dagrl setting: {rule.fix}")
         if isinstance(rule, NoEffect):
-            from dagrl.trainer.logger import log
+            from dagrl.console import log
 
             if notes:
                 log(f"note: {key} has no effect: {rule.why}")

@@ -21,6 +21,9 @@ __all__ = ["Plan", "make_plan", "format_plan"]
 
 @dataclass
 class RoleLayout:
+    """One role's place in the plan: its colocate group, how many workers (devices) it spans, and
+    how they split into data-parallel ranks of TP × PP × CP model replicas."""
+
     role: str
     group: int
     workers: int
@@ -257,7 +260,7 @@ def _backend(plan: Plan, role: str) -> str:
         return f", rollout engine {spec.backend}"
     if spec.kind == Role.teacher and spec.backend == "vllm":
         return ", engine vllm (standalone teacher)"
-    if spec.builtin:
+    if spec.kind in (Role.train, Role.ref, Role.teacher):
         return f", train backend {spec.backend}" + ("" if spec.trains else " (forward only)")
     return f", backend {spec.backend}"
 
@@ -273,8 +276,8 @@ def _memory(plan: Plan, role: str) -> str:
     if mem is None:
         return ""
     spec = plan.specs.get(role)
-    what = "params+grads+optimizer" if spec is not None and spec.trains else "weights"
-    text = f", est. {mem:.2f} GiB/device {what}"
+    what = "params+grads+optimizer" if spec is not None and spec.trains else "weights or engine share"
+    text = f", est. {mem:.2f} GiB/device {what} kept between phases"
     host = plan.offloaded_gib.get(role)
     if host:
         text += f" (+{host:.2f} GiB/device offloaded to host memory between phases)"

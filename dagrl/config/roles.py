@@ -10,21 +10,35 @@ they compare, hash and format as the names the DAG files use); plugins declare m
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
-from dagrl.config.schema import DagrlConfig, MegatronConfig, SelfTeacher, TeacherPlacement
+from dagrl.config.schema import (
+    ActorConfig,
+    DagrlConfig,
+    MegatronConfig,
+    RolloutConfig,
+    SelfTeacher,
+    TeacherPlacement,
+)
 from dagrl.errors import ConfigError
 
 
 class Role(StrEnum):
-    """The built-in roles. A plugin role is a plain string (its name under `roles.<name>`)."""
+    """The built-in roles, the one vocabulary of role names (DAG files, placement, specs). A plugin
+    role is a plain string (its name under `roles.<name>`)."""
 
     train = "train"
     rollout = "rollout"
     ref = "ref"
     teacher = "teacher"
-    reward = "reward"
+    reward = "reward"  # a name for a plugin's reward role: no built-in backend
+    # the sampling pipeline (dagrl/sample) and reward models as roles (dagrl/backends/reward_model.py)
+    sampler = "sampler"  # a rollout backend on the policy's model, or the teacher's (distill)
+    orm = "orm"  # outcome reward model: one score per response
+    prm = "prm"  # process reward model: a score per step
+    rm = "rm"  # GRPO's reward model (reward.model.*)
 
     def __repr__(self) -> str:  # messages and plans show the name the config and DAG files use
         return repr(self.value)
@@ -32,6 +46,8 @@ class Role(StrEnum):
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """The model a role loads: its directory (or hub id), weights dtype and tokenizer."""
+
     path: str | None  # None = the built-in tiny model
     dtype: str
     tokenizer: str | None  # None = the model's own
@@ -40,6 +56,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class ParallelLayout:
+    """How one model replica is split over devices: tensor, pipeline and context parallel sizes."""
+
     tp: int = 1
     pp: int = 1
     cp: int = 1
@@ -59,10 +77,46 @@ class OffloadPolicy:
 
 
 @dataclass(frozen=True)
+class SequenceLimits:
+    """The token lengths a role's sequences are held to (data.max_prompt_length / max_response_length)."""
+
+    prompt: int = 0
+    response: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.response
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What a train backend (torch, megatron) reads besides its model: how its forward passes run
+    and, for the trained role, its update. Set on the train and ref roles and a colocated teacher."""
+
+    temperature: float = 1.0  # rollout.temperature: log-probs are scored as the rollout sampled
+    packing: bool = False  # model.use_remove_padding: sequences packed into rows without padding
+    gradient_checkpointing: bool | None = None  # model.gradient_checkpointing (auto resolved in prepare)
+    logprob_token_budget: int | None = None  # tokens per log-prob forward; None = micro-batches of rows
+    teacher_micro_batch_size: int = 1  # sequences per teacher forward run on this backend
+    weight_sync_bucket_mb: int = 256  # the size of the buckets export_weights yields
+    group_size: int = 1  # rollout.n: responses per prompt (the update's mini-batches count prompts)
+    update: ActorConfig | None = (
+        None  # the update's section (optimizer, batches, epochs, clip); None = forward-only
+    )
+
+
+@dataclass(frozen=True)
 class RoleSpec:
-    """What one role runs, decoded once from the config: the backend reads its model, dtype,
-    parallel layout, micro-batch sizes and offload policy from here, not from the config tree
-    (a teacher is the train backend with a spec whose model is the teacher's)."""
+    """What one role runs, decoded once from the config (`role_spec`): the one object a backend
+    is built from.
+
+    A backend reads its model, dtype, parallel layout, micro-batch sizes, offload policy, seed and
+    sequence limits from here, plus its engine's own section (`megatron` for the megatron
+    backend, `rollout` for a rollout engine, `engine_kwargs` for a standalone engine), never the
+    config tree: a teacher is the train backend with a spec whose model is the teacher's, a distill
+    sampler the rollout engine with the teacher's model. Placement, validation and the memory plan
+    read the same specs, so the role table exists once.
+    """
 
     name: str
     kind: str  # a Role value, or the role's own name for plugin roles
@@ -75,6 +129,11 @@ class RoleSpec:
     trains: bool = False
     offload: OffloadPolicy = field(default_factory=OffloadPolicy)
     megatron: MegatronConfig | None = None  # set when the backend is megatron
+    train: TrainSettings | None = None  # set for roles on a train backend (train, ref, colocated teacher)
+    seed: int = 0  # trainer.seed: weights' init, sampling, the engine's own seed
+    lengths: SequenceLimits = field(default_factory=SequenceLimits)
+    rollout: RolloutConfig | None = None  # a rollout engine's section: sampling, engine knobs, multi-turn
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # a standalone engine's extra arguments
 
     @property
     def builtin(self) -> bool:
@@ -101,6 +160,15 @@ def rollout_dtype(cfg: DagrlConfig) -> str:
     return _dtype_name(arr.model.dtype)
 
 
+def _sampler_dtype(cfg: DagrlConfig, model_dtype: str) -> str:
+    """A distill sampler's engine dtype: as `rollout_dtype`, with the teacher's dtype in place of
+    the student's model dtype."""
+    arr = cfg.actor_rollout_ref
+    if arr.rollout.dtype is not None or arr.actor.strategy == "megatron":
+        return rollout_dtype(cfg)
+    return _dtype_name(model_dtype)
+
+
 def _dtype_name(dtype) -> str:
     return str(getattr(dtype, "value", dtype))
 
@@ -119,6 +187,13 @@ def build_role_specs(cfg: DagrlConfig, roles: Iterable[str]) -> dict[str, RoleSp
 
 
 def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
+    """The spec of role `name` (a `Role` member, a sampling role or a plugin role's name)."""
+    d = cfg.data
+    limits = SequenceLimits(d.max_prompt_length, d.max_response_length)
+    return replace(_role_spec(cfg, name), seed=cfg.trainer.seed, lengths=limits)
+
+
+def _role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
     arr = cfg.actor_rollout_ref
     actor_model = ModelSpec(arr.model.path, arr.model.dtype, None, arr.model.trust_remote_code)
     strategy_key = "actor_rollout_ref.actor.strategy"
@@ -145,6 +220,7 @@ def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
             trains=trains,
             offload=_offload(cfg, mega),
             megatron=mega,
+            train=_train_settings(cfg, trains),
         )
     if name == Role.rollout:
         r = arr.rollout
@@ -156,6 +232,7 @@ def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
             model=ModelSpec(arr.model.path, rollout_dtype(cfg), None, arr.model.trust_remote_code),
             parallel=ParallelLayout(tp=r.tensor_model_parallel_size),
             micro_batch_size=r.micro_batch_size_per_gpu,
+            rollout=r,
         )
     if name == Role.teacher:
         return _teacher_spec(cfg, actor_model)
@@ -173,6 +250,8 @@ class PluginRoleConfig:
     dtype: str | None = None  # None = the actor's model dtype
     micro_batch_size: int = 1  # sequences per forward on one device
     trust_remote_code: bool | None = None  # None = the actor's setting
+    tensor_model_parallel_size: int = 1  # devices one model replica spans (consecutive workers)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # the backend's own settings, passed as given
 
 
 def _plugin_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleSpec:
@@ -204,15 +283,18 @@ def _plugin_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleSpe
         backend=section.backend,
         backend_key=f"roles.{name}.backend",
         model=model,
+        parallel=ParallelLayout(tp=section.tensor_model_parallel_size),
         micro_batch_size=section.micro_batch_size,
         logprob_micro_batch_size=section.micro_batch_size,
+        engine_kwargs=dict(section.engine_kwargs),
     )
 
 
 # ---- the sampling pipeline's roles and reward models as roles (dagrl/sample, dagrl/backends/reward_model.py)
-ROLE_SAMPLER, ROLE_ORM, ROLE_PRM, ROLE_RM = "sampler", "orm", "prm", "rm"
-KIND_REWARD_MODEL = "reward_model"  # forward-only sequence-classification backends
-SAMPLING_ROLES = (ROLE_SAMPLER, ROLE_ORM, ROLE_PRM, ROLE_RM)
+KIND_REWARD_MODEL = (
+    "reward_model"  # the backend kind of orm / prm / rm: sequence-classification, forward-only
+)
+SAMPLING_ROLES = (Role.sampler, Role.orm, Role.prm, Role.rm)
 
 
 def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleSpec:
@@ -221,12 +303,12 @@ def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleS
     from dagrl.config.sample_schema import SamplerType
 
     dtype, trust = cfg.actor_rollout_ref.model.dtype, cfg.actor_rollout_ref.model.trust_remote_code
-    if name == ROLE_SAMPLER:
+    if name == Role.sampler:
         r, distill = cfg.actor_rollout_ref.rollout, cfg.sample.sampler_type == SamplerType.distill
         model = (
-            ModelSpec(teacher_model_path(cfg), cfg.teacher.dtype or dtype, None, trust)
+            ModelSpec(teacher_model_path(cfg), _sampler_dtype(cfg, cfg.teacher.dtype or dtype), None, trust)
             if distill
-            else actor_model
+            else ModelSpec(actor_model.path, rollout_dtype(cfg), None, trust)
         )
         return RoleSpec(
             name=name,
@@ -236,11 +318,12 @@ def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleS
             model=model,
             parallel=ParallelLayout(tp=r.tensor_model_parallel_size),
             micro_batch_size=r.micro_batch_size_per_gpu,
+            rollout=r,
         )
     path, key = {
-        ROLE_ORM: (cfg.sample.orm_model, "sample.orm_model"),
-        ROLE_PRM: (cfg.sample.prm_model, "sample.prm_model"),
-        ROLE_RM: (cfg.reward.model.path, "reward.model.path"),
+        Role.orm: (cfg.sample.orm_model, "sample.orm_model"),
+        Role.prm: (cfg.sample.prm_model, "sample.prm_model"),
+        Role.rm: (cfg.reward.model.path, "reward.model.path"),
     }[name]
     return RoleSpec(
         name=name,
@@ -265,6 +348,7 @@ def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
             parallel=ParallelLayout(tp=t.tensor_model_parallel_size),
             micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
             logprob_micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
+            engine_kwargs=dict(t.engine_kwargs),
         )
     mega = _megatron(cfg, arr.ref.megatron)
     return RoleSpec(
@@ -278,6 +362,26 @@ def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
         logprob_micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
         offload=OffloadPolicy(params=t.offload),
         megatron=mega,
+        train=_train_settings(cfg, trains=False),
+    )
+
+
+def _train_settings(cfg: DagrlConfig, trains: bool) -> TrainSettings:
+    """A train backend's settings: the trained role's log-prob pass is the old log-probs'
+    (rollout.log_prob_*), a forward-only role's the reference's (ref.log_prob_*)."""
+    arr = cfg.actor_rollout_ref
+    passes = arr.rollout if trains else arr.ref
+    return TrainSettings(
+        temperature=arr.rollout.temperature,
+        packing=arr.model.use_remove_padding,
+        gradient_checkpointing=arr.model.gradient_checkpointing,
+        logprob_token_budget=(
+            passes.log_prob_max_token_len_per_gpu if passes.log_prob_use_dynamic_bsz else None
+        ),
+        teacher_micro_batch_size=cfg.teacher.log_prob_micro_batch_size_per_gpu,
+        weight_sync_bucket_mb=arr.rollout.weight_sync_bucket_mb,
+        group_size=arr.rollout.n,
+        update=arr.actor if trains else None,
     )
 
 

@@ -9,7 +9,7 @@ import os
 
 from dagrl.config.placement import Plan
 from dagrl.config.ranges import check_ranges
-from dagrl.config.roles import SAMPLING_ROLES, Role, RoleSpec, role_spec
+from dagrl.config.roles import Role, RoleSpec, role_spec
 from dagrl.config.schema import (
     BuiltinTask,
     DagrlConfig,
@@ -19,7 +19,6 @@ from dagrl.config.schema import (
     parse_resume_mode,
 )
 from dagrl.config.validate_multi_turn import check_multi_turn
-from dagrl.config.validate_precision import check_precision
 from dagrl.config.validate_rollout import check_off_policy_settings, check_overlap_placement, old_logprob_pass
 from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
@@ -109,15 +108,15 @@ def validate_roles(cfg: DagrlConfig, roles: set[str]) -> None:
             f"the DAG ({cfg.dag}) runs no teacher node, so no teacher replicas would start: use "
             "algorithm=gkd|opsd, or algorithm.distill_reward.coef > 0, or leave teacher.placement unset",
         )
-    if "sampler" in roles and cfg.sample.sampler_type.value == "distill" and cfg.teacher.model is None:
+    if Role.sampler in roles and cfg.sample.sampler_type.value == "distill" and cfg.teacher.model is None:
         raise ConfigError(
             "teacher.model", None, "sample.sampler_type=distill samples from the teacher: set its model path"
         )
-    if "rm" in roles and cfg.reward.model.path is None:  # reward models as roles
+    if Role.rm in roles and cfg.reward.model.path is None:  # reward models as roles
         raise ConfigError(
             "reward.model.path", None, "reward.model.enable=true needs the reward model's directory"
         )
-    builtin = set(Role) - {Role.reward} | set(SAMPLING_ROLES)
+    builtin = set(Role) - {Role.reward}
     for name in sorted(roles - builtin):
         if name not in cfg.roles:
             raise ConfigError(
@@ -202,17 +201,9 @@ def _check_actor(cfg: DagrlConfig) -> None:
             a.ppo_mini_batch_size,
             f"must divide data.train_batch_size={cfg.data.train_batch_size} (both count prompts)",
         )
-    check_precision(cfg)
 
 
 def _check_rollout(cfg: DagrlConfig) -> None:
-    r = cfg.actor_rollout_ref.rollout
-    if r.name == "hf" and r.tensor_model_parallel_size != 1:
-        raise ConfigError(
-            f"{R}.tensor_model_parallel_size",
-            r.tensor_model_parallel_size,
-            "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)",
-        )
     check_off_policy_settings(cfg)
     _backend_rules(cfg, role_spec(cfg, Role.rollout))  # the engine's own rules (vllm's kwargs, context)
     check_multi_turn(cfg)

@@ -42,11 +42,3 @@ def micro_batches(batch: Batch, rows: int, token_budget: int | None = None) -> l
     if token_budget is None:
         return batch.chunks(rows)
     return [batch.index(group) for group in token_budget_groups(row_tokens(batch), token_budget)]
-
-
-def log_prob_token_budget(cfg, reference: bool) -> int | None:
-    """The token budget of a train backend's log-prob pass: the reference model's
-    (ref.log_prob_*) or the actor's old log-probs (rollout.log_prob_*); None = fixed micro-batches."""
-    arr = cfg.actor_rollout_ref
-    keys = arr.ref if reference else arr.rollout
-    return keys.log_prob_max_token_len_per_gpu if keys.log_prob_use_dynamic_bsz else None

@@ -9,7 +9,7 @@ teacher's top-k must fit vLLM's max_logprobs) defines `check_config(cfg, spec)`:
 any worker starts, exactly when the DAG has such a node (`check_node_rules`), so the rules follow
 the DAG rather than the algorithm's name.
 Users add kinds from modules named in `external_plugins` with `@register_node_kind("name")`;
-the built-in kinds register when `dagrl.nodes` is imported (the trainer's setup does).
+the built-in kinds register when `dagrl.nodes` is imported (on the first `node_kinds()` read).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from dagrl.core.batch import Batch
+from dagrl.registry import load_builtins
 
 if TYPE_CHECKING:
     from dagrl.config.schema import DagrlConfig
@@ -84,5 +85,7 @@ def register_node_kind(name: str):
 
 
 def node_kinds() -> dict[str, type]:
-    """The registered kinds by name (the built-ins once `dagrl.nodes` is imported)."""
+    """The registered kinds by name, the built-ins (dagrl/nodes) and the plugins' included: the
+    built-in parts register on the first read, so nothing above core imports dagrl.nodes for it."""
+    load_builtins()
     return dict(_KINDS)

@@ -9,9 +9,7 @@ from dagrl.console import log
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.rewards import mean_by_source
-from dagrl.rewards.composer import nonfinite_rows
-
-NONFINITE_REWARDS = "train/nonfinite_rewards"
+from dagrl.rewards.composer import NONFINITE_REWARDS, nonfinite_rows
 
 
 def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:

@@ -9,7 +9,7 @@ from dagrl.backends.reward_model import RewardModelBackend  # declares rm_scores
 from dagrl.config.sample_schema import PrmAggregate
 from dagrl.core.batch import Batch, declare_key
 from dagrl.core.node import NodeResult, register_node_kind
-from dagrl.sample.steps import step_ends
+from dagrl.rewards.steps import step_ends
 
 declare_key("prm_scores", "[B] a process reward model's score of each response (its steps aggregated)")
 declare_key("sample_scores", "[B] the sampling pipeline's filter score (rule + orm + prm, weighted)")

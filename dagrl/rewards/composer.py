@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from dagrl.errors import ConfigError, DataError
 from dagrl.rewards.registry import RewardFn, RewardForm, default_reward_name, get_reward, reward_form
 
+NONFINITE_REWARDS = "train/nonfinite_rewards"  # the step metric: rows whose reward was inf/NaN
+
 _SOLUTION_PREVIEW_CHARS = 200
 
 

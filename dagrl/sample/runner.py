@@ -149,15 +149,15 @@ def shard_rows(cfg: DagrlConfig, tokenizer, part, raw_rows, out: Batch) -> tuple
 
 def is_sampling_job(prepared) -> bool:
     """A DAG that runs the `sampler` role is a sampling job (no trainer loop)."""
-    from dagrl.config.roles import ROLE_SAMPLER
+    from dagrl.config.roles import Role
 
-    return ROLE_SAMPLER in prepared.plan.roles
+    return Role.sampler in prepared.plan.roles
 
 
 def run_job(cfg: DagrlConfig, prepared) -> dict[str, float]:
     """Read the prompts, start the pools, sample every missing shard, stop the pools."""
     from dagrl.backends.hf_model import load_tokenizer, resolve_model_path
-    from dagrl.config.roles import ROLE_SAMPLER
+    from dagrl.config.roles import Role
     from dagrl.config.validate import data_files
     from dagrl.core.scheduler import Scheduler
     from dagrl.data.builtin import generate_rows
@@ -165,7 +165,7 @@ def run_job(cfg: DagrlConfig, prepared) -> dict[str, float]:
     from dagrl.trainer.setup import launch, rewarder_for
 
     d = cfg.data
-    sampler_model = resolve_model_path(prepared.plan.specs[ROLE_SAMPLER].model.path)
+    sampler_model = resolve_model_path(prepared.plan.specs[Role.sampler].model.path)
     tokenizer = load_tokenizer(sampler_model, cfg.actor_rollout_ref.model.trust_remote_code)
     common = dict(
         max_prompt_length=d.max_prompt_length,

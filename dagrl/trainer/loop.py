@@ -12,7 +12,7 @@ from dagrl.backends.update_loop import NONFINITE_GRADS, NONFINITE_LOSSES
 from dagrl.config.roles import Role
 from dagrl.core.batch import Batch, left_pad, right_pad
 from dagrl.errors import NonFiniteError
-from dagrl.nodes.reward import NONFINITE_REWARDS
+from dagrl.rewards.composer import NONFINITE_REWARDS
 from dagrl.trainer import checkpoint, interrupt
 from dagrl.trainer.logger import MetricsLogger, log
 from dagrl.trainer.overlap import RolloutAhead

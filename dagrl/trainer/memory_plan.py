@@ -3,7 +3,7 @@
 A step runs in phases (rollout, old log-probs, reference log-probs, teacher, update); in each, one
 role of a colocate group has the device (its weights, gradients, optimizer state and the phase's
 activations and logits, or an engine's pool) while the others keep what their offload policy
-leaves there (backends/*/memory.py estimate each part). A phase's total adds those, plus the CUDA
+leaves there (each backend's registered `estimate`, backends/*/memory.py). A phase's total adds those, plus the CUDA
 context every process pays outside the allocator. The dry run prints the table; a real run
 refuses, before Ray starts, a phase whose total exceeds the card (dagrl/trainer/capacity.py),
 naming the phase and the keys that lower it.
@@ -14,23 +14,17 @@ table has one block per colocate group. CPU groups are not planned.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 
-from dagrl.backends.hf import memory as hf_memory
-from dagrl.backends.megatron import memory as megatron_memory
-from dagrl.backends.memory import GIB, Workload, parts_total
+from dagrl.backends.memory import GIB, RoleMemory, parts_total
 from dagrl.backends.model_shape import ModelShape, read_model_shape
-from dagrl.backends.torch import memory as torch_memory
-from dagrl.backends.vllm import memory as vllm_memory
 from dagrl.config.placement import Plan, RoleLayout
 from dagrl.config.roles import Role, RoleSpec, teacher_model_path
 from dagrl.config.schema import DagrlConfig
+from dagrl.registry import BACKENDS
 
 CONTEXT_BYTES = 1.0 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers: outside the allocator
-
-A, R, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 
 # phase -> the role that has the device, in the order a step runs them
 PHASES = (
@@ -43,18 +37,9 @@ PHASES = (
 
 
 @dataclass
-class RoleMemory:
-    """One role's bytes per device: `active` while it has the device (besides a phase's own
-    transient parts in `phases`), `idle` while a colocated role has it, `host` kept in host memory."""
-
-    active: dict[str, float]
-    idle: dict[str, float]
-    phases: dict[str, dict[str, float]] = field(default_factory=dict)
-    host: float = 0.0
-
-
-@dataclass
 class PhaseRow:
+    """One phase on one group's device: the role that has it, its parts, what the others leave."""
+
     phase: str
     role: str
     parts: dict[str, float]  # the active role's parts (bytes)
@@ -64,6 +49,8 @@ class PhaseRow:
 
 @dataclass
 class GroupMemory:
+    """The phases of one colocate group's devices (its devices carry the same load)."""
+
     group: int
     roles: list[str]
     rows: list[PhaseRow]
@@ -71,6 +58,9 @@ class GroupMemory:
 
 @dataclass
 class MemoryPlan:
+    """The per-device, per-phase table the dry run prints and a real run checks against the card:
+    one `GroupMemory` per GPU group, in bytes."""
+
     card_bytes: float
     card_source: str
     groups: list[GroupMemory]
@@ -156,141 +146,31 @@ def _shapes(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[str | None, M
 def role_memory(
     cfg: DagrlConfig, spec: RoleSpec, layout: RoleLayout, shape: ModelShape, card: float, colocated: int
 ) -> RoleMemory:
-    """A role's footprint per device, by its backend's own estimate."""
-    if spec.backend == "vllm":
-        return _vllm_memory(cfg, spec, shape, card, colocated)
-    if spec.backend == "hf":
-        work = _workload(cfg, spec.micro_batch_size, None, layout.dp)
-        parts = hf_memory.generate_bytes(shape, _width(spec.model.dtype), work)
-        weights = {"weights": parts.pop("weights")}
-        return RoleMemory(weights, {}, {"rollout": parts})  # offload() moves its model to the CPU
-    if spec.backend == "megatron":
-        return _megatron_memory(cfg, spec, layout, shape)
-    if spec.backend == "torch":
-        return _torch_memory(cfg, spec, layout, shape)
-    return RoleMemory({}, {})  # a plugin backend: its own estimate is not known here
+    """A role's footprint per device, by the estimate its backend registered (none: not counted)."""
+    entry = BACKENDS.find(spec.kind, spec.backend)
+    if entry is None or entry.estimate is None:
+        return RoleMemory({}, {})  # a plugin backend that brings no estimate
+    return entry.estimate(cfg, spec, layout, shape, card, colocated)
 
 
-def _vllm_memory(
-    cfg: DagrlConfig, spec: RoleSpec, shape: ModelShape, card: float, colocated: int
-) -> RoleMemory:
-    if spec.kind == Role.teacher:  # standalone: its own devices, never asleep
-        from dagrl.backends.vllm.engine_args import TEACHER_GPU_MEMORY_UTILIZATION
-
-        util = cfg.teacher.engine_kwargs.get("gpu_memory_utilization", TEACHER_GPU_MEMORY_UTILIZATION)
-        pool = vllm_memory.pool_bytes(util, card)
-        return RoleMemory({}, pool, {"teacher": pool})
-    r = cfg.actor_rollout_ref.rollout
-    sleeps = r.free_cache_engine and colocated > 1
-    host = vllm_memory.host_bytes(shape, _width(spec.model.dtype), spec.parallel.tp, r.sleep_level, sleeps)
-    idle = vllm_memory.idle_bytes(r.gpu_memory_utilization, card, sleeps)
-    return RoleMemory({}, idle, {"rollout": vllm_memory.pool_bytes(r.gpu_memory_utilization, card)}, host)
-
-
-def _torch_memory(cfg: DagrlConfig, spec: RoleSpec, layout: RoleLayout, shape: ModelShape) -> RoleMemory:
-    arr, width = cfg.actor_rollout_ref, _width(spec.model.dtype)
-    on_host = spec.trains and arr.actor.optimizer_cpu_offload  # the optimizer step on the host
-    state = torch_memory.state_bytes(shape, width, spec.trains, on_host)
-    kept = torch_memory.between_updates(state, width, on_host)
-    mem = RoleMemory(kept, torch_memory.idle_bytes(kept, spec.offload.params))
-    if on_host:
-        mem.host = shape.params * 16.0  # fp32 master, its gradient, m, v
-    elif spec.offload.params:
-        mem.host = parts_total(kept) - kept.get("grads", 0.0)
-    for phase, work in _forward_phases(cfg, spec, layout.dp).items():
-        mem.phases[phase] = torch_memory.forward_bytes(shape, width, work)
-    if spec.trains:
-        recompute = bool(arr.model.gradient_checkpointing)
-        update = torch_memory.update_bytes(shape, width, update_workload(cfg, layout.dp), recompute)
-        mem.phases["update"] = {k: v for k, v in state.items() if k not in kept} | update
-    return mem
-
-
-def _megatron_memory(cfg: DagrlConfig, spec: RoleSpec, layout: RoleLayout, shape: ModelShape) -> RoleMemory:
-    m = spec.megatron
-    mlayout = megatron_memory.MegatronLayout(
-        tp=layout.tp,
-        pp=layout.pp,
-        cp=layout.cp,
-        dp=layout.dp,
-        ep=m.expert_model_parallel_size,
-        etp=m.expert_tensor_parallel_size or layout.tp,
-        workers=layout.workers,
-        sequence_parallel=m.sequence_parallel,
-    )
-    fraction = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0  # on the host
-    state, host = megatron_memory.state_bytes(
-        shape, mlayout, m.param_dtype, spec.trains, m.use_distributed_optimizer, fraction
-    )
-    idle = megatron_memory.idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
-    mem = RoleMemory(state, idle, host=host + parts_total(state) - parts_total(idle))
-    width = megatron_memory.param_width(m.param_dtype)
-    for phase, work in _forward_phases(cfg, spec, layout.dp).items():
-        mem.phases[phase] = megatron_memory.forward_bytes(shape, width, mlayout, work)
-    if spec.trains:
-        work = update_workload(cfg, layout.dp)
-        mem.phases["update"] = megatron_memory.update_bytes(
-            shape, width, mlayout, work, recompute_layers(m, shape)
-        )
-    return mem
-
-
-def recompute_layers(m, shape: ModelShape) -> int:
-    """Layers per pipeline stage whose activations megatron recomputes (full recompute only;
-    selective recompute saves the attention scores, which flash attention never keeps)."""
-    if getattr(m.recompute_granularity, "value", m.recompute_granularity) != "full":
-        return 0
-    stage = shape.layers // m.pipeline_model_parallel_size
-    if getattr(m.recompute_method, "value", m.recompute_method) == "block":
-        return min(stage, m.recompute_num_layers or stage)
-    return stage
-
-
-# ---- workloads -----------------------------------------------------------------------------------
-
-
-def _seq(cfg: DagrlConfig) -> tuple[int, int]:
-    d = cfg.data
-    return d.max_prompt_length + d.max_response_length, d.max_response_length
-
-
-def _workload(
-    cfg: DagrlConfig, micro_rows: int, budget: int | None, dp: int, rows_per_device=None
-) -> Workload:
-    """The largest forward of a pass: `micro_rows` sequences, or as many whole sequences as the
-    token `budget` holds (at least one), never more than the device's share of the batch."""
-    seq, response = _seq(cfg)
-    if rows_per_device is None:
-        rows_per_device = max(1, cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n // dp)
-    rows = max(1, budget // seq) if budget is not None else micro_rows
-    rows = min(rows, rows_per_device)
-    return Workload(rows, seq, response, math.ceil(rows_per_device / rows))
-
-
-def update_workload(cfg: DagrlConfig, dp: int) -> Workload:
-    a = cfg.actor_rollout_ref.actor
-    mini_rows = max(1, a.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // dp)
-    budget = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
-    return _workload(cfg, a.ppo_micro_batch_size_per_gpu, budget, dp, mini_rows)
-
-
-def _forward_phases(cfg: DagrlConfig, spec: RoleSpec, dp: int) -> dict[str, Workload]:
-    """The forward-only passes a train-backend role runs, with their workloads."""
-    arr = cfg.actor_rollout_ref
-    if spec.kind == Role.train:
-        r = arr.rollout
-        budget = r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None
-        return {"old_logprob": _workload(cfg, r.log_prob_micro_batch_size_per_gpu, budget, dp)}
-    if spec.kind == Role.ref:
-        budget = arr.ref.log_prob_max_token_len_per_gpu if arr.ref.log_prob_use_dynamic_bsz else None
-        return {"ref_logprob": _workload(cfg, arr.ref.log_prob_micro_batch_size_per_gpu, budget, dp)}
-    if spec.kind == Role.teacher:
-        return {"teacher": _workload(cfg, cfg.teacher.log_prob_micro_batch_size_per_gpu, None, dp)}
-    return {}
-
-
-def _width(dtype) -> int:
-    return megatron_memory.param_width(dtype)
+def record_resident_memory(cfg: DagrlConfig, plan: Plan, model_path: str, card_gib: float | None) -> None:
+    """The plan's per-role figures, from the same estimates as the table: `plan.memory_gib` what a
+    role keeps on each of its devices between its turns (weights, gradients and optimizer state
+    its offload policy leaves there, or an engine's share), `plan.offloaded_gib` what it keeps in
+    host memory. Roles whose model shape or estimate is unknown here get no figure."""
+    shapes = _shapes(cfg, plan, model_path)
+    card = (card_gib or 0.0) * GIB  # only engines' pools scale with the card
+    for group in plan.groups:
+        for role in group.roles:
+            spec = plan.specs[role]
+            shape = shapes.get(spec.model.path)
+            entry = BACKENDS.find(spec.kind, spec.backend)
+            if shape is None or entry is None or entry.estimate is None:
+                continue
+            mem = entry.estimate(cfg, spec, plan.roles[role], shape, card, len(group.roles))
+            plan.memory_gib[role] = parts_total(mem.idle) / GIB
+            if mem.host:
+                plan.offloaded_gib[role] = mem.host / GIB
 
 
 # ---- the table -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dagrl.config.placement import Plan
 from dagrl.config.roles import Role
 from dagrl.config.schema import DagrlConfig
 from dagrl.errors import ConfigError
+from dagrl.registry import BACKENDS
 from dagrl.trainer import checkpoint
 
 RAY_CONNECT_TIMEOUT_S = 10.0
@@ -53,24 +54,14 @@ def check_output_dir(value: str) -> str:
     return ancestor
 
 
-def checkpoint_bytes(cfg: DagrlConfig, plan: Plan, params: int) -> tuple[float, str]:
-    """(bytes, how they were counted) of one checkpoint: params × bytes × (1 + optimizer factor).
-
-    torch: HF weights once + every train rank's fp32 AdamW m and v (and fp32 master weights when
-    the params are not fp32: backends/torch/mixed_precision.py).
-    megatron: weights in param_dtype + fp32 m, v (and fp32 master weights when the params are not
-    fp32), stored once (dist_checkpointing deduplicates replicas). save_hf adds the weights again.
-    """
-    arr = cfg.actor_rollout_ref
-    if arr.actor.strategy == "megatron":
-        width = 4 if arr.actor.megatron.param_dtype == "float32" else 2
-        factor = (8 + (0 if width == 4 else 4)) / width
-    else:
-        from dagrl.backends.hf_model import torch_dtype
-
-        width = torch_dtype(arr.model.dtype).itemsize
-        per_rank = (8 + (0 if width == 4 else 4)) / width
-        factor = per_rank * plan.roles[Role.train].workers if Role.train in plan.roles else 0
+def checkpoint_bytes(cfg: DagrlConfig, plan: Plan, params: int) -> tuple[float, str] | None:
+    """(bytes, how they were counted) of one checkpoint: params × bytes × (1 + factor), the bytes
+    and the optimizer factor from the train backend's registered `checkpoint` estimate; save_hf
+    adds the weights again. None when the backend brings no estimate."""
+    entry = BACKENDS.find(Role.train, cfg.actor_rollout_ref.actor.strategy)
+    if entry is None or entry.checkpoint is None:
+        return None
+    width, factor = entry.checkpoint(cfg, plan.specs.get(Role.train), plan.roles.get(Role.train))
     if cfg.trainer.save_hf:
         factor += 1
     how = f"{params / 1e6:.1f}M params × {width} bytes × (1 + {factor:g} optimizer/export factor)"
@@ -78,7 +69,10 @@ def checkpoint_bytes(cfg: DagrlConfig, plan: Plan, params: int) -> tuple[float, 
 
 
 def check_free_space(cfg: DagrlConfig, plan: Plan, params: int, ancestor: str) -> None:
-    need, how = checkpoint_bytes(cfg, plan, params)
+    size = checkpoint_bytes(cfg, plan, params)
+    if size is None:  # a plugin train backend without a checkpoint estimate
+        return
+    need, how = size
     free = shutil.disk_usage(ancestor).free
     if free < need:
         raise ConfigError(

@@ -10,15 +10,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import dagrl.nodes  # noqa: F401  (registers the built-in node kinds)
-import dagrl.objectives  # noqa: F401  (registers the built-in objectives and estimators)
-from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_model_path, torch_dtype
+from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_model_path
 from dagrl.backends.registry import check_backends
-from dagrl.backends.torch.mixed_precision import device_bytes_per_param
 from dagrl.config.enums import SelfTeacher
-from dagrl.config.placement import Plan, RoleLayout, make_plan
+from dagrl.config.placement import Plan, make_plan
 from dagrl.config.roles import build_role_specs
-from dagrl.config.schema import DagrlConfig, MegatronConfig
+from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import (
     check_role_devices,
     data_files,
@@ -31,11 +28,10 @@ from dagrl.config.validate import (
 from dagrl.core.dag import Dag, build_dag, check_node_rules, load_dag_specs, prune_disabled
 from dagrl.core.plugins import load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
-from dagrl.registry import BACKENDS
 from dagrl.rewards import RewardComposer, RewardTerm
-from dagrl.trainer.capacity import check_dataset_size, plan_device_memory
+from dagrl.trainer.capacity import check_dataset_size, device_memory_gib, plan_device_memory
 from dagrl.trainer.logger import check_loggers
-from dagrl.trainer.memory_plan import MemoryPlan, dag_phases
+from dagrl.trainer.memory_plan import MemoryPlan, dag_phases, record_resident_memory
 from dagrl.trainer.preflight import check_run_outside
 
 
@@ -70,7 +66,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     validate_with_plan(cfg, plan)
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
-    plan.memory_gib = estimate_memory_gib(cfg, plan, model_path)
+    record_resident_memory(cfg, plan, model_path, device_memory_gib(cfg)[0])  # the plan's per-role figures
     check_dataset_size(cfg)
     check_loggers([getattr(x, "value", x) for x in cfg.trainer.logger])
     phases = dag_phases(n.kind for n in dag.nodes)
@@ -160,57 +156,6 @@ def validation_dags(roles: set[str], name: str = "validate") -> tuple[Dag, Dag] 
     return build_dag(name, source, first, roles), build_dag(name, source, specs, roles)
 
 
-def estimate_memory_gib(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[str, float]:
-    """GiB per device each role keeps on its GPU for weights, gradients and optimizer state.
-
-    Activations and the KV cache are not included. What megatron's offload flags keep in host
-    memory between phases is left out of the figure and recorded in `plan.offloaded_gib`. A
-    teacher is counted with its own model (weights only, over its TP size) when its directory
-    is local; a plugin role's model is not counted.
-    """
-    params, expert_params = _count_params(cfg, model_path)
-    out = {}
-    for role, layout in plan.roles.items():
-        spec = plan.specs[role]
-        entry = BACKENDS.find(spec.kind, spec.backend)
-        if entry is not None and entry.estimate is not None:  # the backend's own estimate
-            out[role] = max(entry.estimate(cfg, spec, layout).values())  # its peak phase
-            continue
-        if spec.model.path != cfg.actor_rollout_ref.model.path:
-            teacher = _teacher_weights_gib(cfg, spec, layout)
-            if teacher is not None:
-                out[role] = teacher
-            continue
-        width = torch_dtype(spec.model.dtype).itemsize
-        if spec.megatron is not None:
-            gpu, host = _megatron_bytes(
-                spec.megatron, layout, params - expert_params, expert_params, spec.trains
-            )
-            out[role] = gpu / 2**30
-            if host:
-                plan.offloaded_gib[role] = host / 2**30
-        elif spec.trains:
-            per_param = device_bytes_per_param(width, cfg.actor_rollout_ref.actor.optimizer_cpu_offload)
-            out[role] = params / (layout.tp * layout.pp) * per_param / 2**30  # + fp32 masters, Adam m, v
-        else:
-            out[role] = params / (layout.tp * layout.pp) * width / 2**30
-    return out
-
-
-def _teacher_weights_gib(cfg: DagrlConfig, spec, layout: RoleLayout) -> float | None:
-    """GiB of a teacher's weights per device; None for other roles or a model not on this disk."""
-    from dagrl.config.roles import Role
-
-    path = spec.model.path
-    if spec.kind != Role.teacher or path is None:
-        return None
-    path = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        return None
-    params, _ = _count_params(cfg, path)
-    return params / (layout.tp * layout.pp) * torch_dtype(spec.model.dtype).itemsize / 2**30
-
-
 def _count_params(cfg: DagrlConfig, model_path: str) -> tuple[int, int]:
     """(all parameters, those in routed experts), counted on the meta device (nothing is loaded)."""
     import torch
@@ -223,36 +168,6 @@ def _count_params(cfg: DagrlConfig, model_path: str) -> tuple[int, int]:
         named = list(AutoModelForCausalLM.from_config(hf_cfg).named_parameters())
     experts = sum(p.numel() for name, p in named if ".experts." in name)
     return sum(p.numel() for _, p in named), experts
-
-
-def _megatron_bytes(
-    m: MegatronConfig, layout: RoleLayout, dense: int, experts: int, trains: bool
-) -> tuple[float, float]:
-    """(bytes on the GPU, bytes offloaded to host) per device for one megatron role.
-
-    Dense weights split over TP×PP, expert weights over expert-TP×EP×PP. Training adds fp32 main
-    gradients (megatron accumulates grads in fp32) and Adam state: fp32 master weights (not needed
-    when the params are fp32) + m + v, split over the data-parallel ranks by the distributed optimizer.
-    """
-    etp, ep = m.expert_tensor_parallel_size or layout.tp, m.expert_model_parallel_size
-    local_dense, local_experts = dense / (layout.tp * layout.pp), experts / (etp * ep * layout.pp)
-    weights = (local_dense + local_experts) * torch_dtype(m.param_dtype).itemsize
-    if not trains:
-        return (0.0, weights) if m.param_offload else (weights, 0.0)
-    grads = (local_dense + local_experts) * 4
-    master = 0 if m.param_dtype == "float32" else 4  # fp32 master weights
-    # the CPU optimizer keeps Adam's m, v of its share on the host, and the masters too when it is
-    # precision-aware (else the distributed optimizer's fp32 masters stay on the device)
-    share = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0
-    on_host = (8 + (master if m.use_precision_aware_optimizer else 0)) * share
-    if m.use_distributed_optimizer:  # shards over DP×CP, experts over the expert-data-parallel ranks
-        local_dense /= layout.dp * layout.cp
-        local_experts /= layout.workers // (etp * ep * layout.pp)
-    optim = (8 + master - on_host) * (local_dense + local_experts)
-    parts = ((weights, m.param_offload), (grads, m.grad_offload), (optim, m.optimizer_offload))
-    gpu = sum(size for size, offloaded in parts if not offloaded)
-    host = on_host * (local_dense + local_experts)
-    return gpu, host + sum(size for size, offloaded in parts if offloaded)
 
 
 def load_data(cfg: DagrlConfig, model_path: str):

@@ -31,7 +31,7 @@ def torch_backend(*overrides: str):
 
     cfg = compose_config(*SMALL, *overrides)
     resolve_defaults(cfg)
-    return TorchTrainBackend(cfg, ParallelContext(0, 1, torch.device("cpu")))
+    return TorchTrainBackend.from_config(cfg, ParallelContext(0, 1, torch.device("cpu")))
 
 
 def make_batch(backend, rows: int = 8) -> Batch:
@@ -77,12 +77,14 @@ def test_epochs_times_mini_batches_optimizer_steps():
     # 8 rows, mini-batches of 1 prompt × 4 = 4 rows, 2 epochs: 4 optimizer steps, lr of step 0
     backend = torch_backend("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.shuffle=true")
     batch = make_batch(backend)
-    cfg = backend.cfg
-    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 1
-    metrics = run_update(backend, backend.objective, batch, cfg, dp_size=1, step=0)
+    actor = backend.settings.update  # the spec's update section: actor_rollout_ref.actor
+    actor.ppo_mini_batch_size = 1
+    metrics = run_update(
+        backend, backend.objective, batch, backend.settings, backend.spec.seed, dp_size=1, step=0
+    )
     steps = {int(s["step"]) for s in backend.optimizer.state.values()}
     assert steps == {4}
-    optim = cfg.actor_rollout_ref.actor.optim
+    optim = actor.optim
     assert metrics["actor/lr"] == optim.lr / optim.lr_warmup_steps
     assert backend.optimizer.param_groups[0]["lr"] == metrics["actor/lr"]
     assert {"actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"} <= set(metrics)

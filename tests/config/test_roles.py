@@ -6,7 +6,7 @@ import pytest
 
 from dagrl.backends import backend_names, check_backends
 from dagrl.config.placement import format_plan, make_plan
-from dagrl.config.roles import ParallelLayout, build_role_specs
+from dagrl.config.roles import ParallelLayout, Role, build_role_specs
 from dagrl.config.validate import resolve_defaults, validate_roles
 from dagrl.config.validate import validate as _validate
 from dagrl.errors import ConfigError, PlacementError
@@ -199,3 +199,28 @@ def test_user_role_declares_its_own_model_section():
     with pytest.raises(ConfigError) as exc:
         build_role_specs(compose_config("+roles.judge={backend:nope,modle:/x}"), {"judge"})
     assert exc.value.key == "roles.judge.modle" and "model" in str(exc.value)
+
+
+def test_user_role_section_carries_its_layout_and_engine_settings_to_its_spec():
+    cfg = compose_config(
+        "+roles.judge={backend:nope,model:/ckpt/judge,tensor_model_parallel_size:2,engine_kwargs:{port:9}}",
+        "trainer.seed=7",
+        "data.max_response_length=48",
+    )
+    judge = build_role_specs(cfg, {"judge"})["judge"]
+    assert judge.parallel.tp == 2 and judge.engine_kwargs == {"port": 9}
+    assert (judge.seed, judge.lengths.prompt, judge.lengths.response) == (7, cfg.data.max_prompt_length, 48)
+
+
+def test_every_backend_gets_what_it_reads_from_its_spec():
+    """The rollout engine's spec carries its section, seed and limits; a standalone teacher its
+    engine kwargs; sampling roles are members of the one role vocabulary."""
+    cfg = compose_config(
+        "teacher.model=/t", "teacher.placement=standalone", "+teacher.engine_kwargs.max_logprobs=64"
+    )
+    specs = build_role_specs(cfg, {"rollout", "teacher"})
+    rollout, teacher = specs["rollout"], specs["teacher"]
+    assert rollout.rollout is cfg.actor_rollout_ref.rollout and rollout.seed == cfg.trainer.seed
+    assert rollout.lengths.response == cfg.data.max_response_length
+    assert teacher.rollout is None and teacher.engine_kwargs == {"max_logprobs": 64}
+    assert {Role.sampler, Role.orm, Role.prm, Role.rm} <= set(Role) and Role("orm") is Role.orm

@@ -102,7 +102,10 @@ def test_ms_swift_keys_dagrl_cannot_honour_are_refused_naming_them(override, say
 
 def test_rollout_weights_follow_the_trainers_compute_dtype():
     siirl = typed(f"{A}.strategy=megatron", f"{A}.megatron.param_dtype=bfloat16")  # model.dtype: fp32
-    assert rollout_dtype(siirl) == "bfloat16" and llm_kwargs(siirl, "/m")["dtype"] == "bfloat16"
+    assert (
+        rollout_dtype(siirl) == "bfloat16"
+        and llm_kwargs(build_role_specs(siirl, ["rollout"])["rollout"], "/m")["dtype"] == "bfloat16"
+    )
     assert build_role_specs(siirl, ["rollout"])["rollout"].model.dtype == "bfloat16"
     assert rollout_dtype(typed(f"{A}.strategy=megatron", f"{R}.dtype=float32")) == "float32"
     assert rollout_dtype(typed(f"{M}.dtype=float16")) == "float16"

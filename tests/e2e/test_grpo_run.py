@@ -121,7 +121,7 @@ def test_exported_hf_model_reloads_with_identical_logits(tmp_path):
         "actor_rollout_ref.rollout.n=2",
     )
     resolve_defaults(cfg)
-    backend = TorchTrainBackend(cfg, ParallelContext(0, 1, torch.device("cpu")))
+    backend = TorchTrainBackend.from_config(cfg, ParallelContext(0, 1, torch.device("cpu")))
     g = torch.Generator().manual_seed(0)
     batch = Batch(
         {

@@ -119,9 +119,9 @@ def _backend(cfg, forward_only: bool):
 
     ctx = ParallelContext(0, 1, torch.device("cpu"))
     if not forward_only:
-        return TorchTrainBackend(cfg, ctx)
+        return TorchTrainBackend.from_config(cfg, ctx)
     spec = build_role_specs(cfg, {"train", "teacher"})["teacher"]
-    return TorchTrainBackend(cfg, ctx, spec)
+    return TorchTrainBackend.from_config(cfg, ctx, spec)
 
 
 def _response_logits(model, batch: Batch) -> torch.Tensor:

@@ -9,10 +9,12 @@ a test session) changes nothing else:
   the GPU has less free memory than `gpu_memory_utilization` asks for.
 """
 
+from dataclasses import replace
+
 import torch
 
-from dagrl.backends.hf.rollout import HFRolloutBackend
 from dagrl.backends.torch.train import TorchTrainBackend
+from dagrl.registry import BACKENDS
 
 OOM = (
     "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which"
@@ -25,20 +27,30 @@ VLLM = (
 )
 
 _train_step = TorchTrainBackend.train_step
-_rollout_init = HFRolloutBackend.__init__
+_hf = BACKENDS.find("rollout", "hf")  # the rollout backend gets its spec, not the run's name
 
 
 def _failing_train_step(self, batch):
-    if self.cfg.trainer.experiment_name == "fault-oom-update":
+    if getattr(self, "fault", None) == "fault-oom-update":
         raise torch.OutOfMemoryError(OOM)
     return _train_step(self, batch)
 
 
-def _failing_rollout_init(self, cfg, ctx):
+_torch = BACKENDS.find("train", "torch")  # the backend gets its spec, not the run's name: note it
+
+
+def _noting_train_factory(cfg, spec, ctx):
+    backend = _torch.factory(cfg, spec, ctx)
+    backend.fault = cfg.trainer.experiment_name
+    return backend
+
+
+def _failing_rollout_factory(cfg, spec, ctx):
     if cfg.trainer.experiment_name == "fault-vllm-start":
         raise ValueError(VLLM)
-    _rollout_init(self, cfg, ctx)
+    return _hf.factory(cfg, spec, ctx)
 
 
 TorchTrainBackend.train_step = _failing_train_step
-HFRolloutBackend.__init__ = _failing_rollout_init
+BACKENDS.entries[("train", "torch")] = replace(_torch, factory=_noting_train_factory)
+BACKENDS.entries[("rollout", "hf")] = replace(_hf, factory=_failing_rollout_factory)

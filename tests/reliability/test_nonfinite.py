@@ -32,7 +32,9 @@ def test_greedy_rollout_trains_on_finite_logprobs():
     batch = make_batch(backend)
     assert torch.isfinite(batch["old_logprobs"]).all()
     before = _weights(backend.model)
-    metrics = run_update(backend, backend.objective, batch, backend.cfg, dp_size=1, step=0)
+    metrics = run_update(
+        backend, backend.objective, batch, backend.settings, backend.spec.seed, dp_size=1, step=0
+    )
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert metrics[NONFINITE_GRADS] == 0 and metrics[NONFINITE_LOSSES] == 0
     assert any(not torch.equal(a, b) for a, b in zip(before, backend.model.parameters()))
@@ -52,7 +54,9 @@ def test_nan_advantages_skip_the_update_torch():
     batch = make_batch(backend)
     batch = with_nan_advantages(batch)
     before = _weights(backend.model)
-    metrics = run_update(backend, backend.objective, batch, backend.cfg, dp_size=1, step=0)
+    metrics = run_update(
+        backend, backend.objective, batch, backend.settings, backend.spec.seed, dp_size=1, step=0
+    )
     # 8 rows, mini-batches of 2 prompts × 4 = 8 rows: one update, skipped
     assert metrics[NONFINITE_GRADS] == 1 and metrics[NONFINITE_LOSSES] == 1
     assert math.isnan(metrics["actor/grad_norm"])

@@ -48,6 +48,7 @@ def episodes():
     from dagrl.backends.hf import multi_turn as hf_multi_turn
     from dagrl.backends.hf.rollout import HFRolloutBackend
     from dagrl.backends.torch.train import TorchTrainBackend
+    from dagrl.config.roles import role_spec
     from dagrl.config.validate import resolve_defaults, validate
     from dagrl.core.worker import ParallelContext
     from dagrl.data.builtin import generate_rows
@@ -59,7 +60,7 @@ def episodes():
     resolve_defaults(cfg)
     validate(cfg)
     ctx = ParallelContext(0, 1, torch.device("cpu"))
-    rollout = HFRolloutBackend(cfg, ctx)
+    rollout = HFRolloutBackend(role_spec(cfg, "rollout"), ctx)
     recorder = {}
     original = hf_multi_turn.HFTurnSampler
 
@@ -77,7 +78,7 @@ def episodes():
         out, metrics = rollout.generate(batch.select(("prompts", "prompt_mask", "extra_info")), seed=7)
     finally:
         hf_rollout.HFTurnSampler = original
-    trainer = TorchTrainBackend(cfg, ctx)
+    trainer = TorchTrainBackend.from_config(cfg, ctx)
     return cfg, batch, out, metrics, recorder["sampler"], trainer
 
 

@@ -20,7 +20,7 @@ def test_tiny_reward_model_scores_correct_sums_higher():
     from tools.build_tiny_reward_model import make_batch
 
     cfg = compose_config("pipeline=sample", f"sample.orm_model={tiny_reward_model_path()}")
-    backend = RewardModelBackend(cfg, role_spec(cfg, "orm"), ParallelContext(0, 1, torch.device("cpu")))
+    backend = RewardModelBackend(role_spec(cfg, "orm"), ParallelContext(0, 1, torch.device("cpu")))
     tokenizer = load_tokenizer(tiny_reward_model_path())
     p, pm, r, rm, labels = make_batch(tokenizer, split_problems("test"), random.Random(2), 256)
     batch = Batch({"prompts": p, "prompt_mask": pm, "responses": r, "response_mask": rm})

@@ -10,8 +10,8 @@ import torch
 
 from dagrl.config.sample_schema import PrmAggregate, SampleConfig, SampleFilter
 from dagrl.errors import ConfigError
+from dagrl.rewards.steps import step_end_tokens
 from dagrl.sample.filter import kept_indices
-from dagrl.sample.steps import step_end_tokens
 from tests.conftest import compose_config
 
 

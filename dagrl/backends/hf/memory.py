@@ -4,7 +4,7 @@ its model waits in host memory."""
 
 from __future__ import annotations
 
-from dagrl.backends.memory import Workload
+from dagrl.backends.memory import RoleMemory, Workload, param_width, workload
 from dagrl.backends.model_shape import ModelShape
 
 
@@ -15,3 +15,12 @@ def generate_bytes(shape: ModelShape, width: int, work: Workload) -> dict[str, f
         "kv_cache": float(kv_cache),
         "logits": float(4 * work.rows * shape.vocab),
     }
+
+
+def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
+    """The hf backend's registered estimate: weights while it runs, the KV cache and logits of a
+    micro-batch while it generates; offload() moves its model to the CPU between its turns."""
+    work = workload(cfg, spec.micro_batch_size, None, layout.dp)
+    parts = generate_bytes(shape, param_width(spec.model.dtype), work)
+    weights = {"weights": parts.pop("weights")}
+    return RoleMemory(weights, {}, {"rollout": parts})

@@ -17,26 +17,28 @@ import torch
 from dagrl.algos import logprob_temperature
 from dagrl.backends.hf.multi_turn import HFTurnSampler
 from dagrl.backends.hf_model import eos_token_ids, load_causal_lm, load_tokenizer, resolve_model_path
-from dagrl.config.roles import rollout_dtype
+from dagrl.config.roles import RoleSpec
 from dagrl.core.batch import Batch
 from dagrl.rollout.multi_turn import MultiTurnRollout, batch_rows
 
 
 class HFRolloutBackend:
-    def __init__(self, cfg, ctx):
-        self.cfg, self.ctx = cfg, ctx
-        arr = cfg.actor_rollout_ref
-        path = resolve_model_path(arr.model.path)
-        self.model = load_causal_lm(path, rollout_dtype(cfg), ctx.device, arr.model.trust_remote_code).eval()
+    def __init__(self, spec: RoleSpec, ctx):
+        """The spec's model (a distill sampler's is the teacher's) in the spec's dtype, sampling
+        as its `rollout` section says, responses up to `spec.lengths.response` tokens."""
+        assert spec.rollout is not None, f"role {spec.name!r}: a rollout spec carries its rollout section"
+        self.spec, self.ctx, self.settings = spec, ctx, spec.rollout
+        self.max_response = spec.lengths.response
+        path = resolve_model_path(spec.model.path)
+        trust = spec.model.trust_remote_code
+        self.model = load_causal_lm(path, spec.model.dtype, ctx.device, trust).eval()
         self.model.requires_grad_(False)
-        tok = load_tokenizer(path, arr.model.trust_remote_code)
+        tok = load_tokenizer(path, trust)
         self.eos_ids = eos_token_ids(tok, self.model.generation_config)
         self.pad_id = tok.pad_token_id
-        mt = arr.rollout.multi_turn
+        mt = self.settings.multi_turn
         self.multi_turn = (
-            MultiTurnRollout(mt, tok, cfg.data.max_response_length, self.eos_ids, self.pad_id)
-            if mt.enable
-            else None
+            MultiTurnRollout(mt, tok, self.max_response, self.eos_ids, self.pad_id) if mt.enable else None
         )
         self.params = dict(self.model.named_parameters())
         self.params.update(dict(self.model.named_buffers()))
@@ -75,7 +77,7 @@ class HFRolloutBackend:
 
     @torch.no_grad()
     def generate(self, batch: Batch, seed: int, validate: bool = False) -> tuple[Batch, dict]:
-        r = self.cfg.actor_rollout_ref.rollout
+        r = self.settings
         s = r.val_kwargs if validate else r
         greedy = (validate and not r.val_kwargs.do_sample) or s.temperature <= 0
         gen = torch.Generator(device=self.ctx.device).manual_seed(seed * 1000003 + self.ctx.rank)
@@ -92,7 +94,7 @@ class HFRolloutBackend:
             for mb in batch.chunks(r.micro_batch_size_per_gpu)
         ]
         # fixed width: DP shards (and micro-batches) stop at different lengths but must concatenate
-        width = self.cfg.data.max_response_length
+        width = self.max_response
         responses = _pad_right([o[0] for o in outs], self.pad_id, width)
         mask = _pad_right([o[1] for o in outs], 0, width)
         logprobs = _pad_right([o[2] for o in outs], 0.0, width)
@@ -112,7 +114,7 @@ class HFRolloutBackend:
         max_new: int | None = None,
     ):
         dev = self.ctx.device
-        max_new = max_new or self.cfg.data.max_response_length
+        max_new = max_new or self.max_response
         ids, attn = mb["prompts"].to(dev), mb["prompt_mask"].to(dev)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)

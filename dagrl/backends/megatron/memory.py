@@ -22,10 +22,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dagrl.backends.memory import Workload
+from dagrl.backends.memory import (
+    RoleMemory,
+    Workload,
+    forward_phases,
+    param_width,
+    parts_total,
+    update_workload,
+)
 from dagrl.backends.model_shape import ModelShape
-
-_WIDTH = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -40,10 +45,6 @@ class MegatronLayout:
     etp: int = 1
     workers: int = 1
     sequence_parallel: bool = False
-
-
-def param_width(param_dtype) -> int:
-    return _WIDTH[getattr(param_dtype, "value", param_dtype)]
 
 
 def state_bytes(
@@ -120,3 +121,50 @@ def forward_bytes(shape: ModelShape, width: int, layout: MegatronLayout, work: W
     layer = float(layer_activation_bytes(shape, width, layout) * work.tokens)
     logits = float(width * work.tokens / layout.cp * shape.vocab / layout.tp)
     return {"logits": logits} if logits >= layer else {"activations": layer}
+
+
+def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
+    """The megatron backend's registered estimate: a role's footprint per device, per phase."""
+    m = spec.megatron
+    mlayout = MegatronLayout(
+        tp=layout.tp,
+        pp=layout.pp,
+        cp=layout.cp,
+        dp=layout.dp,
+        ep=m.expert_model_parallel_size,
+        etp=m.expert_tensor_parallel_size or layout.tp,
+        workers=layout.workers,
+        sequence_parallel=m.sequence_parallel,
+    )
+    fraction = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0  # on the host
+    state, host = state_bytes(
+        shape, mlayout, m.param_dtype, spec.trains, m.use_distributed_optimizer, fraction
+    )
+    idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
+    mem = RoleMemory(state, idle, host=host + parts_total(state) - parts_total(idle))
+    width = param_width(m.param_dtype)
+    for phase, work in forward_phases(cfg, spec, layout.dp).items():
+        mem.phases[phase] = forward_bytes(shape, width, mlayout, work)
+    if spec.trains:
+        work = update_workload(cfg, layout.dp)
+        mem.phases["update"] = update_bytes(shape, width, mlayout, work, recompute_layers(m, shape))
+    return mem
+
+
+def recompute_layers(m, shape: ModelShape) -> int:
+    """Layers per pipeline stage whose activations megatron recomputes (full recompute only;
+    selective recompute saves the attention scores, which flash attention never keeps)."""
+    if getattr(m.recompute_granularity, "value", m.recompute_granularity) != "full":
+        return 0
+    stage = shape.layers // m.pipeline_model_parallel_size
+    if getattr(m.recompute_method, "value", m.recompute_method) == "block":
+        return min(stage, m.recompute_num_layers or stage)
+    return stage
+
+
+def checkpoint_size(cfg, spec, layout) -> tuple[int, float]:
+    """(bytes per weight, optimizer factor) of one checkpoint: weights in param_dtype + fp32 m, v
+    (and fp32 master weights when the params are not fp32), stored once (dist_checkpointing
+    deduplicates replicas)."""
+    width = 4 if cfg.actor_rollout_ref.actor.megatron.param_dtype == "float32" else 2
+    return width, (8 + (0 if width == 4 else 4)) / width

@@ -25,7 +25,7 @@ from dagrl.config.schema import ActorConfig, MegatronConfig
 
 def optimizer_config(actor: ActorConfig, m: MegatronConfig, dtype: torch.dtype):
     """megatron-core's OptimizerConfig for the actor: AdamW, actor.grad_clip, mixed precision by the
-    params' dtype, and the CPU offload knobs of actor.megatron (validate_precision.py checks them)."""
+    params' dtype, and the CPU offload knobs of actor.megatron (backends/megatron/precision_rules.py checks them)."""
     from megatron.core.optimizer import OptimizerConfig
 
     o = actor.optim

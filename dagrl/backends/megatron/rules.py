@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from dagrl.backends.megatron.precision_rules import check_megatron_precision
 from dagrl.config.placement import Plan
 from dagrl.config.roles import Role
 from dagrl.config.schema import (
@@ -116,6 +117,7 @@ def logprob_kernel_override() -> str | None:
 
 def check_megatron(cfg: DagrlConfig) -> None:
     """Rules of strategy=megatron that need the config and the model's config.json."""
+    check_megatron_precision(cfg)
     logprob_kernel_override()
     hf = _hf_config(cfg)
     arr = cfg.actor_rollout_ref

@@ -39,10 +39,11 @@ from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, 
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import Role, RoleSpec, role_spec
+from dagrl.config.schema import DagrlConfig
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
-from dagrl.core.micro_batches import log_prob_token_budget, micro_batches
+from dagrl.core.micro_batches import micro_batches
 from dagrl.core.packing import PaddingStats, pack_sequences
-from dagrl.objectives import TokenOutputs, build_objective
+from dagrl.objectives import Objective, TokenOutputs, build_objective
 
 
 @dataclass
@@ -67,32 +68,31 @@ class MicroInputs:
 
 
 class MegatronTrainBackend:
-    def __init__(self, cfg, ctx, spec: RoleSpec | None = None):
-        """The model, megatron section, offload policy and log-prob micro-batch come from the
-        role's `spec` (None = the train role's); a spec that does not train builds a forward-only
-        backend (a reference, or a teacher with its own model). `cfg` supplies the update's settings."""
+    def __init__(self, spec: RoleSpec, ctx, objective: Objective | None = None):
+        """Everything comes from the role's `spec`: model, megatron section, offload policy,
+        micro-batches and train settings (`spec.train`); a trained spec takes the `objective` its
+        update minimises. A spec that does not train builds a forward-only backend (a reference,
+        or a teacher with its own model)."""
         from transformers import AutoConfig
 
-        spec = spec or role_spec(cfg, Role.train)
         forward_only = not spec.trains
-        arr = cfg.actor_rollout_ref
-        self.cfg, self.ctx, self.forward_only, self.spec = cfg, ctx, forward_only, spec
-        assert spec.megatron is not None, f"role {spec.name} has no megatron section"
+        self.ctx, self.forward_only, self.spec, self.settings = ctx, forward_only, spec, spec.train
+        assert spec.megatron is not None and spec.train is not None, f"role {spec.name}: no megatron section"
         self.m = spec.megatron
         self.offload_policy = spec.offload
         self._teacher_head = None  # the teacher's output-layer shard (full-vocabulary GKD), lazily
         self.path = resolve_model_path(spec.model.path)
-        self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
+        self.temperature = logprob_temperature(self.settings.temperature)  # 0 (greedy) scores at 1
         self.micro = spec.logprob_micro_batch_size
-        self.budget = log_prob_token_budget(cfg, forward_only)
-        init_parallel(self.m, cfg.trainer.seed)
+        self.budget = self.settings.logprob_token_budget
+        init_parallel(self.m, spec.seed)
         self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=spec.model.trust_remote_code)
         self.dtype = DTYPES[self.m.param_dtype]  # megatron/rules.py checked the name
         self.tcfg = transformer_config(
             self.hf_config, self.m, params_dtype=self.dtype, use_cpu_initialization=ctx.device.type == "cpu"
         )
         self.tcfg.pipeline_dtype = self.dtype
-        self.packing = arr.model.use_remove_padding
+        self.packing = self.settings.packing
         spec = layer_spec_for(
             self.m.layer_spec, self.tcfg, self.packing
         )  # a spec or a vp_stage -> spec callable
@@ -104,12 +104,20 @@ class MegatronTrainBackend:
         start = time.perf_counter()
         load_hf_weights(self.chunks, self.path)
         self.load_s = time.perf_counter() - start
-        self.model, self.optimizer = self._wrap(arr.actor)
-        self.objective = None if forward_only else build_objective(cfg)
+        self.model, self.optimizer = self._wrap(self.settings.update)
+        assert forward_only or objective is not None, "a trained role needs its objective"
+        self.objective = objective
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
         self.offload_freed_gib = 0.0
         self._host = HostStore()  # pinned host copies of the params' storages, reused
         self._resident = True  # False between offload() and onload()
+
+    @classmethod
+    def from_config(cls, cfg: DagrlConfig, ctx, spec: RoleSpec | None = None) -> MegatronTrainBackend:
+        """The registry's factory (and tests'): the role's spec (None = the train role's) and, for a
+        trained role, the objective `algorithm.name` registered; nothing below reads `cfg`."""
+        spec = spec or role_spec(cfg, Role.train)
+        return cls(spec, ctx, build_objective(cfg) if spec.trains else None)
 
     def _wrap(self, actor):
         """megatron DDP + optimizer for the actor; the reference stays a bare forward-only model.
@@ -365,10 +373,7 @@ class MegatronTrainBackend:
             return hidden.new_zeros(()), per_micro(mi, hidden)
 
         start = teacher_phase_start(self.ctx.device)
-        micros = [
-            self._micro_inputs(mb, 1.0)
-            for mb in batch.chunks(self.cfg.teacher.log_prob_micro_batch_size_per_gpu)
-        ]
+        micros = [self._micro_inputs(mb, 1.0) for mb in batch.chunks(self.settings.teacher_micro_batch_size)]
         with distill_steps.hidden_instead_of_logits(self.chunks, self.m.sequence_parallel):
             outputs = self._run_schedule(micros, loss_fn, forward_only=True)
         metrics = teacher_metrics(start, self.ctx.device, self.offload_freed_gib)
@@ -392,7 +397,7 @@ class MegatronTrainBackend:
         cuda = self.ctx.device.type == "cuda"
         allocated = device_memory.phase_start() if cuda else 0
         start = time.perf_counter()
-        metrics = run_update(self, self.objective, batch, self.cfg, dp_size, self.steps)
+        metrics = run_update(self, self.objective, batch, self.settings, self.spec.seed, dp_size, self.steps)
         self.steps += 1
         metrics.update(self._throughput("update", self._step_micros, time.perf_counter() - start, 3))
         metrics.update(_padding_stats(self._step_micros).metrics())
@@ -455,7 +460,7 @@ class MegatronTrainBackend:
         if self._teacher_head is None:
             self._teacher_head = distill_steps.teacher_head_shard(
                 self.objective.request.full_vocab.teacher_model,
-                self.cfg.actor_rollout_ref.model.trust_remote_code,
+                self.spec.model.trust_remote_code,
                 logits.shape[-1],
                 dtype,
                 logits.device,
@@ -465,7 +470,7 @@ class MegatronTrainBackend:
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """Full HF-named tensors on every rank (a collective over TP/PP/EP), in buckets."""
-        limit = self.cfg.actor_rollout_ref.rollout.weight_sync_bucket_mb * 2**20
+        limit = self.settings.weight_sync_bucket_mb * 2**20
         return weight_buckets(export_hf_weights(self.chunks, self.hf_config), limit, to_cpu)
 
     def save(self, path: str) -> None:

@@ -18,7 +18,14 @@ dtype exist only during the update when fp32 masters (or the host step) take the
 
 from __future__ import annotations
 
-from dagrl.backends.memory import Workload
+from dagrl.backends.memory import (
+    RoleMemory,
+    Workload,
+    forward_phases,
+    param_width,
+    parts_total,
+    update_workload,
+)
 from dagrl.backends.model_shape import ModelShape
 
 
@@ -79,3 +86,34 @@ def forward_bytes(shape: ModelShape, width: int, work: Workload) -> dict[str, fl
     layer = float(layer_activation_bytes(shape, width) * work.tokens)
     logits = float(width * work.rows * (work.response + 1) * shape.vocab)
     return {"logits": logits} if logits >= layer else {"activations": layer}
+
+
+def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
+    """The torch backend's registered estimate: a role's footprint per device, per phase."""
+    arr, width = cfg.actor_rollout_ref, param_width(spec.model.dtype)
+    on_host = spec.trains and arr.actor.optimizer_cpu_offload  # the optimizer step on the host
+    state = state_bytes(shape, width, spec.trains, on_host)
+    kept = between_updates(state, width, on_host)
+    mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params))
+    if on_host:
+        mem.host = shape.params * 16.0  # fp32 master, its gradient, m, v
+    elif spec.offload.params:
+        mem.host = parts_total(kept) - kept.get("grads", 0.0)
+    for phase, work in forward_phases(cfg, spec, layout.dp).items():
+        mem.phases[phase] = forward_bytes(shape, width, work)
+    if spec.trains:
+        recompute = bool(arr.model.gradient_checkpointing)
+        update = update_bytes(shape, width, update_workload(cfg, layout.dp), recompute)
+        mem.phases["update"] = {k: v for k, v in state.items() if k not in kept} | update
+    return mem
+
+
+def checkpoint_size(cfg, spec, layout) -> tuple[int, float]:
+    """(bytes per weight, optimizer factor) of one checkpoint: HF weights once + every train rank's
+    fp32 AdamW m and v (and fp32 master weights when the params are not fp32:
+    backends/torch/mixed_precision.py)."""
+    from dagrl.backends.hf_model import torch_dtype
+
+    width = torch_dtype(cfg.actor_rollout_ref.model.dtype).itemsize
+    per_rank = (8 + (0 if width == 4 else 4)) / width
+    return width, per_rank * layout.workers if layout is not None else 0

@@ -34,48 +34,61 @@ from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, 
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import Role, RoleSpec, role_spec
+from dagrl.config.schema import DagrlConfig
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
-from dagrl.core.micro_batches import log_prob_token_budget, micro_batches
+from dagrl.core.micro_batches import micro_batches
 from dagrl.core.packing import PaddingStats, sequence_lengths
-from dagrl.objectives import TokenOutputs, TokenRequest, build_objective
+from dagrl.objectives import Objective, TokenOutputs, TokenRequest, build_objective
 
 
 class TorchTrainBackend:
-    def __init__(self, cfg, ctx, spec: RoleSpec | None = None):
-        """The model, dtype, offload policy and log-prob micro-batch come from the role's `spec`
-        (None = the train role's); a spec that does not train builds a forward-only backend (a
-        reference, or a teacher with its own model). `cfg` supplies the update's settings."""
-        spec = spec or role_spec(cfg, Role.train)
+    def __init__(self, spec: RoleSpec, ctx, objective: Objective | None = None):
+        """Everything comes from the role's `spec`: model, dtype, offload policy, micro-batches and
+        the train settings (`spec.train`: packing, token budget, the update's section); a trained
+        spec takes the `objective` its update minimises. A spec that does not train builds a
+        forward-only backend (a reference, or a teacher with its own model)."""
+        assert spec.train is not None, (
+            f"role {spec.name!r}: a train backend's spec carries its train settings"
+        )
         forward_only = not spec.trains
-        self.cfg, self.ctx, self.forward_only, self.spec = cfg, ctx, forward_only, spec
+        assert forward_only or objective is not None, "a trained role needs its objective"
+        self.ctx, self.forward_only, self.spec, self.settings = ctx, forward_only, spec, spec.train
         self.offload_params = spec.offload.params
         self.offload_freed_gib = 0.0
         self._host = HostStore()  # where offload() keeps the state between turns (pinned, reused)
         self._teacher_head: tuple[torch.Tensor, torch.Tensor | None] | None = None  # full-vocab GKD
-        arr = cfg.actor_rollout_ref
+        settings = spec.train
         self.path = resolve_model_path(spec.model.path)
-        torch.manual_seed(cfg.trainer.seed)
+        torch.manual_seed(spec.seed)
         self.model = load_causal_lm(self.path, spec.model.dtype, ctx.device, spec.model.trust_remote_code)
-        self.temperature = logprob_temperature(arr.rollout.temperature)  # 0 (greedy) scores at 1
-        self.packing = arr.model.use_remove_padding
+        self.temperature = logprob_temperature(settings.temperature)  # 0 (greedy) scores at 1
+        self.packing = settings.packing
         self.padding = PaddingStats()  # token counts of this step's update, for the perf metrics
         self.optimizer = None
         self.ddp = None
         self.steps = 0  # updates done: the LR schedule's and the shuffle's position
-        self.budget = log_prob_token_budget(cfg, forward_only)
+        self.budget = settings.logprob_token_budget
         self.micro = spec.logprob_micro_batch_size
         if forward_only:
             self.model.eval().requires_grad_(False)
             return
-        if arr.model.gradient_checkpointing:
+        if settings.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.objective = build_objective(cfg)
+        self.objective = objective
         # bf16 weights compute, fp32 masters and Adam state update them (mixed_precision.py)
-        host = torch.device("cpu") if arr.actor.optimizer_cpu_offload else None
-        self.optimizer = MasterWeightsAdamW(list(self.model.parameters()), arr.actor.optim, host)
+        update = settings.update
+        host = torch.device("cpu") if update.optimizer_cpu_offload else None
+        self.optimizer = MasterWeightsAdamW(list(self.model.parameters()), update.optim, host)
         if ctx.distributed:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+
+    @classmethod
+    def from_config(cls, cfg: DagrlConfig, ctx, spec: RoleSpec | None = None) -> TorchTrainBackend:
+        """The registry's factory (and tests'): the role's spec (None = the train role's) and, for a
+        trained role, the objective `algorithm.name` registered; nothing below reads `cfg`."""
+        spec = spec or role_spec(cfg, Role.train)
+        return cls(spec, ctx, build_objective(cfg) if spec.trains else None)
 
     # ---- placement -----------------------------------------------------------------------------
     def dp_info(self) -> tuple[int, int, bool]:
@@ -216,7 +229,7 @@ class TorchTrainBackend:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The teacher's output layer, read from its checkpoint once and kept on the device (frozen)."""
         if self._teacher_head is None:
-            weight, bias = load_output_layer(path, self.cfg.actor_rollout_ref.model.trust_remote_code)
+            weight, bias = load_output_layer(path, self.spec.model.trust_remote_code)
             self._teacher_head = tuple(
                 None if t is None else t.to(self.ctx.device, dtype) for t in (weight, bias)
             )
@@ -238,7 +251,7 @@ class TorchTrainBackend:
         predict each response token, padding included), one teacher micro-batch at a time."""
         self.model.eval()
         dev = self.ctx.device
-        for mb in batch.chunks(self.cfg.teacher.log_prob_micro_batch_size_per_gpu):
+        for mb in batch.chunks(self.settings.teacher_micro_batch_size):
             ids, attn, pos = sequence_inputs(
                 *(
                     t.to(dev)
@@ -285,7 +298,9 @@ class TorchTrainBackend:
         self.padding = PaddingStats()
         cuda = self.ctx.device.type == "cuda"
         allocated = device_memory.phase_start() if cuda else 0
-        metrics = run_update(self, self.objective, batch, self.cfg, self.ctx.world_size, self.steps)
+        metrics = run_update(
+            self, self.objective, batch, self.settings, self.spec.seed, self.ctx.world_size, self.steps
+        )
         self.steps += 1
         metrics.update(self.padding.metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
@@ -314,11 +329,11 @@ class TorchTrainBackend:
 
     def optimizer_step(self) -> torch.Tensor:
         """Clip and step on the fp32 masters; skipped (weights unchanged) on inf/nan gradients."""
-        return self.optimizer.step(self.cfg.actor_rollout_ref.actor.grad_clip)
+        return self.optimizer.step(self.settings.update.grad_clip)
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
-        limit = self.cfg.actor_rollout_ref.rollout.weight_sync_bucket_mb * 2**20
+        limit = self.settings.weight_sync_bucket_mb * 2**20
         return weight_buckets(self.model.state_dict().items(), limit, to_cpu)
 
     def save(self, path: str) -> None:

@@ -1,5 +1,9 @@
-"""From dagrl's rollout settings to vLLM's engine and sampling arguments. Pure: no vLLM import, so
-the name mapping and its rules are tested on machines without a GPU."""
+"""From a role's spec to vLLM's engine and sampling arguments. Pure: no vLLM import, so the name
+mapping and its rules are tested on machines without a GPU.
+
+The rollout engine reads its spec's model, parallel layout, seed, sequence limits and `rollout`
+section (actor_rollout_ref.rollout.*, decoded once by dagrl/config/roles.py); the standalone
+teacher its spec's model, layout and `engine_kwargs` (teacher.engine_kwargs)."""
 
 from __future__ import annotations
 
@@ -41,36 +45,32 @@ _VLLM_DTYPES = {
 }
 
 
-def max_model_len(cfg) -> int:
+def max_model_len(spec) -> int:
     """The engine's context: rollout.max_model_len, or prompt + response length."""
-    r, d = cfg.actor_rollout_ref.rollout, cfg.data
-    return r.max_model_len or d.max_prompt_length + d.max_response_length
+    return spec.rollout.max_model_len or spec.lengths.total
 
 
-def llm_kwargs(cfg, model_path: str) -> dict[str, Any]:
+def llm_kwargs(spec, model_path: str) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for this config.
 
     One engine shard lives in each rollout worker process (`external_launcher`): vLLM reuses the
     pool's process group, consecutive ranks form its TP groups, and every TP group is an
     independent data-parallel replica that receives its own share of the prompts.
     """
-    from dagrl.config.roles import rollout_dtype
-
-    arr = cfg.actor_rollout_ref
-    r = arr.rollout
+    r = spec.rollout
     kwargs: dict[str, Any] = dict(
         model=model_path,
-        dtype=_VLLM_DTYPES[rollout_dtype(cfg)],
-        trust_remote_code=arr.model.trust_remote_code,
-        tensor_parallel_size=r.tensor_model_parallel_size,
+        dtype=_VLLM_DTYPES[spec.model.dtype],
+        trust_remote_code=spec.model.trust_remote_code,
+        tensor_parallel_size=spec.parallel.tp,
         gpu_memory_utilization=r.gpu_memory_utilization,
-        max_model_len=max_model_len(cfg),
+        max_model_len=max_model_len(spec),
         enforce_eager=r.enforce_eager,
         enable_chunked_prefill=r.enable_chunked_prefill,
         enable_prefix_caching=r.enable_prefix_caching,
         load_format=r.load_format,
         enable_sleep_mode=r.free_cache_engine,
-        seed=cfg.trainer.seed,
+        seed=spec.seed,
         distributed_executor_backend="external_launcher",
         logprobs_mode="processed_logprobs",
         skip_tokenizer_init=True,
@@ -87,13 +87,13 @@ def llm_kwargs(cfg, model_path: str) -> dict[str, Any]:
     return kwargs
 
 
-def sampling_kwargs(cfg, eos_ids: list[int], validate: bool) -> dict[str, Any]:
+def sampling_kwargs(spec, eos_ids: list[int], validate: bool) -> dict[str, Any]:
     """Keyword arguments of `vllm.SamplingParams` for one response per request.
 
     Greedy (val_kwargs.do_sample=false, or temperature 0) is temperature 0 in vLLM. EOS ids are
     given explicitly because the engine runs without a tokenizer.
     """
-    r = cfg.actor_rollout_ref.rollout
+    r = spec.rollout
     s = r.val_kwargs if validate else r
     greedy = (validate and not r.val_kwargs.do_sample) or s.temperature <= 0
     kwargs: dict[str, Any] = dict(
@@ -101,7 +101,7 @@ def sampling_kwargs(cfg, eos_ids: list[int], validate: bool) -> dict[str, Any]:
         temperature=0.0 if greedy else s.temperature,
         top_p=1.0 if greedy else s.top_p,
         top_k=0 if greedy or s.top_k <= 0 else s.top_k,
-        max_tokens=cfg.data.max_response_length,
+        max_tokens=spec.lengths.response,
         stop_token_ids=list(eos_ids),
         ignore_eos=r.ignore_eos,
         detokenize=False,
@@ -132,36 +132,35 @@ VLLM_DEFAULT_MAX_LOGPROBS = 20  # vllm.config.ModelConfig.max_logprobs: caps pro
 TEACHER_GPU_MEMORY_UTILIZATION = 0.85  # the teacher's GPUs hold nothing else
 
 
-def teacher_max_model_len(cfg) -> int:
+def teacher_max_model_len(prompt_length: int, response_length: int) -> int:
     """The teacher's context: prompt + response + the one token vLLM samples after them."""
-    return cfg.data.max_prompt_length + cfg.data.max_response_length + 1
+    return prompt_length + response_length + 1
 
 
-def teacher_llm_kwargs(cfg, model_path: str, dtype: str) -> dict[str, Any]:
+def teacher_llm_kwargs(spec, model_path: str) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for a standalone teacher replica shard.
 
     Same process layout as the rollout (`external_launcher`, consecutive ranks form a TP group,
     each TP group a data-parallel replica). The teacher only scores: no sleep mode, no prefix
     cache (prompt log-probs recompute every position anyway); teacher.engine_kwargs go last.
     """
-    t = cfg.teacher
     kwargs: dict[str, Any] = dict(
         model=model_path,
-        dtype=_VLLM_DTYPES[dtype],
-        trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-        tensor_parallel_size=t.tensor_model_parallel_size,
+        dtype=_VLLM_DTYPES[spec.model.dtype],
+        trust_remote_code=spec.model.trust_remote_code,
+        tensor_parallel_size=spec.parallel.tp,
         gpu_memory_utilization=TEACHER_GPU_MEMORY_UTILIZATION,
-        max_model_len=teacher_max_model_len(cfg),
+        max_model_len=teacher_max_model_len(spec.lengths.prompt, spec.lengths.response),
         enable_prefix_caching=False,
         enable_sleep_mode=False,
-        seed=cfg.trainer.seed,
+        seed=spec.seed,
         distributed_executor_backend="external_launcher",
         logprobs_mode="raw_logprobs",
         skip_tokenizer_init=True,
         generation_config="vllm",
         disable_custom_all_reduce=True,
     )
-    kwargs.update(t.engine_kwargs)
+    kwargs.update(spec.engine_kwargs)
     return kwargs
 
 

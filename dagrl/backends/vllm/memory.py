@@ -10,7 +10,9 @@ pools, the sampler's buffers) is taken as ASLEEP_RESIDUE_BYTES until measured ot
 
 from __future__ import annotations
 
+from dagrl.backends.memory import RoleMemory, param_width
 from dagrl.backends.model_shape import ModelShape
+from dagrl.backends.vllm.engine_args import TEACHER_GPU_MEMORY_UTILIZATION
 
 ASLEEP_RESIDUE_BYTES = 0.5 * 2**30
 
@@ -30,3 +32,20 @@ def idle_bytes(utilization: float, card_bytes: float, sleeps: bool) -> dict[str,
 def host_bytes(shape: ModelShape, width: int, tp: int, sleep_level: int, sleeps: bool) -> float:
     """Host memory an asleep engine keeps (level 1: its weight shard)."""
     return shape.params * width / tp if sleeps and sleep_level == 1 else 0.0
+
+
+def rollout_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
+    """The vllm rollout's registered estimate: its pool while it samples; asleep (colocated, with
+    free_cache_engine) a residue on the device and, at level 1, its weight shard on the host."""
+    r = spec.rollout
+    sleeps = r.free_cache_engine and colocated > 1
+    host = host_bytes(shape, param_width(spec.model.dtype), spec.parallel.tp, r.sleep_level, sleeps)
+    idle = idle_bytes(r.gpu_memory_utilization, card, sleeps)
+    return RoleMemory({}, idle, {"rollout": pool_bytes(r.gpu_memory_utilization, card)}, host)
+
+
+def teacher_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
+    """The standalone teacher's registered estimate: its own devices, never asleep."""
+    util = spec.engine_kwargs.get("gpu_memory_utilization", TEACHER_GPU_MEMORY_UTILIZATION)
+    pool = pool_bytes(util, card)
+    return RoleMemory({}, pool, {"teacher": pool})

@@ -24,6 +24,7 @@ from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
 from dagrl.backends.vllm.engine import start_engine
 from dagrl.backends.vllm.engine_args import llm_kwargs, sampling_kwargs
 from dagrl.backends.vllm.multi_turn import VLLMStepSampler
+from dagrl.config.roles import RoleSpec
 from dagrl.core.batch import Batch
 from dagrl.rollout.multi_turn import MultiTurnRollout, batch_rows
 
@@ -40,21 +41,22 @@ def _free_gib() -> float:
 
 
 class VLLMRolloutBackend:
-    def __init__(self, cfg, ctx):
+    def __init__(self, spec: RoleSpec, ctx):
+        """One engine shard of the spec's model, set up from the spec's `rollout` section
+        (engine_args.py); a TP group of `spec.parallel.tp` workers is one replica."""
         assert ctx.device.type == "cuda", "validate refuses rollout.name=vllm off the GPU"
-        self.cfg, self.ctx = cfg, ctx
-        arr = cfg.actor_rollout_ref
-        self.tp = arr.rollout.tensor_model_parallel_size
-        path = resolve_model_path(arr.model.path)
-        tok = load_tokenizer(path, arr.model.trust_remote_code)
+        assert spec.rollout is not None, f"role {spec.name!r}: a rollout spec carries its rollout section"
+        self.spec, self.ctx, self.settings = spec, ctx, spec.rollout
+        self.tp = spec.parallel.tp
+        path = resolve_model_path(spec.model.path)
+        trust = spec.model.trust_remote_code
+        tok = load_tokenizer(path, trust)
         self.pad_id = tok.pad_token_id
-        self.eos_ids = eos_token_ids(tok, load_generation_config(path, arr.model.trust_remote_code))
-        self.llm, self.model, self.start_s = start_engine(llm_kwargs(cfg, path), ctx.rank, ctx.world_size)
-        mt = arr.rollout.multi_turn
+        self.eos_ids = eos_token_ids(tok, load_generation_config(path, trust))
+        self.llm, self.model, self.start_s = start_engine(llm_kwargs(spec, path), ctx.rank, ctx.world_size)
+        mt = self.settings.multi_turn
         self.multi_turn = (
-            MultiTurnRollout(mt, tok, cfg.data.max_response_length, self.eos_ids, self.pad_id)
-            if mt.enable
-            else None
+            MultiTurnRollout(mt, tok, spec.lengths.response, self.eos_ids, self.pad_id) if mt.enable else None
         )
         self.asleep = False
         self.synced = False  # weights loaded by a sync since the start (level 2 may drop them then)
@@ -67,13 +69,13 @@ class VLLMRolloutBackend:
 
     def offload(self) -> bool:
         """Hand the GPU to a colocated role: free the KV cache and the weights (sleep_level)."""
-        if not self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+        if not self.settings.free_cache_engine:
             return False
         if not self.asleep:
             # level 2 drops the weights for the next sync to refill; before the first sync (the
             # engine sleeps right after it starts, and validation before training samples without
             # a sync) only level 1 keeps them
-            level = self.cfg.actor_rollout_ref.rollout.sleep_level if self.synced else 1
+            level = self.settings.sleep_level if self.synced else 1
             self.llm.sleep(level=level)
             self.asleep = True
             self.memory["memory/rollout_asleep_free_gib"] = _free_gib()
@@ -123,7 +125,7 @@ class VLLMRolloutBackend:
         from vllm.inputs import TokensPrompt
 
         self.onload()  # generating while (partly) asleep would wait forever
-        kwargs = sampling_kwargs(self.cfg, self.eos_ids, validate)
+        kwargs = sampling_kwargs(self.spec, self.eos_ids, validate)
         if self.multi_turn is not None:
             return self._episodes(batch, kwargs, request_seed_base(seed, self.ctx.rank // self.tp))
         prompts = [
@@ -141,10 +143,10 @@ class VLLMRolloutBackend:
         metrics = {"rollout/device_memory_used_gib": device_memory.note_phase_end()}
         samples = [o.outputs[0] for o in outputs]
         logprobs = None
-        if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        if self.settings.calculate_log_probs:
             logprobs = [s.logprobs.logprobs for s in samples]  # FlatLogprobs: one per sampled token
         responses, mask, rollout_logprobs = responses_to_tensors(
-            [s.token_ids for s in samples], logprobs, self.cfg.data.max_response_length, self.pad_id
+            [s.token_ids for s in samples], logprobs, self.spec.lengths.response, self.pad_id
         )
         tokens = int(mask.sum())
         metrics.update({"rollout/tokens_per_s": tokens / max(seconds, 1e-9), "rollout/generate_s": seconds})

@@ -38,6 +38,13 @@ def check_vllm_rollout(cfg: DagrlConfig) -> None:
                 r.engine_kwargs.vllm[key],
                 f"dagrl sets this engine argument itself; use {RESERVED_ENGINE_KWARGS[key]}",
             )
+    if r.multi_turn.enable and r.tensor_model_parallel_size > 1:
+        raise ConfigError(
+            f"{R}.tensor_model_parallel_size",
+            r.tensor_model_parallel_size,
+            "multi-turn episodes on vLLM run one engine per GPU for now: each TP rank would have to see "
+            "the same tool results in the same order; use 1 (more replicas) with multi_turn.enable=true",
+        )
     if r.load_format == "dummy" and cfg.trainer.val_before_train:
         raise ConfigError(
             f"{R}.load_format",
@@ -78,7 +85,7 @@ def check_standalone_engine(cfg: DagrlConfig) -> None:
                 value,
                 f"dagrl sets this itself; use {TEACHER_RESERVED_ENGINE_KWARGS[key]}",
             )
-    needed = teacher_max_model_len(cfg)
+    needed = teacher_max_model_len(cfg.data.max_prompt_length, cfg.data.max_response_length)
     context = t.engine_kwargs.get("max_model_len", needed)
     if context < needed:
         raise ConfigError(

@@ -23,6 +23,7 @@ from dagrl.backends.hf_model import resolve_model_path
 from dagrl.backends.vllm.convert import prompt_logprobs_to_topk, teacher_request_ids
 from dagrl.backends.vllm.engine import start_engine
 from dagrl.backends.vllm.engine_args import teacher_llm_kwargs, teacher_sampling_kwargs
+from dagrl.config.roles import RoleSpec
 from dagrl.core.batch import Batch
 
 
@@ -34,12 +35,14 @@ def scoring_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class VLLMTeacherBackend:
-    def __init__(self, cfg, spec, ctx):
+    def __init__(self, spec: RoleSpec, ctx):
+        """Replica shards of the teacher's model: its spec's dtype, TP size, sequence limits and
+        engine_kwargs (teacher.engine_kwargs)."""
         assert ctx.device.type == "cuda", "validate refuses a standalone teacher off the GPU"
-        self.cfg, self.ctx = cfg, ctx
+        self.spec, self.ctx = spec, ctx
         self.tp = spec.parallel.tp
         path = resolve_model_path(spec.model.path)
-        kwargs = teacher_llm_kwargs(cfg, path, spec.model.dtype)
+        kwargs = teacher_llm_kwargs(spec, path)
         self.llm, self.model, self.start_s = start_engine(kwargs, ctx.rank, ctx.world_size)
         # vLLM's LogitsProcessor multiplies the logits by `scale` (1.0 for Qwen/Llama) before
         # any log-probs are taken, prompt log-probs included

@@ -54,8 +54,8 @@ def _torch_reference(batch: Batch) -> dict:
     for mode in MODES:
         cfg = gkd_config(mode)
         spec = role_spec(cfg, "teacher")
-        teacher = TorchTrainBackend(cfg, ctx, spec)
-        student = TorchTrainBackend(cfg, ctx)
+        teacher = TorchTrainBackend.from_config(cfg, ctx, spec)
+        student = TorchTrainBackend.from_config(cfg, ctx)
         scored = _teacher_outputs(teacher, batch, mode)
         _, metrics = student.train_step(batch.union(scored))
         out[mode] = {"teacher": scored, "metrics": metrics, "weights": _weights(student)}
@@ -76,8 +76,8 @@ def _gkd_rank(rank: int, world: int, overrides: tuple[str, ...], batch: Batch) -
         megatron = ("actor_rollout_ref.actor.strategy=megatron", f"{M}.param_dtype=float32")
         cfg = gkd_config(mode, *megatron, "teacher.offload=true", *overrides)
         spec = role_spec(cfg, "teacher")
-        teacher = MegatronTrainBackend(cfg, ctx, spec)
-        student = MegatronTrainBackend(cfg, ctx)
+        teacher = MegatronTrainBackend.from_config(cfg, ctx, spec)
+        student = MegatronTrainBackend.from_config(cfg, ctx)
         returns = student.dp_info()[2]
         scored = _teacher_outputs(teacher, batch, mode)
         _, metrics = student.train_step(batch.union(scored))

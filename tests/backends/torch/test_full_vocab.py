@@ -85,8 +85,8 @@ def test_full_vocab_gkd_equals_unchunked_reference(models, beta, monkeypatch):
     monkeypatch.setattr(distillation, "_CHUNK_ELEMENTS", 3 * VOCAB)  # 3 tokens per chunk: 4 chunks
     ctx = ParallelContext(0, 1, torch.device("cpu"))
     spec = build_role_specs(cfg, {"train", "teacher"})["teacher"]
-    teacher = TorchTrainBackend(cfg, ctx, spec)
-    student = TorchTrainBackend(cfg, ctx)
+    teacher = TorchTrainBackend.from_config(cfg, ctx, spec)
+    student = TorchTrainBackend.from_config(cfg, ctx)
     b = batch()
     out, metrics = teacher.teacher_hidden(b)
     assert out["teacher_hidden"].shape == (3, 4, 24) and metrics["timing_s/teacher_forward"] > 0

@@ -87,8 +87,10 @@ def test_offload_moves_the_masters_and_forward_only_roles_have_none(bf16_update)
     moved = {id(t) for t in backend._state_tensors()}
     assert all(id(m) in moved for m in backend.optimizer.masters)
     assert all(id(v) in moved for s in backend.optimizer.state.values() for k, v in s.items() if k != "step")
-    from dagrl.backends.torch.train import TorchTrainBackend
-    from dagrl.config.roles import role_spec
+    from dataclasses import replace
 
-    ref = TorchTrainBackend(backend.cfg, backend.ctx, role_spec(backend.cfg, "ref"))
+    from dagrl.backends.torch.train import TorchTrainBackend
+
+    ref_spec = replace(backend.spec, name="ref", kind="ref", trains=False)
+    ref = TorchTrainBackend(replace(ref_spec, train=replace(backend.settings, update=None)), backend.ctx)
     assert ref.optimizer is None and not any(p.requires_grad for p in ref.model.parameters())

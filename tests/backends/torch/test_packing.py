@@ -81,7 +81,7 @@ def backend(model_dir: str, packing: bool, *overrides: str):
         "trainer.device=cpu",
         *overrides,
     )
-    return TorchTrainBackend(cfg, ParallelContext(0, 1, torch.device("cpu")))
+    return TorchTrainBackend.from_config(cfg, ParallelContext(0, 1, torch.device("cpu")))
 
 
 def outputs_and_grads(be, batch: Batch):

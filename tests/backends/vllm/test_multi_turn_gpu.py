@@ -19,6 +19,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from dagrl.backends.torch.train import TorchTrainBackend  # noqa: E402
 from dagrl.backends.vllm.rollout import VLLMRolloutBackend  # noqa: E402
+from dagrl.config.roles import role_spec  # noqa: E402
 from dagrl.core.plugins import load_plugins  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from tests.conftest import compose_config  # noqa: E402
@@ -44,7 +45,10 @@ def setup():
         "data.max_response_length=48",
     )
     load_plugins(cfg.external_plugins)
-    rollout, trainer = VLLMRolloutBackend(cfg, CTX), TorchTrainBackend(cfg, CTX)
+    rollout, trainer = (
+        VLLMRolloutBackend(role_spec(cfg, "rollout"), CTX),
+        TorchTrainBackend.from_config(cfg, CTX),
+    )
     yield cfg, rollout, trainer
     rollout.shutdown()
 

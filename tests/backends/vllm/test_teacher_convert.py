@@ -5,7 +5,7 @@ FlatLogprobs), and its engine and sampling arguments."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
@@ -13,6 +13,7 @@ import torch
 from dagrl.backends.vllm.convert import prompt_logprobs_to_topk, teacher_request_ids
 from dagrl.backends.vllm.engine_args import teacher_llm_kwargs, teacher_sampling_kwargs
 from dagrl.backends.vllm.teacher import scoring_inputs
+from dagrl.config.roles import ModelSpec, role_spec
 from dagrl.core.batch import Batch
 from tests.conftest import compose_config
 
@@ -174,7 +175,8 @@ def test_teacher_engine_and_sampling_arguments():
         "data.max_prompt_length=100",
         "data.max_response_length=28",
     )
-    kwargs = teacher_llm_kwargs(cfg, "/t", "bf16")
+    spec = replace(role_spec(cfg, "teacher"), model=ModelSpec("/t", "bf16", None))
+    kwargs = teacher_llm_kwargs(spec, "/t")
     assert kwargs["tensor_parallel_size"] == 2 and kwargs["dtype"] == "bfloat16"
     assert kwargs["max_logprobs"] == 64 and kwargs["max_model_len"] == 129
     assert kwargs["distributed_executor_backend"] == "external_launcher" and not kwargs["enable_sleep_mode"]

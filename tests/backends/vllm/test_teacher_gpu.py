@@ -60,8 +60,10 @@ def cfg(model_dir):
 
 @pytest.fixture(scope="module")
 def teachers(cfg):
-    standalone = VLLMTeacherBackend(cfg, role_spec(cfg, "teacher"), CTX)
-    colocated = TorchTrainBackend(cfg, CTX, role_spec(cfg, "ref"))  # the actor model is the teacher's here
+    standalone = VLLMTeacherBackend(role_spec(cfg, "teacher"), CTX)
+    colocated = TorchTrainBackend.from_config(
+        cfg, CTX, role_spec(cfg, "ref")
+    )  # the actor model is the teacher's here
     yield standalone, colocated
     standalone.shutdown()
 

@@ -10,6 +10,7 @@ import torch
 from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
 from dagrl.backends.vllm.engine_args import RESERVED_ENGINE_KWARGS, llm_kwargs, max_model_len, sampling_kwargs
 from dagrl.backends.vllm.rules import check_rollout_device
+from dagrl.config.roles import role_spec
 from dagrl.config.validate import resolve_defaults, validate
 from dagrl.errors import ConfigError, PlacementError
 from dagrl.trainer.setup import prepare
@@ -17,6 +18,10 @@ from tests.conftest import compose_config
 
 R = "actor_rollout_ref.rollout"
 VLLM = f"{R}.name=vllm"
+
+
+def rollout_spec(cfg):
+    return role_spec(cfg, "rollout")
 
 
 def checked(*overrides):
@@ -46,7 +51,7 @@ def test_verl_keys_compose_and_map_onto_the_engine():
         "actor_rollout_ref.model.dtype=bfloat16",
         f"+{R}.engine_kwargs.vllm.kv_cache_dtype=fp8",
     )
-    kw = llm_kwargs(cfg, "/models/m")
+    kw = llm_kwargs(rollout_spec(cfg), "/models/m")
     assert kw["model"] == "/models/m" and kw["dtype"] == "bfloat16"
     assert kw["tensor_parallel_size"] == 2 and kw["gpu_memory_utilization"] == 0.6
     assert kw["max_num_batched_tokens"] == 8192 and kw["max_num_seqs"] == 512
@@ -61,7 +66,7 @@ def test_verl_keys_compose_and_map_onto_the_engine():
 
 
 def test_unset_engine_sizes_are_left_to_vllm():
-    kw = llm_kwargs(checked(VLLM), "/m")
+    kw = llm_kwargs(rollout_spec(checked(VLLM)), "/m")
     assert "max_num_batched_tokens" not in kw and "max_num_seqs" not in kw
 
 
@@ -73,7 +78,7 @@ def test_max_model_len_below_prompt_plus_response_is_refused():
     cfg = checked(
         VLLM, "data.max_prompt_length=100", "data.max_response_length=50", f"{R}.max_model_len=4096"
     )
-    assert max_model_len(cfg) == 4096
+    assert max_model_len(rollout_spec(cfg)) == 4096
 
 
 @pytest.mark.parametrize(
@@ -139,14 +144,14 @@ def test_sampling_arguments_train_and_validation():
     cfg = checked(
         VLLM, f"{R}.temperature=0.7", f"{R}.top_p=0.9", f"{R}.top_k=20", f"{R}.val_kwargs.do_sample=false"
     )
-    train = sampling_kwargs(cfg, [5, 7], validate=False)
+    train = sampling_kwargs(rollout_spec(cfg), [5, 7], validate=False)
     assert (train["temperature"], train["top_p"], train["top_k"]) == (0.7, 0.9, 20)
     assert train["max_tokens"] == cfg.data.max_response_length and train["stop_token_ids"] == [5, 7]
     assert train["logprobs"] == 0 and train["flat_logprobs"] is True and train["detokenize"] is False
-    val = sampling_kwargs(cfg, [5], validate=True)
+    val = sampling_kwargs(rollout_spec(cfg), [5], validate=True)
     assert (val["temperature"], val["top_p"], val["top_k"]) == (0.0, 1.0, 0)  # greedy
     cfg = checked(VLLM, f"{R}.calculate_log_probs=false")
-    assert "logprobs" not in sampling_kwargs(cfg, [5], validate=False)
+    assert "logprobs" not in sampling_kwargs(rollout_spec(cfg), [5], validate=False)
 
 
 def test_prompts_lose_their_left_padding():
@@ -210,7 +215,7 @@ def test_greedy_training_rollout_is_vllm_temperature_zero():
     from dagrl.algos import logprob_temperature
 
     cfg = checked(VLLM, f"{R}.temperature=0", f"{R}.top_p=0.9", f"{R}.top_k=20")
-    train = sampling_kwargs(cfg, [5], validate=False)
+    train = sampling_kwargs(rollout_spec(cfg), [5], validate=False)
     assert (train["temperature"], train["top_p"], train["top_k"]) == (0.0, 1.0, 0)
     assert logprob_temperature(cfg.actor_rollout_ref.rollout.temperature) == 1.0
     assert logprob_temperature(0.7) == 0.7

@@ -20,6 +20,7 @@ pytest.importorskip("vllm")
 from dagrl.backends.hf.rollout import HFRolloutBackend  # noqa: E402
 from dagrl.backends.torch.train import TorchTrainBackend  # noqa: E402
 from dagrl.backends.vllm.rollout import VLLMRolloutBackend  # noqa: E402
+from dagrl.config.roles import role_spec  # noqa: E402
 from dagrl.core.batch import Batch  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from tests.conftest import compose_config  # noqa: E402
@@ -43,9 +44,10 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def engines(cfg):
-    vllm_backend = VLLMRolloutBackend(cfg, CTX)
-    hf_backend = HFRolloutBackend(cfg, CTX)
-    trainer = TorchTrainBackend(cfg, CTX)
+    spec = role_spec(cfg, "rollout")
+    vllm_backend = VLLMRolloutBackend(spec, CTX)
+    hf_backend = HFRolloutBackend(spec, CTX)
+    trainer = TorchTrainBackend.from_config(cfg, CTX)
     yield vllm_backend, hf_backend, trainer
     vllm_backend.shutdown()
 

@@ -1,15 +1,15 @@
-"""Rules of mixed precision and optimizer CPU offload, per train backend, checked before Ray starts.
+"""The megatron train backend's rules of mixed precision and optimizer CPU offload, checked
+before Ray starts (run by its registered rules, dagrl/backends/megatron/rules.py: check_megatron).
 
-torch: bf16/fp32 weights train (bf16 through fp32 master weights, backends/torch/mixed_precision.py);
-fp16 would need loss scaling, which the torch backend does not do, so it is refused. The optimizer's
-CPU offload is `actor.optimizer_cpu_offload` there and `actor.megatron.optimizer_cpu_offload` (with
-megatron-core's fraction / overlap / precision-aware knobs) on megatron; each is refused on the
-other backend, naming the key that does it there.
+The optimizer's CPU offload is `actor.megatron.optimizer_cpu_offload` (with megatron-core's
+fraction / overlap / precision-aware knobs) here and `actor.optimizer_cpu_offload` on the torch
+backend (backends/torch/rules.py); each is refused on the other backend, naming the key that does
+it there. The reference model is forward-only, so optimizer knobs on ref.megatron are refused.
 """
 
 from __future__ import annotations
 
-from dagrl.config.schema import DagrlConfig, MegatronConfig, ModelDtype
+from dagrl.config.schema import DagrlConfig, MegatronConfig
 from dagrl.errors import ConfigError
 
 A = "actor_rollout_ref.actor"
@@ -21,23 +21,16 @@ MEGATRON_OPTIMIZER_KNOBS = (
 )
 
 
-def check_precision(cfg: DagrlConfig) -> None:
-    """The dtype and optimizer-offload settings the chosen strategy can honour."""
-    arr = cfg.actor_rollout_ref
-    _check_ref_has_no_optimizer(arr.ref.megatron)
-    if arr.actor.strategy == "torch":
-        _check_torch(cfg)
-    else:
-        _check_megatron(cfg)
-
-
-def _changed(m: MegatronConfig) -> list[str]:
+def changed_optimizer_knobs(m: MegatronConfig) -> list[str]:
     default = MegatronConfig()
     return [k for k in MEGATRON_OPTIMIZER_KNOBS if getattr(m, k) != getattr(default, k)]
 
 
-def _check_ref_has_no_optimizer(m: MegatronConfig) -> None:
-    for key in _changed(m):
+def check_ref_has_no_optimizer(cfg: DagrlConfig) -> None:
+    """The reference model is forward-only: megatron's optimizer knobs on ref.megatron are refused
+    (whichever train backend runs)."""
+    m = cfg.actor_rollout_ref.ref.megatron
+    for key in changed_optimizer_knobs(m):
         raise ConfigError(
             f"actor_rollout_ref.ref.megatron.{key}",
             getattr(m, key),
@@ -45,25 +38,9 @@ def _check_ref_has_no_optimizer(m: MegatronConfig) -> None:
         )
 
 
-def _check_torch(cfg: DagrlConfig) -> None:
-    arr = cfg.actor_rollout_ref
-    if arr.model.dtype in (ModelDtype.float16, ModelDtype.fp16):
-        raise ConfigError(
-            "actor_rollout_ref.model.dtype",
-            arr.model.dtype.value,
-            "fp16 training needs loss scaling, which the torch backend does not do; use bfloat16 "
-            f"(fp32 master weights keep small updates) or {A}.strategy=megatron (dynamic loss scaling)",
-        )
-    for key in _changed(arr.actor.megatron):
-        raise ConfigError(
-            f"{A}.megatron.{key}",
-            getattr(arr.actor.megatron, key),
-            f"megatron's optimizer setting needs {A}.strategy=megatron; the torch backend's optimizer "
-            f"CPU offload is {A}.optimizer_cpu_offload=true",
-        )
-
-
-def _check_megatron(cfg: DagrlConfig) -> None:
+def check_megatron_precision(cfg: DagrlConfig) -> None:
+    """The megatron train backend's precision and optimizer-offload rules."""
+    check_ref_has_no_optimizer(cfg)
     actor = cfg.actor_rollout_ref.actor
     m, prefix = actor.megatron, f"{A}.megatron"
     if actor.optimizer_cpu_offload:
@@ -74,7 +51,7 @@ def _check_megatron(cfg: DagrlConfig) -> None:
         )
     if not m.optimizer_cpu_offload:
         for key in ("optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d"):
-            if key in _changed(m):
+            if key in changed_optimizer_knobs(m):
                 raise ConfigError(
                     f"{prefix}.{key}",
                     getattr(m, key),
@@ -88,9 +65,9 @@ def _check_megatron(cfg: DagrlConfig) -> None:
             " (moving it again between phases would put it on the device); leave optimizer_offload false",
         )
     if m.use_precision_aware_optimizer and not m.optimizer_cpu_offload:
-        from dagrl.backends.megatron.rules import transformer_engine_available
+        from dagrl.backends.megatron import rules  # the probe tests replace, looked up when run
 
-        if not transformer_engine_available():
+        if not rules.transformer_engine_available():
             raise ConfigError(
                 f"{prefix}.use_precision_aware_optimizer",
                 True,

@@ -1,0 +1,18 @@
+"""The hf rollout's own rules, registered with it (dagrl/backends/builtin.py) and run by validate
+when the rollout role uses it, before Ray starts."""
+
+from __future__ import annotations
+
+from dagrl.config.schema import DagrlConfig
+from dagrl.errors import ConfigError
+
+
+def check_hf_rollout(cfg: DagrlConfig) -> None:
+    """One model per device: no tensor parallelism."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.tensor_model_parallel_size != 1:
+        raise ConfigError(
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            r.tensor_model_parallel_size,
+            "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)",
+        )
