@@ -213,13 +213,12 @@ class Batch:
         assert batches, "concat of no batches"
         first = batches[0]
         held = {}
-        for k in first.held:
-            pieces = [b.held[k] for b in batches]
-            if [p.part for p in pieces] == list(range(first.held[k].dp_size)):
-                held[k] = Held.join(pieces)
-            else:  # anything else is joined on the driver, as tensors
-                batches = [b.materialized() for b in batches]
-                return Batch.concat(batches)
+        for k in set().union(*(b.held for b in batches)):
+            pieces = [b.held.get(k) for b in batches]
+            if any(p is None for p in pieces) or [p.part for p in pieces] != list(range(pieces[0].dp_size)):
+                # anything but the DP pieces of one column is joined on the driver, as tensors
+                return Batch.concat([b.materialized() for b in batches])
+            held[k] = Held.join(pieces)
         return Batch(
             {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
             {k: [x for b in batches for x in b.meta[k]] for k in first.meta},

@@ -169,6 +169,8 @@ class WorkerStore:
             return result
         tensors, held = dict(batch.tensors), dict(batch.held)
         for key in (keep.stay | keep.mirror) & tensors.keys():
+            if (keep.run, key) in self.entries:  # a node calling twice (chunks): the first call's stays
+                continue
             value = tensors.pop(key)
             self.entries[(keep.run, key)] = value
             mirrored = value if key in keep.mirror else None

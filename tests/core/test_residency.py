@@ -20,7 +20,7 @@ from dagrl.core.batch import Batch
 from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.core.pools import RoleHandle, WorkerPool, allocate
-from dagrl.core.residency import plan_residency
+from dagrl.core.residency import Keep, WorkerStore, plan_residency
 from dagrl.core.runtime import Runtime
 from dagrl.core.scheduler import Scheduler
 from tests.conftest import compose_config
@@ -228,3 +228,19 @@ def test_plan_keeps_what_the_default_dags_read_on_the_same_workers():
     assert plan("algorithm=gkd")["teacher_hidden"] == ({"teacher_hidden"}, set())
     kl = plan("algorithm.use_kl_in_reward=true")
     assert kl["old_logprob"] == (set(), {"old_logprobs"}) and kl["ref_logprob"] == (set(), {"ref_logprobs"})
+
+
+def test_worker_store_keeps_the_first_of_two_calls_and_refuses_a_dropped_run():
+    """A node calling twice (chunks) keeps its first output only (the second comes back as values);
+    entries of a run that ended (or failed) are refused, so nothing outlives its step."""
+    store, keep = WorkerStore(), Keep("7.1", stay=frozenset({"old_logprobs"}))
+    first = store.keep((Batch({"old_logprobs": torch.ones(2, 3)}), {}), keep, dp_rank=1, dp_size=2)
+    assert first[0].held["old_logprobs"].part == 1 and first[0].held["old_logprobs"].value is None
+    second = store.keep(Batch({"old_logprobs": torch.zeros(2, 3)}), keep, dp_rank=1, dp_size=2)
+    assert "old_logprobs" in second.tensors and torch.equal(
+        store.get("7.1", "old_logprobs"), torch.ones(2, 3)
+    )
+    assert torch.equal(store.resolve(Batch(held=first[0].held), dp_rank=1)["old_logprobs"], torch.ones(2, 3))
+    assert store.drop("7.1") == 1 and not store.entries
+    late = store.keep(Batch({"old_logprobs": torch.ones(2, 3)}), keep, dp_rank=1, dp_size=2)
+    assert "old_logprobs" in late.tensors and not store.entries
