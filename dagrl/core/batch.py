@@ -12,7 +12,7 @@ only the policy's tokens and response_attention_mask every real one (`response_a
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -58,48 +58,124 @@ def declare_key(name: str, description: str, meta: bool = False) -> None:
 
 
 @dataclass
+class Held:
+    """A column that stayed on the workers that computed it (dagrl/core/residency.py).
+
+    On the driver `part` is None: the whole column, DP rank r's rows (contiguous, as `split` cuts
+    them) on that rank's workers; `source` says where (driver only, not pickled). `split` over the
+    same DP size gives the pieces (`part` = r) a call sends so that rank r reads its own store.
+    `value` is the column itself when the driver has it too (a mirrored output, or once fetched);
+    `materialize` returns it, fetching it from the workers if need be.
+    """
+
+    run: str
+    key: str
+    rows: int
+    dp_size: int
+    part: int | None = None
+    nbytes: int = 0
+    value: torch.Tensor | None = None
+    source: object = field(default=None, repr=False, compare=False)  # residency.HeldSource
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "source": None}  # the driver's view of the pools stays there
+
+    def materialize(self) -> torch.Tensor:
+        if self.value is None:
+            assert self.source is not None, f"{self.key} is held on workers and cannot be fetched from here"
+            with self.source.lock:
+                if self.value is None:
+                    self.value = self.source.fetch(self)
+        return self.value
+
+    def pieces(self, parts: int) -> list[Held]:
+        """DP rank r's piece for each of `parts` ranks (the producer's DP size)."""
+        assert self.part is None and parts == self.dp_size, f"{self.key}: {parts} parts of {self}"
+        size = self.rows // parts
+        return [
+            replace(
+                self,
+                rows=size,
+                part=r,
+                nbytes=self.nbytes // parts,
+                value=None if self.value is None else self.value[r * size : (r + 1) * size],
+            )
+            for r in range(parts)
+        ]
+
+    @staticmethod
+    def join(pieces: list[Held]) -> Held:
+        """The whole column from the pieces of DP ranks 0..n-1, in order."""
+        first = pieces[0]
+        assert [p.part for p in pieces] == list(range(first.dp_size)), f"{first.key}: pieces out of DP order"
+        values = [p.value for p in pieces]
+        value = torch.cat(values) if all(v is not None for v in values) else None
+        rows, nbytes = sum(p.rows for p in pieces), sum(p.nbytes for p in pieces)
+        return replace(first, rows=rows, part=None, nbytes=nbytes, value=value)
+
+
+@dataclass
 class Batch:
     """Named tensors (`tensors`, first dimension = rows) and per-row metadata lists (`meta`) under
     the declared keys (`KEYS`). What nodes pass each other: `split`/`chunks` cut rows for DP ranks
-    and micro-batches, `union`/`concat` join them back; no key outside `KEYS` reaches a DAG."""
+    and micro-batches, `union`/`concat` join them back; no key outside `KEYS` reaches a DAG.
+    `held` columns stayed on the workers that computed them (`Held`); reading one (`batch[key]`,
+    `index`) fetches it, `split` over its DP size cuts it into the pieces each rank holds."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, list] = field(default_factory=dict)
+    held: dict[str, Held] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for key in (*self.tensors, *self.meta):
+        for key in (*self.tensors, *self.meta, *self.held):
             assert key in KEYS, f"undeclared batch key {key!r}; declare it with dagrl.core.batch.declare_key"
-        sizes = {len(v) for v in (*self.tensors.values(), *self.meta.values())}
+        sizes = {len(v) for v in (*self.tensors.values(), *self.meta.values(), *self.held.values())}
         assert len(sizes) <= 1, f"batch columns disagree on row count: {sizes}"
 
     def __len__(self) -> int:
-        for v in (*self.tensors.values(), *self.meta.values()):
+        for v in (*self.tensors.values(), *self.meta.values(), *self.held.values()):
             return len(v)
         return 0
 
     def __getitem__(self, key: str):
+        if key in self.held:
+            return self.held[key].materialize()
         return self.tensors[key] if key in self.tensors else self.meta[key]
 
     def __contains__(self, key: str) -> bool:
-        return key in self.tensors or key in self.meta
+        return key in self.tensors or key in self.meta or key in self.held
 
     def keys(self) -> set[str]:
-        return set(self.tensors) | set(self.meta)
+        return set(self.tensors) | set(self.meta) | set(self.held)
 
     def select(self, keys: Iterable[str]) -> Batch:
         keys = set(keys)
         return Batch(
             {k: v for k, v in self.tensors.items() if k in keys},
             {k: v for k, v in self.meta.items() if k in keys},
+            {k: v for k, v in self.held.items() if k in keys},
         )
 
     def union(self, other: Batch) -> Batch:
         """New batch with the columns of both; a key present in both must not be overwritten."""
         clash = self.keys() & other.keys()
         assert not clash, f"keys produced twice: {sorted(clash)}"
-        return Batch({**self.tensors, **other.tensors}, {**self.meta, **other.meta})
+        return Batch(
+            {**self.tensors, **other.tensors}, {**self.meta, **other.meta}, {**self.held, **other.held}
+        )
+
+    def materialized(self) -> Batch:
+        """The same columns with every held one as a tensor (fetched when the driver lacks it)."""
+        if not self.held:
+            return self
+        return Batch({**self.tensors, **{k: h.materialize() for k, h in self.held.items()}}, self.meta)
 
     def index(self, idx: torch.Tensor | list[int]) -> Batch:
+        if self.held:
+            return self.materialized().index(idx)
         idx_list = idx.tolist() if isinstance(idx, torch.Tensor) else list(idx)
         idx_t = torch.as_tensor(idx_list, dtype=torch.long)
         return Batch(
@@ -112,11 +188,20 @@ class Batch:
         return self.index([i for i in range(len(self)) for _ in range(n)])
 
     def split(self, parts: int) -> list[Batch]:
-        """Split into `parts` equal contiguous chunks (DP shards)."""
+        """Split into `parts` equal contiguous chunks (DP shards); a held column split over its own
+        DP size becomes the piece each rank holds (fetched first otherwise)."""
         size = len(self)
         assert size % parts == 0, f"batch of {size} rows cannot split into {parts} equal DP shards"
+        if any(h.part is not None or h.dp_size != parts for h in self.held.values()):
+            return self.materialized().split(parts)
         step = size // parts
-        return [self.index(range(i * step, (i + 1) * step)) for i in range(parts)]
+        plain = Batch(self.tensors, self.meta)
+        shards = [plain.index(range(i * step, (i + 1) * step)) for i in range(parts)]
+        pieces = {k: h.pieces(parts) for k, h in self.held.items()}
+        return [
+            Batch(s.tensors, s.meta, {k: p[i] for k, p in pieces.items()}) if pieces else s
+            for i, s in enumerate(shards)
+        ]
 
     def chunks(self, chunk_size: int) -> list[Batch]:
         """Consecutive chunks of at most chunk_size rows (micro-batches)."""
@@ -124,11 +209,20 @@ class Batch:
 
     @staticmethod
     def concat(batches: list[Batch]) -> Batch:
+        """Rows of `batches` in order; held pieces of DP ranks 0..n-1 join into the whole column."""
         assert batches, "concat of no batches"
         first = batches[0]
+        held = {}
+        for k in set().union(*(b.held for b in batches)):
+            pieces = [b.held.get(k) for b in batches]
+            if any(p is None for p in pieces) or [p.part for p in pieces] != list(range(pieces[0].dp_size)):
+                # anything but the DP pieces of one column is joined on the driver, as tensors
+                return Batch.concat([b.materialized() for b in batches])
+            held[k] = Held.join(pieces)
         return Batch(
             {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
             {k: [x for b in batches for x in b.meta[k]] for k in first.meta},
+            held,
         )
 
 

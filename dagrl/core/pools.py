@@ -7,10 +7,11 @@ slots of one planned node stay on one real node. Pools may span nodes of a Ray c
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -19,8 +20,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dagrl.config.placement import GroupPlan, Plan
 from dagrl.core.batch import Batch
-from dagrl.core.calls import Execute, call_spec, collect_results, dispatch_shards
+from dagrl.core.calls import Collect, Dispatch, Execute, call_spec, collect_results, dispatch_shards
 from dagrl.core.device_faults import from_task_error
+from dagrl.core.residency import HeldSource, Keep, StepData, tensor_bytes
 from dagrl.core.worker_death import worker_died
 from dagrl.errors import PlacementError
 
@@ -172,46 +174,110 @@ class RoleHandle:
     """A role's view of its pool. `call` runs a backend method declared with `@role_method`
     (dagrl/core/calls.py) the way it declares: which data each worker gets, which workers run,
     how the results are joined. Typed subclasses (dagrl/backends/handles.py) name the calls the
-    engine makes, so readers and type checkers can follow them."""
+    engine makes, so readers and type checkers can follow them.
+
+    Bound to a node of a run (`bound`), a call also counts the tensor bytes that cross to and
+    from the driver and keeps the outputs the run's plan names on the workers
+    (dagrl/core/residency.py)."""
 
     def __init__(self, role: str, pool: WorkerPool):
         self.role, self.pool = role, pool
         self.ranks: list[tuple[int, int, bool]] = pool.get([a.dp_info.remote(role) for a in pool.actors])
         self.dp_size = self.ranks[0][1]
+        self.step: StepData | None = None  # the run this view calls for (bound)
+        self.keep: Keep | None = None  # what its node's outputs leave on the workers
 
     @property
     def workers(self) -> int:
         return len(self.pool.actors)
 
+    def bound(self, step: StepData, node: str) -> RoleHandle:
+        """This handle as node `node` of run `step` calls it: bytes counted, outputs kept per plan."""
+        view = copy.copy(self)
+        view.step, view.keep = step, step.keep.get(node)
+        return view
+
     def call(self, method: Callable, *args, **kwargs) -> Any:
         """Run `method` (a function declared with @role_method) on the role's workers."""
         spec = call_spec(method)
         running = [0] if spec.execute == Execute.first else list(range(self.workers))
+        # only a DP-sliced call on every worker reads or leaves DP pieces in place
+        sliced = (spec.dispatch, spec.execute, spec.collect) == (Dispatch.slice, Execute.all, Collect.flatten)
+        keep = {"keep": self.keep} if sliced and self.keep is not None else {}
+        sent = 0
         if args:
-            shards = dispatch_shards(spec, args[0], self.ranks, running)
-            refs = _put_once(shards)
+            data = self._in_place(args[0], running) if sliced else _materialized(args[0])
+            shards = dispatch_shards(spec, data, self.ranks, running)
+            refs, sent = _put_once(shards)
             calls = [(refs[i], *args[1:]) for i in range(len(running))]
         else:
             calls = [() for _ in running]
         with self.pool.lock:
             results = self.pool.get(
                 [
-                    self.pool.actors[w].call.remote(self.role, method.__name__, *a, **kwargs)
+                    self.pool.actors[w].call.remote(self.role, method.__name__, *a, **kwargs, **keep)
                     for w, a in zip(running, calls)
                 ]
             )
-        return collect_results(spec, results, [self.ranks[w] for w in running])
+        out = collect_results(spec, results, [self.ranks[w] for w in running])
+        if self.step is not None:
+            self.step.count(driver=sent + tensor_bytes(results))
+        if keep:
+            self._locate(out, results, running)
+        return out
+
+    def _in_place(self, data: Any, running: list[int]) -> Any:
+        """`data` with the held columns this call's workers can read in place left held, the
+        others fetched (another pool, another DP layout, a worker that holds no piece)."""
+        if not isinstance(data, Batch) or not data.held:
+            return data
+        elsewhere = [
+            k for k, h in data.held.items() if h.source is None or not h.source.readable_by(self, running)
+        ]
+        if not elsewhere:
+            return data
+        fetched = {k: data.held[k].materialize() for k in elsewhere}
+        held = {k: h for k, h in data.held.items() if k not in fetched}
+        return Batch({**data.tensors, **fetched}, data.meta, held)
+
+    def _locate(self, out: Any, results: list, running: list[int]) -> None:
+        """Tell the held columns of a call's output where their pieces are, and count them kept."""
+        batch = out[0] if isinstance(out, tuple) else out
+        if not isinstance(batch, Batch) or not batch.held:
+            return
+        assert self.step is not None
+        for key, held in batch.held.items():
+            holders = tuple(w for w, r in zip(running, results) if key in _batch_of(r).held)
+            held.source = HeldSource(self.pool, list(self.ranks), holders, self.step)
+            if held.value is None:
+                self.step.count(kept=held.nbytes)
+        self.step.holds(self.pool)
 
 
-def _put_once(shards: list) -> list:
-    """Batches go to the object store once each (a shard sent to several TP ranks is shared)."""
+def _batch_of(result: Any) -> Batch:
+    first = result[0] if isinstance(result, tuple) else result
+    return first if isinstance(first, Batch) else Batch()
+
+
+def _materialized(data: Any) -> Any:
+    return data.materialized() if isinstance(data, Batch) else data
+
+
+def _put_once(shards: list) -> tuple[list, int]:
+    """Batches go to the object store once each (a shard sent to several TP ranks is shared), held
+    pieces without their values (the workers read their own); returns the refs and the tensor
+    bytes put."""
     stored: dict[int, object] = {}
-    out = []
+    out, sent = [], 0
     for shard in shards:
         if isinstance(shard, Batch):
             if id(shard) not in stored:
-                stored[id(shard)] = ray.put(shard)
+                bare = {k: replace(h, value=None) for k, h in shard.held.items()}
+                sending = Batch(shard.tensors, shard.meta, bare) if bare else shard
+                sent += tensor_bytes(sending)
+                stored[id(shard)] = ray.put(sending)
             out.append(stored[id(shard)])
         else:
+            sent += tensor_bytes(shard)
             out.append(shard)
-    return out
+    return out, sent

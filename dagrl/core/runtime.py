@@ -8,17 +8,26 @@ from dataclasses import dataclass, field, replace
 @dataclass
 class Runtime:
     """The services a node's `run` may use: the typed config, a handle per role (`role(name)`),
-    the tokenizer, the reward composer, and this step's number (`at_step` makes the per-step view)."""
+    the tokenizer, the reward composer, and this step's number (`at_step` makes the per-step view;
+    the scheduler's per-node view, `at_node`, also binds the handles to the run's data ledger)."""
 
     cfg: object  # DagrlConfig
     roles: dict = field(default_factory=dict)  # role -> RoleHandle
     tokenizer: object = None
     rewarder: object = None  # RewardComposer
     step: int = 0  # set per step by `at_step`; the shared runtime is never changed
+    data: object = None  # residency.StepData of the run in progress (at_node)
+    node: str | None = None  # the node this view runs (at_node)
 
     def at_step(self, step: int) -> Runtime:
         """The view nodes of one step see: the same roles and services, that step's number."""
         return replace(self, step=step)
 
+    def at_node(self, node: str, data) -> Runtime:
+        """The view node `node` of a run sees: its calls count driver bytes and keep what the
+        run's plan leaves on the workers (dagrl/core/residency.py)."""
+        return replace(self, node=node, data=data)
+
     def role(self, name: str):
-        return self.roles[name]
+        handle = self.roles[name]
+        return handle if self.data is None else handle.bound(self.data, self.node)

@@ -15,10 +15,20 @@ Remote nodes block a driver thread on `ray.get`; independent nodes therefore ove
 their pools differ. Calls to the same Ray actor queue up on it (colocated roles take turns).
 Each node's wall time is reported as `timing_s/<node>`, and the seconds nodes ran alongside
 others (their sum beyond the step's wall time) as `timing_s/overlapped`.
+
+Data stays where it is used (dagrl/core/residency.py): an output whose consumers run on the
+producer's workers with its DP layout stays there, and the driver only holds a `Held` column
+naming it. With train, rollout and ref colocated, `old_logprobs`, `ref_logprobs` and
+`rollout_logprobs` never reach the driver (the advantage node reads them only for KL in the
+reward, and then they are mirrored: kept and sent); a colocated teacher's `teacher_hidden` or
+top-k goes from the teacher straight to the update on the same workers. The run's kept columns
+are freed when it ends, also when it fails. `perf/driver_bytes` counts the tensor bytes that
+crossed to or from the driver, `perf/kept_bytes` those that stayed.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
@@ -26,7 +36,10 @@ from dagrl.core.batch import Batch
 from dagrl.core.dag import Dag
 from dagrl.core.device_faults import DeviceError
 from dagrl.core.node import NodeResult, node_kinds
+from dagrl.core.residency import Keep, StepData, plan_residency
 from dagrl.core.runtime import Runtime
+
+_RUNS = itertools.count(1)  # run ids: the kept columns of concurrent runs (overlap, validation) never mix
 
 
 class Scheduler:
@@ -40,13 +53,38 @@ class Scheduler:
         self.runtime = runtime
         self.nodes = {spec.name: kinds[spec.kind](spec, runtime.cfg) for spec in dag.nodes}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dagrl-node")
+        # per set of nodes run together: which outputs stay on the workers (residency.plan_residency)
+        self.plans: dict[frozenset[str], dict[str, tuple[frozenset[str], frozenset[str]]]] = {}
 
     def run(self, batch: Batch, step: int, only: set[str] | None = None) -> tuple[Batch, dict[str, float]]:
         """Run every node once for `step` (or those named in `only`: the others count as done, their
-        outputs already in `batch`); returns the batch with all outputs and the merged metrics."""
+        outputs already in `batch`); returns the batch with all outputs (but those that stayed on
+        the workers: freed with the run) and the merged metrics."""
+        names = {s.name for s in self.dag.nodes if only is None or s.name in only}
+        data = self._step_data(step, names)
+        try:
+            batch, metrics = self._run(batch, step, names, data)
+        except BaseException:
+            data.free(wait=False)
+            raise
+        data.free(wait=True)
+        metrics.update(data.metrics())
+        return _settled(batch), metrics
+
+    def _step_data(self, step: int, names: set[str]) -> StepData:
+        key = frozenset(names)
+        if key not in self.plans:
+            self.plans[key] = plan_residency(self.dag, self.runtime.roles, names)
+        data = StepData(run=f"{step}.{next(_RUNS)}")
+        data.keep = {node: Keep(data.run, stay, mirror) for node, (stay, mirror) in self.plans[key].items()}
+        return data
+
+    def _run(
+        self, batch: Batch, step: int, names: set[str], data: StepData
+    ) -> tuple[Batch, dict[str, float]]:
         runtime = self.runtime.at_step(step)
         metrics: dict[str, float] = {}
-        done: set[str] = {s.name for s in self.dag.nodes if only is not None and s.name not in only}
+        done: set[str] = {s.name for s in self.dag.nodes if s.name not in names}
         running: dict[Future, str] = {}
         started = time.perf_counter()
         while len(done) < len(self.dag.nodes):
@@ -55,7 +93,8 @@ class Scheduler:
                     continue
                 if self.dag.deps[spec.name] <= done:
                     inputs = batch.select(spec.inputs)
-                    running[self.pool.submit(self._run_node, runtime, spec.name, inputs)] = spec.name
+                    view = runtime.at_node(spec.name, data)
+                    running[self.pool.submit(self._run_node, view, spec.name, inputs)] = spec.name
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for fut in finished:
                 name = running.pop(fut)
@@ -64,7 +103,7 @@ class Scheduler:
                 metrics.update(result.metrics)
                 metrics[f"timing_s/{name}"] = seconds
                 done.add(name)
-        if only is None:
+        if len(names) == len(self.dag.nodes):
             wall = time.perf_counter() - started
             metrics["timing_s/step"] = wall
             # node seconds that ran alongside others (e.g. a standalone teacher while the reward is
@@ -87,3 +126,12 @@ class Scheduler:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _settled(batch: Batch) -> Batch:
+    """What a run returns: held columns the driver has as tensors, those it has not dropped (their
+    entries are freed with the run)."""
+    if not batch.held:
+        return batch
+    kept = {k: h.value for k, h in batch.held.items() if h.value is not None}
+    return Batch({**batch.tensors, **kept}, batch.meta)

@@ -4,7 +4,8 @@ A worker hosts one backend per role of its group (train, ref, rollout, ...). Col
 therefore share the process and its device; before a role runs, the others hand the device over
 (offload to CPU / sleep) when the device is a GPU. The driver calls backend methods by their
 declared name (`call`, from RoleHandle.call) or runs a service function here (`run`, e.g. the
-weight sync in dagrl/backends/weight_sync.py).
+weight sync in dagrl/backends/weight_sync.py). Outputs the driver asks it to keep stay in its
+`store` until their run ends (dagrl/core/residency.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from dagrl.core.batch import Batch
+from dagrl.core.residency import Keep, WorkerStore
 
 
 @dataclass
@@ -44,6 +48,7 @@ class Worker:
         self.backends: dict = {}
         self.active: str | None = None
         self.weight_group = None  # BroadcastGroup: train rank 0 and the workers of a separate rollout pool
+        self.store = WorkerStore()  # outputs kept here for the rest of their run
         torch.set_num_threads(max(1, threads))
         from transformers.utils import logging as hf_logging
 
@@ -124,11 +129,29 @@ class Worker:
             return backend.dp_info()
         return self.rank, self.world_size, True
 
-    def call(self, role: str, method: str, *args, **kwargs):
+    def call(self, role: str, method: str, *args, keep: Keep | None = None, **kwargs):
+        """Run a backend method. Held pieces in the data (first argument) are read from this
+        worker's store; with `keep`, the outputs it names are stored here and come back as pieces
+        (`keep` is the driver's, never passed on to the backend)."""
         from dagrl.core.device_faults import named_faults
 
         with named_faults(role, self.rank, method):
-            return getattr(self.activate(role), method)(*args, **kwargs)
+            backend = self.activate(role)
+            if args and isinstance(args[0], Batch) and args[0].held:
+                args = (self.store.resolve(args[0], self.dp_info(role)[0]), *args[1:])
+            result = getattr(backend, method)(*args, **kwargs)
+        if keep is None:
+            return result
+        dp_rank, dp_size, _ = self.dp_info(role)
+        return self.store.keep(result, keep, dp_rank, dp_size)
+
+    def fetch_local(self, run: str, key: str):
+        """This worker's piece of a kept column (the driver reads one after all)."""
+        return self.store.get(run, key)
+
+    def drop_local(self, run: str) -> int:
+        """Free a run's kept columns (its step ended, or failed)."""
+        return self.store.drop(run)
 
     def run(self, fn, *args, **kwargs):
         """Run a module-level service function with this worker as its first argument."""

@@ -51,8 +51,11 @@ class RolloutAhead:
             self.pending = self.executor.submit(run, next_batch, step + 1, self.generate)
             self.data_state = data_state
         _, train_metrics = run(rolled, step, only=self.train)
+        parts = (metrics, gen_metrics, train_metrics)
+        bytes_moved = {k: sum(m.get(k, 0.0) for m in parts) for k in ("perf/driver_bytes", "perf/kept_bytes")}
         metrics.update(gen_metrics)
         metrics.update(train_metrics)
+        metrics.update(bytes_moved)  # the three runs' together (the background one: the step it samples for)
         metrics["rollout/staleness"] = staleness
         metrics["timing_s/step"] = time.perf_counter() - start
         return metrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dagrl.core.batch import Batch, left_pad, sequence_inputs
+from dagrl.core.batch import Batch, Held, left_pad, sequence_inputs
 
 
 def make_batch(rows: int = 6) -> Batch:
@@ -158,3 +158,18 @@ def test_teacher_logits_on_the_response_grid_match_each_row_scored_alone():
             alone = model(input_ids=torch.tensor([prompt + responses[b, :n].tolist()])).logits[0]
             expected = alone[len(prompt) - 1 : len(prompt) - 1 + n]
             torch.testing.assert_close(grid[b, :n], expected, rtol=0, atol=1e-4)
+
+
+def test_held_columns_split_join_and_materialize():
+    """A column kept on the workers: split over its DP size into the pieces each rank holds, joined
+    back from them; any other cut reads its values (fetched, here already on the driver)."""
+    value = torch.arange(12.0).reshape(6, 2)
+    held = Held("1.1", "old_logprobs", rows=6, dp_size=3, nbytes=48, value=value)
+    batch = Batch({"prompts": torch.zeros(6, 1)}, held={"old_logprobs": held})
+    shards = batch.split(3)
+    assert [s.held["old_logprobs"].part for s in shards] == [0, 1, 2]
+    assert torch.equal(shards[1]["old_logprobs"], value[2:4])
+    joined = Batch.concat(shards)
+    assert joined.held["old_logprobs"].part is None and torch.equal(joined["old_logprobs"], value)
+    assert torch.equal(batch.split(2)[1]["old_logprobs"], value[3:])  # another DP size: the values
+    assert torch.equal(batch.index([5, 0])["old_logprobs"], value[[5, 0]])

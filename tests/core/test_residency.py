@@ -1,0 +1,246 @@
+"""Data stays where it is used: outputs read on the producer's workers never reach the driver.
+
+A plugin role on two real Ray workers produces [B, P, 64] "hidden states" (a colocated teacher's
+stand-in) and a second node on the same workers reads them: the driver never receives them (driver
+bytes stay below their size), each DP rank reads its own rows, a driver node that asks for them
+fetches them, and the workers' stores are empty after the step, also after a failed one."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import ray
+import torch
+
+import tests.plugins.hidden_role  # noqa: F401  (registers the hid role's backend in the driver)
+from dagrl.backends import build_role_backend
+from dagrl.config.placement import make_plan
+from dagrl.core.batch import Batch
+from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled
+from dagrl.core.node import NodeResult, register_node_kind
+from dagrl.core.pools import RoleHandle, WorkerPool, allocate
+from dagrl.core.residency import Keep, WorkerStore, plan_residency
+from dagrl.core.runtime import Runtime
+from dagrl.core.scheduler import Scheduler
+from tests.conftest import compose_config
+from tests.plugins.hidden_role import HiddenRole, hidden_of, stored_entries
+
+ROWS, WIDTH = 8, 16
+HIDDEN_BYTES = ROWS * WIDTH * 64 * 4
+
+
+class _Remote:
+    optional_inputs = ()
+    remote = True
+
+    def __init__(self, spec, cfg):
+        self.spec = spec
+
+    @staticmethod
+    def enabled(cfg) -> bool:
+        return True
+
+
+@register_node_kind("restest_hidden")
+class HiddenNode(_Remote):
+    required_inputs = ("prompts",)
+    outputs = ("teacher_hidden",)
+
+    def run(self, runtime, batch):
+        out, _ = runtime.role(self.spec.role).call(HiddenRole.hidden, batch)
+        return NodeResult(out)
+
+
+@register_node_kind("restest_consume")
+class ConsumeNode(_Remote):
+    required_inputs = ("prompts", "teacher_hidden")
+    outputs = ("scores",)
+
+    def run(self, runtime, batch):
+        out, per_rank = runtime.role(self.spec.role).call(HiddenRole.consume, batch)
+        return NodeResult(out, {"right_rows": min(m["right_rows"] for m in per_rank)})
+
+
+@register_node_kind("restest_peek")
+class PeekNode:
+    """A driver node that may read the hidden states (an optional input) and here does."""
+
+    required_inputs = ("prompts",)
+    optional_inputs = ("teacher_hidden",)
+    outputs = ("token_rewards",)
+    remote = False
+
+    def __init__(self, spec, cfg):
+        self.spec = spec
+
+    @staticmethod
+    def enabled(cfg) -> bool:
+        return True
+
+    def run(self, runtime, batch):
+        right = torch.equal(batch["teacher_hidden"], hidden_of(batch["prompts"]))
+        return NodeResult(Batch({"token_rewards": batch["prompts"].float()}), {"peek_right": float(right)})
+
+
+@register_node_kind("restest_fail")
+class FailNode(_Remote):
+    required_inputs = ("teacher_hidden",)
+    outputs = ()
+
+    def run(self, runtime, batch):
+        raise RuntimeError("restest node failed on purpose")
+
+
+@pytest.fixture(scope="module")
+def hid_pool():
+    if not ray.is_initialized():
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False
+        )
+    cfg = compose_config(
+        "external_plugins=[tests.plugins.hidden_role]", "+roles.hid=hidden", "trainer.n_gpus_per_node=2"
+    )
+    plan = make_plan(cfg, {"hid"}, "cpu")
+    bundles = allocate(plan, timeout_s=60)
+    pool = WorkerPool(plan.groups[0], bundles, plan, cfg, build=build_role_backend)
+    try:
+        yield cfg, pool
+    finally:
+        pool.shutdown()
+        bundles.release()
+
+
+def scheduler_for(tmp_path, cfg, pool, nodes: str) -> Scheduler:
+    path = tmp_path / "dag.yaml"
+    path.write_text("source: [prompts]\n" + textwrap.dedent(nodes))
+    source, specs = load_dag_specs(str(path))
+    dag = build_dag(str(path), source, prune_disabled(specs, cfg), roles_with_pool={"hid"})
+    return Scheduler(dag, Runtime(cfg=cfg, roles={"hid": RoleHandle("hid", pool)}))
+
+
+def prompts_batch() -> Batch:
+    return Batch({"prompts": torch.arange(ROWS * WIDTH).reshape(ROWS, WIDTH)})
+
+
+def entries(pool) -> list[int]:
+    return pool.get([a.run.remote(stored_entries) for a in pool.actors])
+
+
+PRODUCE_CONSUME = """
+nodes:
+  teacher:
+    kind: restest_hidden
+    role: hid
+    inputs: [prompts]
+    outputs: [teacher_hidden]
+  update:
+    kind: restest_consume
+    role: hid
+    inputs: [prompts, teacher_hidden]
+    outputs: [scores]
+"""
+
+
+def test_hidden_states_stay_on_the_workers(tmp_path, hid_pool):
+    cfg, pool = hid_pool
+    scheduler = scheduler_for(tmp_path, cfg, pool, PRODUCE_CONSUME)
+    try:
+        out, metrics = scheduler.run(prompts_batch(), step=1)
+    finally:
+        scheduler.close()
+    # each DP rank read its own rows (a swapped piece would not be its prompts' hidden states)
+    assert metrics["right_rows"] == 1.0
+    assert torch.equal(out["scores"], hidden_of(prompts_batch()["prompts"]).sum((1, 2)))
+    # they never crossed: the driver sent prompts twice and got the scores back, nothing more
+    prompts_bytes = ROWS * WIDTH * 8
+    assert metrics["perf/kept_bytes"] == HIDDEN_BYTES
+    assert metrics["perf/driver_bytes"] == 2 * prompts_bytes + ROWS * 4 < HIDDEN_BYTES
+    assert "teacher_hidden" not in out  # freed with the step
+    assert entries(pool) == [0, 0]
+
+
+def test_driver_reader_fetches_and_a_failed_step_frees(tmp_path, hid_pool):
+    cfg, pool = hid_pool
+    peek = scheduler_for(
+        tmp_path,
+        cfg,
+        pool,
+        PRODUCE_CONSUME
+        + """
+  peek:
+    kind: restest_peek
+    inputs: [prompts, teacher_hidden]
+    outputs: [token_rewards]
+""",
+    )
+    try:
+        _, metrics = peek.run(prompts_batch(), step=1)
+    finally:
+        peek.close()
+    assert metrics["peek_right"] == 1.0 and metrics["right_rows"] == 1.0
+    assert metrics["perf/driver_bytes"] >= HIDDEN_BYTES  # fetched once, for the driver node that read it
+    failing = scheduler_for(
+        tmp_path,
+        cfg,
+        pool,
+        """
+        nodes:
+          teacher:
+            kind: restest_hidden
+            role: hid
+            inputs: [prompts]
+            outputs: [teacher_hidden]
+          boom:
+            kind: restest_fail
+            role: hid
+            inputs: [teacher_hidden]
+        """,
+    )
+    try:
+        with pytest.raises(RuntimeError, match="failed on purpose"):
+            failing.run(prompts_batch(), step=2)
+    finally:
+        failing.close()
+    assert entries(pool) == [0, 0]
+
+
+def test_plan_keeps_what_the_default_dags_read_on_the_same_workers():
+    """Colocated GRPO: the log-probs stay, the rollout's responses go to the reward and stay too;
+    GKD with a colocated teacher: the hidden states stay; KL in the reward makes the driver's
+    advantage node need the log-probs (mirrored)."""
+
+    class Handle:
+        def __init__(self, pool, ranks):
+            self.pool, self.ranks = pool, ranks
+
+    def plan(*overrides):
+        cfg = compose_config(*overrides)
+        source, specs = load_dag_specs(cfg.dag)
+        dag = build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout", "ref", "teacher"})
+        same = Handle("pool", [(0, 1, True)])
+        roles = {r: same for r in ("train", "rollout", "ref", "teacher")}
+        return plan_residency(dag, roles, {s.name for s in dag.nodes})
+
+    grpo = plan()
+    assert grpo["old_logprob"] == ({"old_logprobs"}, set())
+    assert grpo["rollout"] == ({"rollout_logprobs"}, {"responses", "response_mask"})
+    assert plan("algorithm=gkd")["teacher_hidden"] == ({"teacher_hidden"}, set())
+    kl = plan("algorithm.use_kl_in_reward=true")
+    assert kl["old_logprob"] == (set(), {"old_logprobs"}) and kl["ref_logprob"] == (set(), {"ref_logprobs"})
+
+
+def test_worker_store_keeps_the_first_of_two_calls_and_refuses_a_dropped_run():
+    """A node calling twice (chunks) keeps its first output only (the second comes back as values);
+    entries of a run that ended (or failed) are refused, so nothing outlives its step."""
+    store, keep = WorkerStore(), Keep("7.1", stay=frozenset({"old_logprobs"}))
+    first = store.keep((Batch({"old_logprobs": torch.ones(2, 3)}), {}), keep, dp_rank=1, dp_size=2)
+    assert first[0].held["old_logprobs"].part == 1 and first[0].held["old_logprobs"].value is None
+    second = store.keep(Batch({"old_logprobs": torch.zeros(2, 3)}), keep, dp_rank=1, dp_size=2)
+    assert "old_logprobs" in second.tensors and torch.equal(
+        store.get("7.1", "old_logprobs"), torch.ones(2, 3)
+    )
+    assert torch.equal(store.resolve(Batch(held=first[0].held), dp_rank=1)["old_logprobs"], torch.ones(2, 3))
+    assert store.drop("7.1") == 1 and not store.entries
+    late = store.keep(Batch({"old_logprobs": torch.ones(2, 3)}), keep, dp_rank=1, dp_size=2)
+    assert "old_logprobs" in late.tensors and not store.entries

@@ -1,0 +1,42 @@
+"""A plugin role for the residency tests: `hidden` produces a large per-row tensor on its workers
+(as a colocated teacher's hidden states), `consume` reads it on the same workers. With
+`+roles.hid=hidden`."""
+
+import torch
+
+from dagrl.backends import register_backend
+from dagrl.core.batch import Batch
+from dagrl.core.calls import Collect, Dispatch, Execute, role_method
+
+HIDDEN = 64  # [B, P, HIDDEN] float32 per call
+
+
+def hidden_of(prompts: torch.Tensor) -> torch.Tensor:
+    """[B, P] -> [B, P, HIDDEN]: a function of the row only, so the driver can check any piece."""
+    return prompts.float()[:, :, None] * torch.arange(1, HIDDEN + 1, dtype=torch.float32)
+
+
+class HiddenRole:
+    def __init__(self, cfg, spec, ctx):
+        self.rank = ctx.rank
+
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
+    def hidden(self, batch: Batch) -> tuple[Batch, dict]:
+        return Batch({"teacher_hidden": hidden_of(batch["prompts"])}), {"rank": float(self.rank)}
+
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
+    def consume(self, batch: Batch) -> tuple[Batch, dict]:
+        """Per row: the sum of its hidden states, and whether they are this row's (its prompts')."""
+        hidden = batch["teacher_hidden"]
+        right = torch.equal(hidden, hidden_of(batch["prompts"]))
+        return Batch({"scores": hidden.sum((1, 2))}), {"right_rows": float(right), "rank": float(self.rank)}
+
+
+def stored_entries(worker) -> int:
+    """How many kept columns a worker holds (Worker.run calls it there)."""
+    return len(worker.store.entries)
+
+
+@register_backend("hid", "hidden")
+def _hidden(cfg, spec, ctx):
+    return HiddenRole(cfg, spec, ctx)
