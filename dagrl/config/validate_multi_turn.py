@@ -17,6 +17,8 @@ from dagrl.errors import ConfigError
 
 MT = "actor_rollout_ref.rollout.multi_turn"
 TEMPLATE_ALLOWANCE = 8  # delimiter tokens of an observation turn (Qwen: 5), checked at start
+# single-turn DAG -> its multi-turn form (rollout outputs response_attention_mask, turn_ids, ...)
+MULTI_TURN_DAGS = {"grpo": "grpo_multi_turn", "gkd": "gkd_multi_turn", "opsd": "opsd_multi_turn"}
 
 
 def check_multi_turn(cfg: DagrlConfig) -> None:
@@ -26,9 +28,11 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
     from dagrl.rollout.multi_turn import load_tools
     from dagrl.tools.base import ENVIRONMENTS, PARSERS, lookup
 
-    if cfg.dag == "grpo":
+    if cfg.dag in MULTI_TURN_DAGS:
         raise ConfigError(
-            "dag", cfg.dag, "multi-turn rows need the DAG that carries their masks: dag=grpo_multi_turn"
+            "dag",
+            cfg.dag,
+            f"multi-turn rows need the DAG that carries their masks: dag={MULTI_TURN_DAGS[cfg.dag]}",
         )
     lookup(ENVIRONMENTS, mt.environment, f"{MT}.environment")
     lookup(PARSERS, mt.format, f"{MT}.format")
@@ -56,18 +60,4 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
             r.tensor_model_parallel_size,
             "multi-turn episodes on vLLM run one engine per GPU for now: each TP rank would have to see "
             "the same tool results in the same order; use 1 (more replicas) with multi_turn.enable=true",
-        )
-    if cfg.algorithm.distill_reward.coef:
-        raise ConfigError(
-            "algorithm.distill_reward.coef",
-            cfg.algorithm.distill_reward.coef,
-            f"the teacher does not yet read multi-turn rows (observations inside the response); "
-            f"set 0 with {MT}.enable=true",
-        )
-    if cfg.algorithm.name in ("gkd", "opsd"):
-        raise ConfigError(
-            f"{MT}.enable",
-            True,
-            f"algorithm={cfg.algorithm.name} scores responses with a teacher that does not yet read "
-            "multi-turn rows (observations inside the response); use GRPO-family algorithms",
         )

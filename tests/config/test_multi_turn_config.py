@@ -43,7 +43,8 @@ def test_verl_and_ms_swift_keys():
         (f"{MT}.tool_config_path=null", f"{MT}.tool_config_path"),
         (f"{MT}.format=json", f"{MT}.format"),
         (f"{MT}.environment=gym", f"{MT}.environment"),
-        ("algorithm=gkd", f"{MT}.enable"),
+        ("dag=gkd", "dag"),  # the single-turn distillation DAGs drop the masks
+        ("dag=opsd", "dag"),
     ],
 )
 def test_rules_name_the_key(override, key):
@@ -67,3 +68,20 @@ def test_presets_compose_and_validate():
     assert cfg.actor_rollout_ref.rollout.multi_turn.enable and cfg.dag == "grpo_multi_turn"
     cfg = checked("experiment=multi_turn/python_math", "actor_rollout_ref.model.path=/models/qwen")
     assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == "conf/tools/python.yaml"
+
+
+@pytest.mark.parametrize("algorithm", ["gkd", "opsd"])
+@pytest.mark.parametrize("topk", [None, 8])
+def test_distillation_dags_give_the_teacher_the_whole_episode(algorithm, topk):
+    """algorithm=gkd|opsd with dag=<it>_multi_turn: the teacher node that runs (top-k or hidden
+    states) and the update read response_attention_mask; validation passes."""
+    from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled
+
+    k = f"algorithm.gkd.gkd_logits_topk={topk if topk else 'null'}"
+    cfg = checked(*OK, f"algorithm={algorithm}", f"dag={algorithm}_multi_turn", k)
+    source, specs = load_dag_specs(cfg.dag)
+    dag = build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout", "teacher"})
+    teacher = dag.node("teacher_logprob" if topk else "teacher_hidden")
+    assert "response_attention_mask" in teacher.inputs
+    assert "response_attention_mask" in teacher.required_inputs
+    assert "response_attention_mask" in dag.node("actor_update").inputs
