@@ -12,7 +12,7 @@ and, as for every rollout, prompt + max_response_length ≤ the vLLM engine's ma
 
 from __future__ import annotations
 
-from dagrl.config.schema import DagrlConfig
+from dagrl.config.schema import DagrlConfig, TurnRewardMode
 from dagrl.errors import ConfigError
 
 MT = "actor_rollout_ref.rollout.multi_turn"
@@ -60,4 +60,28 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
             r.tensor_model_parallel_size,
             "multi-turn episodes on vLLM run one engine per GPU for now: each TP rank would have to see "
             "the same tool results in the same order; use 1 (more replicas) with multi_turn.enable=true",
+        )
+    check_turn_rewards(cfg)
+
+
+def check_turn_rewards(cfg: DagrlConfig) -> None:
+    """turn_reward_mode=turn shapes GRPO-family advantages: the DAG needs an advantage node (the
+    distillation DAGs log their reward only) and the estimator GRPO's group normalisation."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.turn_reward_mode != TurnRewardMode.turn:
+        return
+    from dagrl.core.dag import load_dag_specs
+
+    if not any(spec.kind == "advantage" for spec in load_dag_specs(cfg.dag)[1]):
+        raise ConfigError(
+            f"{MT}.turn_reward_mode",
+            mt.turn_reward_mode.value,
+            f"dag={cfg.dag} computes no advantages (its reward is logged only): use trajectory",
+        )
+    if cfg.algorithm.adv_estimator != "grpo":
+        raise ConfigError(
+            f"{MT}.turn_reward_mode",
+            mt.turn_reward_mode.value,
+            f"per-turn credit is group-normalised (GRPO); algorithm.adv_estimator={cfg.algorithm.adv_estimator} "
+            "has no such form: use trajectory",
         )
