@@ -32,6 +32,8 @@ import torch
 from dagrl.tools import StepResult, register_environment
 from dagrl.tools.sandbox import run_python
 
+OBSERVATION_ALLOWANCE = 32  # tokens per turn for the observation after it
+
 
 class LatencyEnvironment:
     """Answers every turn with a short observation after a fixed latency, or after a real run of
@@ -70,7 +72,9 @@ def build(args):
         "actor_rollout_ref.rollout.free_cache_engine=false",
         "actor_rollout_ref.rollout.ignore_eos=true",
         "data.max_prompt_length=32",
-        f"data.max_response_length={total + args.turns * 16}",
+        # room for the observations between turns: "result: 499500" (--tool python) is 24 tokens with
+        # the template's delimiters on the shipped byte-level tokenizer; 16 would cut the last turn
+        f"data.max_response_length={total + args.turns * OBSERVATION_ALLOWANCE}",
         "trainer.device=cuda",
     )
     backend = VLLMRolloutBackend(cfg, ParallelContext(0, 1, torch.device("cuda", 0)))
