@@ -66,7 +66,7 @@ def build_models(out: str, needed: set[str]) -> dict[str, str]:
         path = os.path.join(out, f"qwen3-{shape}")
         if not os.path.isfile(os.path.join(path, "config.json")):
             hidden, layers, heads, kv, inter = SHAPES[shape]
-            build_random_qwen3(path, hidden, layers, heads, kv, inter, 151936)
+            build_random_qwen3(path, hidden, layers, heads, kv, inter, 151936, head_dim=128)
         paths[shape] = path
     return paths
 
@@ -78,6 +78,7 @@ def overrides_for(name: str, models: dict, args) -> list[str]:
         f"{A}.optim.lr=1e-6",
         f"{R}.name=vllm",
         f"{R}.ignore_eos=true",  # full-length responses: the largest activations and logits
+        f"{A}.recompute_old_logprobs=true",  # measure the old-log-prob phase (auto skips it on-policy)
         f"{R}.enforce_eager=true",  # faster start; the pool is gpu_memory_utilization x card either way
         "trainer.device=cuda",
         f"data.train_batch_size={args.prompts}",
@@ -93,20 +94,63 @@ def overrides_for(name: str, models: dict, args) -> list[str]:
 # ---- one configuration (child process) ------------------------------------------------------------
 
 
+class _Poller:
+    """Device memory in use (total - free), sampled every 2 ms on a thread: the card's real peak."""
+
+    def __init__(self):
+        import threading
+
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        import torch
+
+        while not self._stop.is_set():
+            free, total = torch.cuda.mem_get_info()
+            self.peak = max(self.peak, total - free)
+            self._stop.wait(0.002)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
 def measure(worker, role: str, fn):
-    """(result, GiB in use at the phase's peak) of fn(backend) after the role takes the device."""
+    """(result, GiB at the phase's peak, the parts of that figure) of fn(backend) after the role
+    takes the device. The figure: what is in use outside torch's allocator at the phase start (CUDA
+    context, an engine's pool) + the allocator's peak of allocated bytes in the phase, i.e. the
+    device's peak were the allocator to cache nothing (what the plan models). Also reported: the
+    same with the allocator's reserved peak (its cache and fragmentation counted) and the sampled
+    peak of total - free."""
     import torch
 
     backend = worker.activate(role)
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
-    base = torch.cuda.memory_allocated()
+    reserved0, allocated0 = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    result = fn(backend)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    after = total - torch.cuda.mem_get_info()[0]
-    return result, max(total - free + max(0, peak), after) / 2**30
+    with _Poller() as poll:
+        result = fn(backend)
+        torch.cuda.synchronize()
+    outside = (total - free) - reserved0
+    gib = 2**-30
+    parts = {
+        "used_start": (total - free) * gib,
+        "outside_allocator": outside * gib,
+        "allocated_start": allocated0 * gib,
+        "cached_start": (reserved0 - allocated0) * gib,
+        "peak_allocated": torch.cuda.max_memory_allocated() * gib,
+        "with_reserved": (outside + torch.cuda.max_memory_reserved()) * gib,
+        "sampled": poll.peak * gib,
+        "session7_formula": ((total - free) + max(0, torch.cuda.max_memory_allocated() - allocated0)) * gib,
+    }
+    measured = (outside + torch.cuda.max_memory_allocated()) * gib
+    return result, measured, {k: round(v, 2) for k, v in parts.items()}
 
 
 def run_child(name: str, args) -> None:
@@ -143,24 +187,48 @@ def run_child(name: str, args) -> None:
     measured: dict[str, float] = {}
     for step in range(2):
         if step:
-            _, gib = measure(worker, "train", lambda b: _copy_local(worker, "train", "rollout"))
-            measured["weight_sync"] = max(measured.get("weight_sync", 0.0), gib)
-        out, gib = measure(worker, "rollout", lambda b, s=step: b.generate(base, seed=s)[0])
-        measured["rollout"] = max(measured.get("rollout", 0.0), gib)
+            _, gib, parts = measure(worker, "train", lambda b: _copy_local(worker, "train", "rollout"))
+            keep(measured, "weight_sync", gib, parts)
+        out, gib, parts = measure(worker, "rollout", lambda b, s=step: b.generate(base, seed=s)[0])
+        keep(measured, "rollout", gib, parts)
         batch = base.union(out)
         view = batch.select(inputs)
-        old, gib = measure(worker, "train", lambda b, v=view: b.forward_logprobs(v, "old_logprobs")[0])
-        measured["old_logprob"] = max(measured.get("old_logprob", 0.0), gib)
+        old, gib, parts = measure(worker, "train", lambda b, v=view: b.forward_logprobs(v, "old_logprobs")[0])
+        keep(measured, "old_logprob", gib, parts)
         if "teacher" in roles:
-            _, gib = measure(worker, "teacher", lambda b, v=view: b.forward_logprobs(v, "teacher_logprobs"))
-            measured["teacher"] = max(measured.get("teacher", 0.0), gib)
+            _, gib, parts = measure(
+                worker, "teacher", lambda b, v=view: b.forward_logprobs(v, "teacher_logprobs")
+            )
+            keep(measured, "teacher", gib, parts)
         advantages = torch.randn(rows, 1, generator=gen) * batch["response_mask"]
         update = batch.union(old).union(Batch({"advantages": advantages}))
-        _, gib = measure(worker, "train", lambda b, u=update: b.train_step(u))
-        measured["update"] = max(measured.get("update", 0.0), gib)
-    for phase, gib in measured.items():
-        emit(name, phase, estimate.get(phase), gib, {"notes": prepared.memory.notes})
+        _, gib, parts = measure(worker, "train", lambda b, u=update: b.train_step(u))
+        keep(measured, "update", gib, parts)
+    rows = {row.phase: row for row in group.rows}
+    for phase, (gib, parts) in measured.items():
+        row = rows.get(phase)
+        plan = (
+            {}
+            if row is None
+            else {
+                "plan_parts": {k: round(v / GIB, 2) for k, v in row.parts.items()},
+                "plan_others": {k: round(v / GIB, 2) for k, v in row.others.items()},
+            }
+        )
+        emit(
+            name,
+            phase,
+            estimate.get(phase),
+            gib,
+            {"measured_parts": parts, **plan, "notes": prepared.memory.notes},
+        )
     worker.shutdown()
+
+
+def keep(measured: dict, phase: str, gib: float, parts: dict) -> None:
+    """The larger of a phase's two steps (the second has Adam's state)."""
+    if gib >= measured.get(phase, (0.0, None))[0]:
+        measured[phase] = (gib, parts)
 
 
 def emit(name: str, phase: str, estimate: float | None, measured: float, extra: dict) -> None:

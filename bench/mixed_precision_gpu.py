@@ -84,7 +84,7 @@ def model_dir(args) -> str:
     if not os.path.isfile(os.path.join(path, "config.json")):
         start = time.perf_counter()
         hidden, layers, heads, kv, inter = SHAPES[args.shape]
-        build_random_qwen3(path, hidden, layers, heads, kv, inter, 151936)
+        build_random_qwen3(path, hidden, layers, heads, kv, inter, 151936, head_dim=128)
         print(json.dumps({"built": path, "s": round(time.perf_counter() - start, 1)}), flush=True)
     return path
 

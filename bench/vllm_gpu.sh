@@ -5,8 +5,9 @@
 #
 #   bash bench/vllm_gpu.sh check OUT   # 1 GPU: gpu tests, the default tiny job on vLLM,
 #                                      #   bench/rollout_vs_vllm.py on the side-by-side model
-#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf]   # 1 GPU: the side-by-side, TRL and the
-#                                      #   chosen dagrl presets (default: trl fast lean), one command
+#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf] [default] [fast_before]   # 1 GPU: the
+#                                      #   side-by-side, TRL and the chosen dagrl presets (default: trl
+#                                      #   fast lean), one command; fast_before runs `fast` from BEFORE=DIR
 #   bash bench/vllm_gpu.sh two OUT [sync] [loader] [overlap] [tp2]   # 2 GPUs: separate placement
 #                                      #   (direct weight sync; `loader`: through vLLM's load_weights),
 #                                      #   with overlap, rollout TP=2 colocated with a TP=2 megatron trainer
@@ -46,6 +47,8 @@ side() {  # side NAME EXTRA...
     local name=$1
     shift
     mkdir -p "$OUT/$name"
+    # a process left on the GPU by an earlier run would slow this one: name it in the log
+    echo "== $name: GPU processes before: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ' ')"
     step "$name" 420 env OUT="$OUT/$name" EXTRA="$*" bash .anchors/side_by_side.sh dagrl
     cp /tmp/dagrl_side/metrics.jsonl "$OUT/$name/metrics.jsonl" 2>/dev/null && python3 - "$OUT/$name/metrics.jsonl" <<'PY'
 import json, sys
@@ -74,6 +77,8 @@ side)
         case $what in
         trl) mkdir -p "$OUT/trl"; step trl 420 env OUT="$OUT/trl" bash .anchors/side_by_side.sh trl ;;
         fast) side dagrl_fast $FAST ;;
+        default) side dagrl_default $R.name=vllm ;;  # what a user gets with only the engine named
+        fast_before) export DAGRL_ROOT=${BEFORE:?BEFORE=an older checkout}; side dagrl_fast_before $FAST; unset DAGRL_ROOT ;;
         lean) side dagrl_lean $LEAN ;;
         hf) side dagrl_hf ;;
         *) echo "unknown side run $what" ;;

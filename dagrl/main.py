@@ -10,6 +10,7 @@ Hydra composes, so a wrong key is one line naming it, and Hydra writes no output
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -51,11 +52,28 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     tokenizer, loader, val = load_data(cfg, prepared.model_path)
     rewarder = rewarder_for(cfg)
     start = time.perf_counter()
-    with interrupt.stop_signals():  # Ctrl-C / SIGTERM: finish the step, save, exit 130 / 143
+    with (
+        interrupt.stop_signals(),
+        _planned(prepared),
+    ):  # Ctrl-C / SIGTERM: finish the step, save, exit 130 / 143
         runtime, pools, bundles = launch(prepared, tokenizer, rewarder)
         interrupt.install()  # ray.init put its own SIGTERM handler in place
         log(f"workers ready in {time.perf_counter() - start:.1f}s")
         return _train(cfg, prepared, runtime, pools, bundles, loader, val)
+
+
+@contextlib.contextmanager
+def _planned(prepared):
+    """An out-of-memory error names what the memory plan expected in that phase, and its levers."""
+    from dagrl.core.device_faults import DeviceError
+
+    try:
+        yield
+    except DeviceError as exc:
+        from dagrl.trainer.capacity import fault_plan_hint
+
+        exc.plan_hint = fault_plan_hint(prepared.memory, prepared.plan, exc.fault)
+        raise
 
 
 def _train(cfg: DagrlConfig, prepared, runtime, pools, bundles, loader, val) -> dict[str, float]:

@@ -35,6 +35,7 @@ def build_random_qwen3(
     seed: int = 0,
     init_std: float = 0.02,
     max_positions: int = 4096,
+    head_dim: int | None = None,
 ) -> str:
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
@@ -48,7 +49,7 @@ def build_random_qwen3(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        head_dim=max(hidden // heads, 16),
+        head_dim=head_dim or max(hidden // heads, 16),  # Qwen3's own: 128 at every size
         max_position_embeddings=max_positions,
         tie_word_embeddings=hidden < 4096,  # Qwen3 ties embeddings up to 4B, unties from 8B
         initializer_range=init_std,
@@ -75,8 +76,11 @@ def main() -> None:
     p.add_argument("--intermediate", type=int, default=3072)
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--head-dim", type=int, default=None, help="default hidden / heads; Qwen3 uses 128")
     a = p.parse_args()
-    build_random_qwen3(a.out, a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab, a.seed)
+    build_random_qwen3(
+        a.out, a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab, a.seed, head_dim=a.head_dim
+    )
     print(a.out)
 
 

@@ -21,6 +21,7 @@ class ModelShape:
     tied: bool  # input embedding and output layer share one matrix
     params: int  # every parameter, counted once when tied
     expert_params: int = 0  # those in routed experts (split over EP by megatron)
+    qk_norm: bool = False  # RMSNorm on queries and keys (Qwen3): their inputs are kept too
 
     @property
     def q_dim(self) -> int:
@@ -31,7 +32,7 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
 
-def shape_from_config(hf_cfg, params: int, expert_params: int = 0) -> ModelShape:
+def shape_from_config(hf_cfg, params: int, expert_params: int = 0, qk_norm: bool = False) -> ModelShape:
     """The shape of a transformers config (Qwen/Llama-style keys); `params` counted elsewhere."""
     heads = hf_cfg.num_attention_heads
     head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // heads
@@ -50,6 +51,7 @@ def shape_from_config(hf_cfg, params: int, expert_params: int = 0) -> ModelShape
         tied=bool(getattr(hf_cfg, "tie_word_embeddings", False)),
         params=params,
         expert_params=expert_params,
+        qk_norm=qk_norm,
     )
 
 
@@ -62,4 +64,5 @@ def read_model_shape(path: str, trust_remote_code: bool = False) -> ModelShape:
     with torch.device("meta"):
         named = list(AutoModelForCausalLM.from_config(hf_cfg).named_parameters())
     experts = sum(p.numel() for name, p in named if ".experts." in name)
-    return shape_from_config(hf_cfg, sum(p.numel() for _, p in named), experts)
+    qk_norm = any(name.endswith(("q_norm.weight", "q_layernorm.weight")) for name, _ in named)
+    return shape_from_config(hf_cfg, sum(p.numel() for _, p in named), experts, qk_norm)

@@ -208,9 +208,11 @@ class ActorConfig:
     """torch strategy: the fp32 master weights, their gradients and Adam's moments live in pinned
     host memory and the optimizer step runs on the CPU (the device keeps the compute weights and
     gradients: 4 bytes per parameter instead of 16 in bf16). megatron: megatron.optimizer_cpu_offload."""
-    recompute_old_logprobs: bool = True
+    recompute_old_logprobs: Optional[bool] = None
     """false: an on-policy update (ppo_mini_batch_size = data.train_batch_size, ppo_epochs = 1)
-    takes the old log-probs from its own forward, detached, and the old_logprob pass is skipped."""
+    takes the old log-probs from its own forward, detached, and the old_logprob pass is skipped
+    (the ratio is exactly 1, as TRL does with num_iterations=1). null (auto): false when the update
+    is on-policy and nothing before it reads them (algorithm.use_kl_in_reward), else true."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """megatron-core layout and memory settings (strategy=megatron)."""
 

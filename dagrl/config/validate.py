@@ -20,7 +20,7 @@ from dagrl.config.schema import (
 )
 from dagrl.config.validate_multi_turn import check_multi_turn
 from dagrl.config.validate_precision import check_precision
-from dagrl.config.validate_rollout import check_off_policy_settings, check_overlap_placement
+from dagrl.config.validate_rollout import check_off_policy_settings, check_overlap_placement, old_logprob_pass
 from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
 from dagrl.registry import BACKENDS, ESTIMATORS, OBJECTIVES
@@ -45,6 +45,7 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         from dagrl.data.builtin_calculator import tiny_calculator_path
 
         cfg.actor_rollout_ref.model.path = tiny_calculator_path()  # taught the tool-call format
+    cfg.actor_rollout_ref.actor.recompute_old_logprobs = old_logprob_pass(cfg)  # auto: where needed
     train = BACKENDS.find(Role.train, cfg.actor_rollout_ref.actor.strategy)
     if train is not None and train.resolve is not None:
         train.resolve(cfg)  # megatron: the ref takes the actor's layout, checkpointing is recompute

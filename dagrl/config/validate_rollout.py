@@ -9,11 +9,23 @@ from dagrl.errors import ConfigError
 R = "actor_rollout_ref.rollout"
 
 
+def old_logprob_pass(cfg: DagrlConfig) -> bool:
+    """Whether the step runs a separate old-log-prob pass: actor.recompute_old_logprobs, or for
+    null (auto) only where the update is off-policy (several mini-batches or epochs) or the
+    advantage reads them before the update (use_kl_in_reward, distill_reward). On-policy, the
+    update's own forward gives them, detached: the same numbers without a second forward."""
+    a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    if a.recompute_old_logprobs is not None:
+        return a.recompute_old_logprobs
+    on_policy = a.ppo_mini_batch_size == cfg.data.train_batch_size and a.ppo_epochs == 1
+    return not on_policy or algo.use_kl_in_reward or bool(algo.distill_reward.coef)
+
+
 def check_off_policy_settings(cfg: DagrlConfig) -> None:
     """Skipping the old-log-prob pass and the rollout correction: each only where it is sound."""
     a, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
     A = "actor_rollout_ref.actor"
-    if not a.recompute_old_logprobs:
+    if a.recompute_old_logprobs is False:
         if a.ppo_mini_batch_size != cfg.data.train_batch_size or a.ppo_epochs != 1:
             raise ConfigError(
                 f"{A}.recompute_old_logprobs",

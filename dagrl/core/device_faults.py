@@ -102,6 +102,7 @@ class DeviceError(DagrlError):
         self.node: str | None = None  # "actor_update (kind actor_update)", set by the scheduler
         self.details = fault.details
         self.log_path: str | None = None
+        self.plan_hint = ""  # what the memory plan expected in this phase (set by the trainer)
         super().__init__(str(fault))
 
     def __str__(self) -> str:
@@ -111,6 +112,8 @@ class DeviceError(DagrlError):
             f"{WHAT[f.kind]}: role {f.role}, rank {f.rank} ({self.where}), {node}, phase {f.phase}:"
             f" {f.summary}; {self.levers}"
         )
+        if self.plan_hint:
+            line += f"; the memory plan for this phase: {self.plan_hint}"
         return line + (f"; full traceback in {self.log_path}" if self.log_path else "")
 
 

@@ -13,6 +13,7 @@ from dagrl.algos import KLEstimator, kl_penalty, masked_mean
 from dagrl.algos.advantages import compute_turn_advantages, place_turn_rewards
 from dagrl.algos.distillation import reverse_kl_advantages
 from dagrl.config.schema import TurnRewardMode
+from dagrl.config.validate_rollout import old_logprob_pass
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.objectives import estimator
@@ -31,7 +32,7 @@ def turn_credit(cfg) -> bool:
 def distill_student_key(cfg) -> str:
     """The student's log-probs of its samples for the reverse-KL reward: the recomputed old ones,
     or the rollout's when the update skips that pass (validated on-policy)."""
-    return "old_logprobs" if cfg.actor_rollout_ref.actor.recompute_old_logprobs else "rollout_logprobs"
+    return "old_logprobs" if old_logprob_pass(cfg) else "rollout_logprobs"
 
 
 def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

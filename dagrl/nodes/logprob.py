@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dagrl.backends.handles import train_role
+from dagrl.config.validate_rollout import old_logprob_pass
 from dagrl.core.node import NodeResult, register_node_kind
 
 _SEQ_INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
@@ -45,7 +46,7 @@ class OldLogprobNode:
     @staticmethod
     def enabled(cfg) -> bool:
         # validate allows skipping only when the update is on-policy (one epoch over one mini-batch)
-        return cfg.actor_rollout_ref.actor.recompute_old_logprobs
+        return old_logprob_pass(cfg)
 
     def run(self, runtime, batch):
         return logprob_result(runtime, self.spec, batch, self.outputs[0])

@@ -29,6 +29,7 @@ from dagrl.algos.rollout_correction import (
     rollout_rs_mask,
 )
 from dagrl.config.schema import DagrlConfig, RolloutCorrectionConfig
+from dagrl.config.validate_rollout import old_logprob_pass
 from dagrl.core.batch import Batch
 from dagrl.errors import ConfigError
 from dagrl.objectives.base import TokenOutputs, TokenRequest, micro_batch_weights, register_objective
@@ -63,7 +64,7 @@ class PolicyGradientObjective:
         )
         rollout = ("rollout_logprobs",) if corrects else ()
         # recompute_old_logprobs=false (validated on-policy): the update's own log-probs, detached
-        old = ("old_logprobs",) if a.recompute_old_logprobs else ()
+        old = ("old_logprobs",) if old_logprob_pass(cfg) else ()
         self.required_keys = ("response_mask", *old, "advantages", *rollout, *(kl if a.use_kl_loss else ()))
         # what a DAG may pass on: used when present (rollout log-probs: mismatch metrics), else not
         self.optional_keys = tuple(

@@ -137,6 +137,27 @@ def oom_hint(memory: MemoryPlan | None, plan: Plan, phase: str) -> str:
     return ""
 
 
+# a failing backend method (DeviceFault.phase) and its role -> the plan's phase
+_FAULT_PHASES = {
+    "train_step": "update",
+    "generate": "rollout",
+    "teacher_topk": "teacher",
+    "teacher_hidden": "teacher",
+}
+
+
+def fault_plan_hint(memory: MemoryPlan | None, plan: Plan, fault) -> str:
+    """oom_hint for a worker's CUDA out-of-memory fault ('' for other faults or unplanned phases)."""
+    from dagrl.core.device_faults import CUDA_OOM
+
+    if fault.kind != CUDA_OOM:
+        return ""
+    phase = _FAULT_PHASES.get(fault.phase)
+    if fault.phase == "forward_logprobs":
+        phase = {"ref": "ref_logprob", "teacher": "teacher"}.get(str(fault.role), "old_logprob")
+    return oom_hint(memory, plan, phase) if phase else ""
+
+
 def phase_levers(plan: Plan, row) -> str:
     """The keys that lower a phase's total: its own workload's, then what the idle roles keep."""
     spec = plan.specs.get(row.role)

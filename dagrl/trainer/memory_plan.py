@@ -191,18 +191,18 @@ def _torch_memory(cfg: DagrlConfig, spec: RoleSpec, layout: RoleLayout, shape: M
     arr, width = cfg.actor_rollout_ref, _width(spec.model.dtype)
     on_host = spec.trains and arr.actor.optimizer_cpu_offload  # the optimizer step on the host
     state = torch_memory.state_bytes(shape, width, spec.trains, on_host)
-    mem = RoleMemory(state, torch_memory.idle_bytes(state, spec.offload.params))
+    kept = torch_memory.between_updates(state, width, on_host)
+    mem = RoleMemory(kept, torch_memory.idle_bytes(kept, spec.offload.params))
     if on_host:
         mem.host = shape.params * 16.0  # fp32 master, its gradient, m, v
     elif spec.offload.params:
-        mem.host = parts_total(state) - state.get("grads", 0.0)
+        mem.host = parts_total(kept) - kept.get("grads", 0.0)
     for phase, work in _forward_phases(cfg, spec, layout.dp).items():
         mem.phases[phase] = torch_memory.forward_bytes(shape, width, work)
     if spec.trains:
         recompute = bool(arr.model.gradient_checkpointing)
-        mem.phases["update"] = torch_memory.update_bytes(
-            shape, width, update_workload(cfg, layout.dp), recompute
-        )
+        update = torch_memory.update_bytes(shape, width, update_workload(cfg, layout.dp), recompute)
+        mem.phases["update"] = {k: v for k, v in state.items() if k not in kept} | update
     return mem
 
 

@@ -32,7 +32,10 @@ def position(dag: Dag, name: str) -> int:
 
 
 def test_shipped_grpo_with_kl_loss():
-    dag = shipped_grpo("actor_rollout_ref.actor.use_kl_loss=true")
+    # the separate old-log-prob pass pinned on (auto skips it on-policy: test_memory_plan.py)
+    dag = shipped_grpo(
+        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.recompute_old_logprobs=true"
+    )
     names = [n.name for n in dag.nodes]
     assert set(names) == {
         "weight_sync",

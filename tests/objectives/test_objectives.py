@@ -52,14 +52,18 @@ def test_preset_selects_its_objective(preset):
 
 
 def test_declared_keys_follow_the_kl_setting():
-    plain = build_objective(compose_config())
+    plain = build_objective(compose_config(f"{A}.recompute_old_logprobs=true"))
     assert plain.required_keys == ("response_mask", "old_logprobs", "advantages")
+    auto = build_objective(compose_config())  # on-policy by default: the update's own, detached
+    assert "old_logprobs" not in auto.required_keys and "old_logprobs" in auto.optional_keys
     assert "rollout_logprobs" in plain.optional_keys  # mismatch metrics when the DAG passes them
     corrected = build_objective(compose_config("algorithm.rollout_correction.rollout_is=token"))
     assert "rollout_logprobs" in corrected.required_keys  # a requested correction cannot fall away
     assert plain.optional_keys == ("rollout_logprobs", "ref_logprobs")
     assert plain.request.entropy and not plain.request.entropy_grad  # entropy reported, no graph
-    kl = build_objective(compose_config(f"{A}.use_kl_loss=true", f"{A}.entropy_coeff=0.01"))
+    kl = build_objective(
+        compose_config(f"{A}.use_kl_loss=true", f"{A}.entropy_coeff=0.01", f"{A}.recompute_old_logprobs=true")
+    )
     assert kl.required_keys[-1] == "ref_logprobs" and kl.optional_keys == ("rollout_logprobs",)
     assert kl.request.entropy_grad
     # on-policy without the old-log-prob pass, and a rollout engine that returns no log-probs

@@ -67,7 +67,7 @@ SMALL_JOB = (
 
 
 def test_small_colocated_job_by_hand(small):
-    prepared = dry(small, *SMALL_JOB)
+    prepared = dry(small, *SMALL_JOB, f"{A}.recompute_old_logprobs=true")  # auto skips it on-policy
     [group] = prepared.memory.groups
     rows = {r.phase: r for r in group.rows}
     assert list(rows) == ["rollout", "old_logprob", "update"]
@@ -75,10 +75,11 @@ def test_small_colocated_job_by_hand(small):
     # two norms 64, MLP 3×64×128) + final norm 64
     params = 64_000 + 2 * (4096 + 2048 + 2048 + 4096 + 16 + 16 + 64 + 64 + 24_576) + 64
     assert params == 138_112
-    # rollout: vLLM's pool 0.5 × 10 GiB; the trainer offloaded its weights and Adam, kept its bf16 grads
+    # rollout: vLLM's pool 0.5 × 10 GiB; the trainer offloaded its weights and Adam (its bf16 grads
+    # live only from the backward to the step, which upcasts them into the masters' and frees them)
     assert rows["rollout"].parts == {"pool": 5 * GIB}
-    assert rows["rollout"].others == {"train": 2 * params}
-    assert rows["rollout"].total == 5 * GIB + 2 * params + CONTEXT_BYTES
+    assert rows["rollout"].others == {"train": 0}
+    assert rows["rollout"].total == 5 * GIB + CONTEXT_BYTES
     # update: bf16 weights 2 B + grads 2 B + fp32 master, m, v 12 B; micro-batch 4 rows × 24 tokens;
     # per token and layer (8 + 4·2)·64 + (4 + 3·2)·(64 + 32) + 4·2·128 = 3008 B, 2 layers;
     # logits + their gradient 2 × 2 B × 4 rows × (8 + 1) positions × 1000
@@ -91,9 +92,13 @@ def test_small_colocated_job_by_hand(small):
         "logits": 2 * 2 * 4 * 9 * 1000,
     }
     assert rows["update"].others == {"rollout": 0.5 * GIB}  # the engine asleep
-    # old log-probs: all 8 rows of the device at once (micro-batch 64), one layer at a time, no grad
-    assert rows["old_logprob"].parts["activations"] == 3008 * 8 * 24
-    assert rows["old_logprob"].parts["logits"] == 2 * 8 * 9 * 1000
+    # old log-probs: all 8 rows of the device at once (micro-batch 64), no grad: one layer's
+    # tensors at a time (3008 B × 8 rows × 24 tokens), gone before the logits (2 B × 8 × 9 × 1000)
+    assert rows["old_logprob"].parts == {
+        "weights": 2 * params,
+        "optimizer": 12 * params,
+        "activations": 3008 * 8 * 24,
+    }
     text = format_memory_plan(prepared.memory)
     assert "update" in text and "gradient_checkpointing: auto -> false" in text
 
@@ -141,7 +146,7 @@ def test_4b_megatron_with_vllm_no_longer_plans_as_fitting(qwen3_4b):
     [warning] = prepared.warnings
     assert "in phase update" in warning and f"{A}.megatron.recompute_granularity=full" in warning
     over = {r.phase for _, r in prepared.memory.over()}
-    assert over == {"rollout", "old_logprob", "update"}  # the resident trainer + the pool, too
+    assert over == {"rollout", "update"}  # the resident trainer + the pool, too (on-policy: no old_logprob)
     prepared.cfg.trainer.dry_run = False  # a real run: refused before Ray starts
     with pytest.raises(ConfigError, match="in phase update") as info:
         check_memory(prepared.cfg, prepared.memory, prepared.plan)
@@ -169,3 +174,29 @@ def test_phases_follow_the_dag(small):
     """No old-log-prob pass on-policy (recompute_old_logprobs=false): no such phase in the plan."""
     prepared = dry(small, *SMALL_JOB, f"{A}.recompute_old_logprobs=false")
     assert [r.phase for r in prepared.memory.groups[0].rows] == ["rollout", "update"]
+
+
+def test_old_logprob_pass_only_where_needed_by_default(small):
+    """recompute_old_logprobs=null (auto): on-policy steps take the update's own log-probs; several
+    mini-batches or use_kl_in_reward need the separate pass; a pinned true keeps it."""
+    phases = lambda *o: [r.phase for r in dry(small, *SMALL_JOB, *o).memory.groups[0].rows]  # noqa: E731
+    assert phases() == ["rollout", "update"]
+    assert "old_logprob" in phases(f"{A}.ppo_mini_batch_size=1")
+    assert "old_logprob" in phases(f"{A}.ppo_epochs=2")
+    assert "old_logprob" in phases(f"{A}.recompute_old_logprobs=true")
+    assert "old_logprob" in phases("algorithm.use_kl_in_reward=true")
+
+
+def test_out_of_memory_line_quotes_the_plan(small):
+    from dagrl.core.device_faults import CUDA_OOM, DeviceFault, device_error
+    from dagrl.trainer.capacity import fault_plan_hint
+
+    prepared = dry(small, *SMALL_JOB)
+    fault = DeviceFault(CUDA_OOM, "train", 0, "train_step", "Tried to allocate 2.00 GiB", "traceback")
+    error = device_error(fault, prepared.cfg, "node 0")
+    error.plan_hint = fault_plan_hint(prepared.memory, prepared.plan, fault)
+    line = str(error)
+    assert "the memory plan for this phase: planned" in line and "activations" in line
+    assert f"{M}.gradient_checkpointing=true" in line.split("the memory plan")[1]
+    other = DeviceFault("nccl", "train", 0, "train_step", "timeout", "")
+    assert fault_plan_hint(prepared.memory, prepared.plan, other) == ""

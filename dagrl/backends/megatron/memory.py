@@ -9,7 +9,8 @@ colocated role has the device; the role's own phases have everything back.
 
 Activations per token per layer (TE or sdpa layer spec, flash attention, w = bytes of
 param_dtype): the two norms' inputs and outputs 4w·h, q/k/v and their rotary copies
-w·(2q + 3kv), the attention output w·q, the MLP's gate/up output and its product 3w·i, and two
+w·(2q + 3kv) (+ w·(q + kv) for the q/k norms' inputs), the attention output w·q, the MLP's gate/up
+output, silu(gate) and their product 4w·i (fitted on an H100, docs/perf.md), and two
 dropout masks 2h (one byte each; Qwen's dropout is 0 but the masks are made). Tensor parallel
 splits the attention and MLP parts, sequence parallel the rest too; context parallel splits the
 tokens. Full recompute keeps each recomputed layer's input (w·h) plus one layer at a time.
@@ -81,7 +82,10 @@ def idle_bytes(state: dict[str, float], params: bool, grads: bool, optimizer: bo
 def layer_activation_bytes(shape: ModelShape, width: int, layout: MegatronLayout) -> float:
     """Bytes one transformer layer saves for the backward, per token of the micro-batch."""
     h, q, kv, i = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate
-    split = width * (2 * q + 3 * kv + q + 3 * i + 2 * h) / layout.tp  # attention, MLP, their inputs
+    qk_norm = q + kv if shape.qk_norm else 0  # the q/k norms' inputs (Qwen3)
+    # attention, the MLP (fc1's gate/up output, silu(gate), their product: 4i without TE's fused
+    # SwiGLU), their inputs
+    split = width * (2 * q + 3 * kv + qk_norm + q + 4 * i + 2 * h) / layout.tp
     replicated = 2 * width * h + 2 * h  # norm inputs, dropout masks: split by sequence parallel only
     if layout.sequence_parallel:
         replicated /= layout.tp
@@ -111,8 +115,8 @@ def update_bytes(
 
 
 def forward_bytes(shape: ModelShape, width: int, layout: MegatronLayout, work: Workload) -> dict[str, float]:
-    """A forward-only pass: one layer's tensors at a time and the logits over every position."""
-    return {
-        "activations": float(layer_activation_bytes(shape, width, layout) * work.tokens),
-        "logits": float(width * work.tokens / layout.cp * shape.vocab / layout.tp),
-    }
+    """A forward-only pass: one layer's tensors at a time, gone before the output layer makes the
+    logits over every position; the peak is the larger of the two."""
+    layer = float(layer_activation_bytes(shape, width, layout) * work.tokens)
+    logits = float(width * work.tokens / layout.cp * shape.vocab / layout.tp)
+    return {"logits": logits} if logits >= layer else {"activations": layer}

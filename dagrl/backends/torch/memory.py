@@ -12,7 +12,8 @@ Activations per token per layer of an HF decoder layer, counted on the tensors a
 4w·i bytes, h hidden, q/kv the query/key-value widths, i the MLP width. With gradient
 checkpointing each layer keeps its input (w·h) and one layer is recomputed at a time. The logits:
 the GPU path runs the output layer on the R + 1 response positions only and keeps those logits
-in the model dtype; the backward adds their gradient of the same size.
+in the model dtype; the backward adds their gradient of the same size. Gradients in the compute
+dtype exist only during the update when fp32 masters (or the host step) take them.
 """
 
 from __future__ import annotations
@@ -35,9 +36,20 @@ def state_bytes(
     return parts
 
 
+def between_updates(state: dict[str, float], width: int, optimizer_on_host: bool) -> dict[str, float]:
+    """What the role keeps outside its update: the compute-dtype gradients live only from the
+    backward to the optimizer step when fp32 masters take them (bf16/fp16 weights) or the step
+    runs on the host (both free them as they are read: mixed_precision.py); fp32 AdamW on the
+    weights themselves keeps them until the next update's zero_grad."""
+    if width < 4 or optimizer_on_host:
+        return {k: v for k, v in state.items() if k != "grads"}
+    return dict(state)
+
+
 def idle_bytes(state: dict[str, float], offload: bool) -> dict[str, float]:
-    """What stays on the device while a colocated role has it: everything, or the gradients when
-    the role offloads (weights and optimizer state wait in host memory)."""
+    """What stays on the device while a colocated role has it (`state` as between_updates gives
+    it): everything, or the gradients when the role offloads (weights and optimizer state wait in
+    host memory)."""
     if not offload:
         return dict(state)
     return {k: v for k, v in state.items() if k == "grads"}
@@ -61,8 +73,9 @@ def update_bytes(shape: ModelShape, width: int, work: Workload, recompute: bool)
 
 
 def forward_bytes(shape: ModelShape, width: int, work: Workload) -> dict[str, float]:
-    """A no-grad forward (log-probs, a teacher): one layer's tensors at a time and the logits."""
-    return {
-        "activations": float(layer_activation_bytes(shape, width) * work.tokens),
-        "logits": float(width * work.rows * (work.response + 1) * shape.vocab),
-    }
+    """A no-grad forward (log-probs, a teacher): one layer's tensors live at a time and are gone
+    before the output layer makes the logits, so the peak is the larger of the two (measured on an
+    H100: 0.6B and 1.7B Qwen3 shapes, 64 rows x 640 tokens, within 3 %; docs/perf.md)."""
+    layer = float(layer_activation_bytes(shape, width) * work.tokens)
+    logits = float(width * work.rows * (work.response + 1) * shape.vocab)
+    return {"logits": logits} if logits >= layer else {"activations": layer}

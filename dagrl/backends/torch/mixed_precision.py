@@ -54,8 +54,10 @@ class MasterWeightsAdamW:
             self._grads = [_empty(p, torch.float32, host, pin) for p in self.params]
             self._staging = [_empty(p, p.dtype, host, pin) for p in self.params]
         kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
-        if self.copies and master_device.type == "cpu":
-            kwargs["fused"] = True  # the vectorised CPU kernel: one pass over p, g, m, v
+        if (self.copies and master_device.type == "cpu") or master_device.type == "cuda":
+            # one fused kernel over p, g, m, v: on the GPU also no foreach temporaries (the
+            # multi-tensor path allocates full-size fp32 intermediates: ~4-8 B/param at the step)
+            kwargs["fused"] = True
         self.inner = torch.optim.AdamW(self.masters, **kwargs)
 
     @property
