@@ -42,6 +42,8 @@ def test_distillation_over_multi_turn_episodes(ray_local, tmp_path, overrides, l
             *FAST,
             *EPISODES,
             *overrides,
+            "data.train_batch_size=2",  # 2 prompts x 2 episodes: the smoke, not learning
+            "actor_rollout_ref.rollout.n=2",
             "trainer.total_training_steps=2",
             f"trainer.default_local_dir={tmp_path}",
         )
