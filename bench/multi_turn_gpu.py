@@ -14,7 +14,7 @@ Random weights never stop on their own: ignore_eos with multi_turn.max_tokens_pe
 fixes every turn's length, so all three generate exactly episodes × T × L tokens.
 
 usage: python tools/random_qwen3.py /tmp/qwen3_06b --hidden 1024 --layers 28 --heads 16 \
-           --kv-heads 8 --intermediate 3072 --vocab 151936
+           --kv-heads 8 --intermediate 3072 --vocab 151936 --head-dim 128
        python bench/multi_turn_gpu.py --model /tmp/qwen3_06b [--episodes 256 --turns 4 --len 128
            --latency_ms 50 --reps 3 --tool sleep|python]
 prints MULTI_TURN_GPU {...}; the goal is multi / single >= 0.8
