@@ -14,7 +14,7 @@ Random weights never stop on their own: ignore_eos with multi_turn.max_tokens_pe
 fixes every turn's length, so all three generate exactly episodes × T × L tokens.
 
 usage: python tools/random_qwen3.py /tmp/qwen3_06b --hidden 1024 --layers 28 --heads 16 \
-           --kv-heads 8 --intermediate 3072 --vocab 151936
+           --kv-heads 8 --intermediate 3072 --vocab 151936 --head-dim 128
        python bench/multi_turn_gpu.py --model /tmp/qwen3_06b [--episodes 256 --turns 4 --len 128
            --latency_ms 50 --reps 3 --tool sleep|python]
 prints MULTI_TURN_GPU {...}; the goal is multi / single >= 0.8
@@ -31,6 +31,8 @@ import torch
 
 from dagrl.tools import StepResult, register_environment
 from dagrl.tools.sandbox import run_python
+
+OBSERVATION_ALLOWANCE = 32  # tokens per turn for the observation after it
 
 
 class LatencyEnvironment:
@@ -71,7 +73,9 @@ def build(args):
         "actor_rollout_ref.rollout.free_cache_engine=false",
         "actor_rollout_ref.rollout.ignore_eos=true",
         "data.max_prompt_length=32",
-        f"data.max_response_length={total + args.turns * 16}",
+        # room for the observations between turns: "result: 499500" (--tool python) is 24 tokens with
+        # the template's delimiters on the shipped byte-level tokenizer; 16 would cut the last turn
+        f"data.max_response_length={total + args.turns * OBSERVATION_ALLOWANCE}",
         "trainer.device=cuda",
     )
     backend = VLLMRolloutBackend(role_spec(cfg, "rollout"), ParallelContext(0, 1, torch.device("cuda", 0)))

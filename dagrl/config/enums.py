@@ -21,6 +21,13 @@ class TruncateSide(str, Enum):
     middle = "middle"  # keep both ends
 
 
+class TurnRewardMode(str, Enum):
+    """How a multi-turn environment's per-turn rewards reach the advantage."""
+
+    trajectory = "trajectory"  # summed into the episode's score: one advantage per episode
+    turn = "turn"  # each turn's reward credited to that turn and the ones before it (GRPO)
+
+
 class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"

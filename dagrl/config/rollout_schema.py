@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dagrl.config.enums import ModelDtype, TruncateSide
+from dagrl.config.enums import ModelDtype, TruncateSide, TurnRewardMode
 from dagrl.config.ranges import ranged
 
 
@@ -68,7 +68,13 @@ class MultiTurnConfig:
     tool_workers: int = ranged(16, ge=1)
     """Threads that run environment steps and tool calls of all episodes concurrently."""
     env_reward_weight: float = ranged(1.0, hint="negative values penalise the environment's rewards")
-    """Weight of the environment's summed step rewards in the score (added to reward.functions)."""
+    """Weight of the environment's step rewards: in the score (trajectory), or of the per-turn
+    advantage term (turn)."""
+    turn_reward_mode: TurnRewardMode = TurnRewardMode.trajectory
+    """trajectory: the environment's step rewards are summed into the episode's score (one
+    advantage per episode); turn: each step reward is placed on the last policy token of its turn,
+    normalised over the group's turns and summed from each token's turn on (reward-to-go, GRPO's
+    process supervision, DeepSeekMath §4.1.3), added to the score's advantage × env_reward_weight."""
 
 
 @dataclass

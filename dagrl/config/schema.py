@@ -44,6 +44,7 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     SelfTeacher,
     TeacherPlacement,
     TruncateSide,
+    TurnRewardMode,
     parse_resume_mode,
 )
 from dagrl.config.ranges import ranged

@@ -12,11 +12,13 @@ and, as for every rollout, prompt + max_response_length ≤ the vLLM engine's ma
 
 from __future__ import annotations
 
-from dagrl.config.schema import DagrlConfig
+from dagrl.config.schema import DagrlConfig, TurnRewardMode
 from dagrl.errors import ConfigError
 
 MT = "actor_rollout_ref.rollout.multi_turn"
 TEMPLATE_ALLOWANCE = 8  # delimiter tokens of an observation turn (Qwen: 5), checked at start
+# single-turn DAG -> its multi-turn form (rollout outputs response_attention_mask, turn_ids, ...)
+MULTI_TURN_DAGS = {"grpo": "grpo_multi_turn", "gkd": "gkd_multi_turn", "opsd": "opsd_multi_turn"}
 
 
 def check_multi_turn(cfg: DagrlConfig) -> None:
@@ -26,9 +28,11 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
     from dagrl.rollout.multi_turn import load_tools
     from dagrl.tools.base import ENVIRONMENTS, PARSERS, lookup
 
-    if cfg.dag == "grpo":
+    if cfg.dag in MULTI_TURN_DAGS:
         raise ConfigError(
-            "dag", cfg.dag, "multi-turn rows need the DAG that carries their masks: dag=grpo_multi_turn"
+            "dag",
+            cfg.dag,
+            f"multi-turn rows need the DAG that carries their masks: dag={MULTI_TURN_DAGS[cfg.dag]}",
         )
     lookup(ENVIRONMENTS, mt.environment, f"{MT}.environment")
     lookup(PARSERS, mt.format, f"{MT}.format")
@@ -49,17 +53,35 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
             f"turn ({mt.max_assistant_turns}) and {TEMPLATE_ALLOWANCE} template tokens need {need}: "
             "raise it or lower those",
         )
-    if cfg.algorithm.distill_reward.coef:
+    r = cfg.actor_rollout_ref.rollout
+    if r.name == "vllm" and r.tensor_model_parallel_size > 1:
         raise ConfigError(
-            "algorithm.distill_reward.coef",
-            cfg.algorithm.distill_reward.coef,
-            f"the teacher does not yet read multi-turn rows (observations inside the response); "
-            f"set 0 with {MT}.enable=true",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            r.tensor_model_parallel_size,
+            "multi-turn episodes on vLLM run one engine per GPU for now: each TP rank would have to see "
+            "the same tool results in the same order; use 1 (more replicas) with multi_turn.enable=true",
         )
-    if cfg.algorithm.name in ("gkd", "opsd"):
+    check_turn_rewards(cfg)
+
+
+def check_turn_rewards(cfg: DagrlConfig) -> None:
+    """turn_reward_mode=turn shapes GRPO-family advantages: the DAG needs an advantage node (the
+    distillation DAGs log their reward only) and the estimator GRPO's group normalisation."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.turn_reward_mode != TurnRewardMode.turn:
+        return
+    from dagrl.core.dag import load_dag_specs
+
+    if not any(spec.kind == "advantage" for spec in load_dag_specs(cfg.dag)[1]):
         raise ConfigError(
-            f"{MT}.enable",
-            True,
-            f"algorithm={cfg.algorithm.name} scores responses with a teacher that does not yet read "
-            "multi-turn rows (observations inside the response); use GRPO-family algorithms",
+            f"{MT}.turn_reward_mode",
+            mt.turn_reward_mode.value,
+            f"dag={cfg.dag} computes no advantages (its reward is logged only): use trajectory",
+        )
+    if cfg.algorithm.adv_estimator != "grpo":
+        raise ConfigError(
+            f"{MT}.turn_reward_mode",
+            mt.turn_reward_mode.value,
+            f"per-turn credit is group-normalised (GRPO); algorithm.adv_estimator={cfg.algorithm.adv_estimator} "
+            "has no such form: use trajectory",
         )

@@ -11,7 +11,7 @@ the objective weighs each micro-batch by its share of the mini-batch's tokens or
 
 from __future__ import annotations
 
-from dagrl.core.batch import Batch
+from dagrl.core.batch import Batch, response_attention
 
 
 def token_budget_groups(lengths: list[int], budget: int) -> list[list[int]]:
@@ -33,8 +33,9 @@ def token_budget_groups(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def row_tokens(batch: Batch) -> list[int]:
-    """Real tokens (prompt + response) of each row."""
-    return (batch["prompt_mask"].sum(dim=1) + batch["response_mask"].sum(dim=1)).tolist()
+    """Real tokens (prompt + response) of each row: what its forward pass runs over, so a
+    multi-turn row's observations count (response_attention_mask), not only the policy's tokens."""
+    return (batch["prompt_mask"].sum(dim=1) + response_attention(batch).sum(dim=1)).tolist()
 
 
 def micro_batches(batch: Batch, rows: int, token_budget: int | None = None) -> list[Batch]:

@@ -1,14 +1,18 @@
 """advantage: token rewards (score on the last token, optional KL-in-reward) and advantages from
 the estimator of `algorithm.adv_estimator`, plus, with algorithm.distill_reward.coef, the
 per-token reverse KL to a teacher as an advantage term (dagrl/algos/distillation.py
-``reverse_kl_advantages``: on-policy distillation as a reward)."""
+``reverse_kl_advantages``: on-policy distillation as a reward), and, with
+actor_rollout_ref.rollout.multi_turn.turn_reward_mode=turn, the environment's per-turn rewards as
+a reward-to-go term (``compute_turn_advantages``) × multi_turn.env_reward_weight."""
 
 from __future__ import annotations
 
 import torch
 
 from dagrl.algos import KLEstimator, kl_penalty, masked_mean
+from dagrl.algos.advantages import compute_turn_advantages, place_turn_rewards
 from dagrl.algos.distillation import reverse_kl_advantages
+from dagrl.config.schema import TurnRewardMode
 from dagrl.config.validate_rollout import old_logprob_pass
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
@@ -16,6 +20,13 @@ from dagrl.objectives import estimator
 
 _KL_INPUTS = ("old_logprobs", "ref_logprobs")
 _DISTILL_INPUTS = ("teacher_logprobs", "rollout_logprobs")
+_TURN_INPUTS = ("turn_rewards", "turn_ids", "group_ids")
+
+
+def turn_credit(cfg) -> bool:
+    """Whether the environment's per-turn rewards reach the advantage turn by turn."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    return mt.enable and mt.turn_reward_mode == TurnRewardMode.turn
 
 
 def distill_student_key(cfg) -> str:
@@ -38,7 +49,7 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> to
 class AdvantageNode:
     # without a config: GRPO's; inputs_for asks the configured estimator
     required_inputs = ("scores", "group_ids", "response_mask")
-    optional_inputs = (*_KL_INPUTS, *_DISTILL_INPUTS)
+    optional_inputs = (*_KL_INPUTS, *_DISTILL_INPUTS, "turn_rewards", "turn_ids")
     outputs = ("token_rewards", "advantages")
     remote = False
 
@@ -46,6 +57,9 @@ class AdvantageNode:
         self.spec, self.algo = spec, cfg.algorithm
         self.estimator = estimator(cfg.algorithm.adv_estimator)
         self.student_key = distill_student_key(cfg)
+        self.turn_weight = (
+            cfg.actor_rollout_ref.rollout.multi_turn.env_reward_weight if turn_credit(cfg) else None
+        )
 
     @staticmethod
     def enabled(cfg) -> bool:
@@ -64,8 +78,10 @@ class AdvantageNode:
             required = (*required, "teacher_logprobs", distill_student_key(cfg))
         if cfg.algorithm.use_kl_in_reward:
             required = (*required, *_KL_INPUTS)
+        if turn_credit(cfg):
+            required = (*required, *_TURN_INPUTS)
         required = tuple(dict.fromkeys(required))
-        optional = tuple(k for k in (*_KL_INPUTS, *_DISTILL_INPUTS) if k not in required)
+        optional = tuple(k for k in (*_KL_INPUTS, *_DISTILL_INPUTS, *_TURN_INPUTS[:2]) if k not in required)
         return required, optional
 
     def run(self, runtime, batch):
@@ -85,6 +101,19 @@ class AdvantageNode:
                 student, teacher, mask, self.algo.distill_reward.coef
             )
             metrics["distill/reverse_kl"] = float(masked_mean(student - teacher, mask))
+        if self.turn_weight is not None:  # the environment's rewards, turn by turn (not in `scores`)
+            advantages, rewards = self._turn_credit(batch, mask, advantages, rewards, metrics)
         metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask))
         metrics["critic/advantages/max"] = float(advantages.max())
         return NodeResult(Batch({"token_rewards": rewards, "advantages": advantages}), metrics)
+
+    def _turn_credit(self, batch, mask, advantages, rewards, metrics):
+        """The per-turn term × env_reward_weight added to the advantages; each turn's reward placed
+        on its last policy token of token_rewards (what a plugin reading them sees)."""
+        turn_rewards, turn_ids = batch["turn_rewards"], batch["turn_ids"]
+        per_turn = compute_turn_advantages(
+            turn_rewards, turn_ids, mask, batch["group_ids"], norm_by_std=self.algo.norm_adv_by_std_in_grpo
+        )
+        metrics["critic/turn_advantages/mean"] = float(masked_mean(per_turn, mask))
+        placed = place_turn_rewards(turn_rewards, turn_ids, mask)
+        return advantages + self.turn_weight * per_turn, rewards + self.turn_weight * placed

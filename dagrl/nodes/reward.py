@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dagrl.config.schema import TurnRewardMode
 from dagrl.console import log
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
@@ -68,6 +69,10 @@ class RewardNode:
 
     def __init__(self, spec, cfg):
         self.spec, self.model = spec, cfg.reward.model
+        mt = cfg.actor_rollout_ref.rollout.multi_turn
+        self.env_weight = mt.env_reward_weight
+        # turn_reward_mode=turn: the advantage node credits them turn by turn, not in the score
+        self.env_in_score = mt.turn_reward_mode == TurnRewardMode.trajectory
 
     @staticmethod
     def enabled(cfg) -> bool:
@@ -76,10 +81,10 @@ class RewardNode:
     def run(self, runtime, batch):
         scores, metrics = score_responses(runtime, batch)
         if "env_rewards" in batch:  # multi-turn: the environment's rewards join the functions' score
-            weight = runtime.cfg.actor_rollout_ref.rollout.multi_turn.env_reward_weight
-            scores = scores + weight * batch["env_rewards"]
+            total = scores + self.env_weight * batch["env_rewards"]
+            scores = total if self.env_in_score else scores
             metrics["reward/env_mean"] = float(batch["env_rewards"].mean())
-            metrics["reward/total_mean"] = float(scores.mean())
+            metrics["reward/total_mean"] = float(total.mean())
         if "rm_scores" in batch.tensors:  # reward.model.*: rule rewards and the model's score, weighted
             metrics["reward/rule_mean"] = float(scores.mean())
             scores = self.model.rule_weight * scores + self.model.weight * batch["rm_scores"].float()

@@ -44,6 +44,7 @@ class RolloutNode:
     def __init__(self, spec, cfg):
         self.spec = spec
         self.lmbda = cfg.algorithm.gkd.lmbda if "dataset_responses" in spec.inputs else 1.0
+        self.max_turns = cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns
 
     @staticmethod
     def enabled(cfg) -> bool:
@@ -66,6 +67,8 @@ class RolloutNode:
         return NodeResult(out, metrics)
 
     def _dataset_responses(self, batch: Batch) -> NodeResult:
+        """The dataset's responses; in a multi-turn DAG each is an episode of one turn, all its
+        tokens the policy's and no environment reward."""
         responses, mask = batch["dataset_responses"], batch["dataset_response_mask"]
         out = {
             "responses": responses,
@@ -73,6 +76,10 @@ class RolloutNode:
             # not sampled: no rollout log-probs (distillation objectives do not read them)
             "rollout_logprobs": torch.zeros(mask.shape, dtype=torch.float32),
             "off_policy": torch.ones(len(batch)),
+            "response_attention_mask": mask,
+            "turn_ids": torch.where(mask.bool(), 0, -1),
+            "turn_rewards": torch.zeros((len(batch), self.max_turns)),
+            "env_rewards": torch.zeros(len(batch)),
         }
         return NodeResult(
             Batch({k: v for k, v in out.items() if k in self.spec.outputs}), {"distill/off_policy_step": 1.0}

@@ -17,6 +17,13 @@ after the student's prompt: the teacher's outputs land on the student's [B, R] r
 the loss compares them token by token under `response_mask`. The swap happens here, before the
 backend is called, so every train backend serves OPSD through its plain teacher calls. Rows
 without a privileged prompt carry their own prompt there (collate), i.e. plain GKD.
+
+Multi-turn rows (actor_rollout_ref.rollout.multi_turn): the response holds the policy's turns and
+the observations between them. The teacher reads the whole episode — `response_attention_mask`
+(1 on every real token) is what its forward attends to — so its distribution at a policy token
+is conditioned on the tool outputs the student saw; it still fills every cell of the [B, R]
+grid, and the losses count only `response_mask`'s policy tokens. For OPSD the privileged prompt
+replaces the prompt and the multi-turn response stays as sampled.
 """
 
 from __future__ import annotations
@@ -33,22 +40,30 @@ from dagrl.objectives.distill import DISTILL_ALGORITHMS
 _TOPK = ("teacher_topk_ids", "teacher_topk_logprobs")
 
 
-def with_teacher_prompts(batch: Batch) -> Batch:
-    """The batch the teacher scores: its privileged prompts in place of the student's, when given."""
-    keys = ("prompts", "prompt_mask", "responses", "response_mask")
-    if "teacher_prompts" not in batch:
-        return batch.select(keys)
-    return Batch(
-        {
-            "prompts": batch["teacher_prompts"],
-            "prompt_mask": batch["teacher_prompt_mask"],
-            "responses": batch["responses"],
-            "response_mask": batch["response_mask"],
-        }
-    )
-
-
 _INPUTS = ("prompts", "prompt_mask", "responses", "response_mask")
+_OPTIONAL = ("teacher_prompts", "teacher_prompt_mask", "response_attention_mask")
+
+
+def with_teacher_prompts(batch: Batch) -> Batch:
+    """The batch the teacher scores: its privileged prompts in place of the student's, when given;
+    a multi-turn row's response_attention_mask kept (the observations are read)."""
+    view = batch.select((*_INPUTS, "response_attention_mask"))
+    if "teacher_prompts" not in batch:
+        return view
+    tensors = {
+        **view.tensors,
+        "prompts": batch["teacher_prompts"],
+        "prompt_mask": batch["teacher_prompt_mask"],
+    }
+    return Batch(tensors)
+
+
+def teacher_inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(required, optional): multi-turn rows need response_attention_mask, or the teacher would not
+    read the observations the student saw."""
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        return (*_INPUTS, "response_attention_mask"), _OPTIONAL[:2]
+    return _INPUTS, _OPTIONAL
 
 
 def prompt_kinds(batch: Batch) -> dict[str, float]:
@@ -72,10 +87,12 @@ class TeacherLogprobNode:
     their own, teacher.placement=standalone, top-k only). On its own pool it runs alongside the
     driver's reward node."""
 
-    required_inputs = ("prompts", "prompt_mask", "responses", "response_mask")
-    optional_inputs = ("teacher_prompts", "teacher_prompt_mask")
+    required_inputs = _INPUTS
+    optional_inputs = _OPTIONAL
     outputs = (*_TOPK, "teacher_logprobs")
     remote = True
+
+    inputs_for = staticmethod(teacher_inputs_for)
 
     def __init__(self, spec, cfg):
         self.spec = spec
@@ -160,9 +177,11 @@ class TeacherHiddenNode:
     the positions that predict each response token, [B, R, H'] (full-vocabulary distillation)."""
 
     required_inputs = _INPUTS
-    optional_inputs = ("teacher_prompts", "teacher_prompt_mask")
+    optional_inputs = _OPTIONAL
     outputs = ("teacher_hidden",)
     remote = True
+
+    inputs_for = staticmethod(teacher_inputs_for)
 
     def __init__(self, spec, cfg):
         self.spec = spec

@@ -56,3 +56,34 @@ def test_broadcast_over_tokens_and_masked():
     assert adv.dtype == torch.float32
     expected = [[INV_SQRT2, INV_SQRT2, 0.0], [-INV_SQRT2, 0.0, 0.0]]
     torch.testing.assert_close(adv, torch.tensor(expected), atol=1e-5, rtol=0)
+
+
+def test_turn_advantages_are_group_normalised_rewards_to_go():
+    """Per-turn credit (DeepSeekMath §4.1.3 with turns as steps). One group: episode 0 played two
+    turns rewarded [1, 0], episode 1 one turn rewarded [0] (its second cell is not played).
+    Played rewards {1, 0, 0}: mean 1/3, unbiased std sqrt((4/9 + 1/9 + 1/9) / 2) = sqrt(1/3);
+    normalised: 1 -> (2/3)/sqrt(1/3) = 1.1547, 0 -> -0.5774. Reward-to-go: episode 0's first
+    turn 1.1547 - 0.5774 = 0.5774, its second -0.5774; episode 1's only turn -0.5774."""
+    from dagrl.algos.advantages import compute_turn_advantages, place_turn_rewards
+
+    turn_rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    # episode 0: turn 0 (2 policy tokens, 1 observation token), turn 1 (1 policy token), padding
+    turn_ids = torch.tensor([[0, 0, 0, 1, -1], [0, 0, -1, -1, -1]])
+    mask = torch.tensor([[1, 1, 0, 1, 0], [1, 1, 0, 0, 0]])
+    adv = compute_turn_advantages(turn_rewards, turn_ids, mask, torch.tensor([7, 7]))
+    s = 0.5773503
+    expected = torch.tensor([[s, s, 0, -s, 0], [-s, -s, 0, 0, 0]])
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
+    # without the std (Dr. GRPO): deviations 2/3, -1/3, -1/3 -> to-go 1/3, -1/3; -1/3
+    adv = compute_turn_advantages(turn_rewards, turn_ids, mask, torch.tensor([7, 7]), norm_by_std=False)
+    t = 1 / 3
+    torch.testing.assert_close(adv, torch.tensor([[t, t, 0, -t, 0], [-t, -t, 0, 0, 0]]), atol=1e-6, rtol=0)
+    # each turn's reward on the last policy token of its turn (not on the observation after it)
+    placed = place_turn_rewards(torch.tensor([[0.5, 2.0], [3.0, 0.0]]), turn_ids, mask)
+    assert placed.tolist() == [[0.0, 0.5, 0.0, 2.0, 0.0], [0.0, 3.0, 0.0, 0.0, 0.0]]
+
+
+def test_grpo_advantages_unchanged_by_the_shared_normalisation():
+    """compute_grpo_advantages now normalises through the helper the turn credit uses."""
+    adv = _adv([1.0, 0.0, 3.0, 3.0, 5.0], [0, 0, 1, 1, 2])
+    torch.testing.assert_close(adv[:, 0], torch.tensor([INV_SQRT2, -INV_SQRT2, 0.0, 0.0, 5.0 / (1 + 1e-6)]))

@@ -43,7 +43,8 @@ def test_verl_and_ms_swift_keys():
         (f"{MT}.tool_config_path=null", f"{MT}.tool_config_path"),
         (f"{MT}.format=json", f"{MT}.format"),
         (f"{MT}.environment=gym", f"{MT}.environment"),
-        ("algorithm=gkd", f"{MT}.enable"),
+        ("dag=gkd", "dag"),  # the single-turn distillation DAGs drop the masks
+        ("dag=opsd", "dag"),
     ],
 )
 def test_rules_name_the_key(override, key):
@@ -67,3 +68,75 @@ def test_presets_compose_and_validate():
     assert cfg.actor_rollout_ref.rollout.multi_turn.enable and cfg.dag == "grpo_multi_turn"
     cfg = checked("experiment=multi_turn/python_math", "actor_rollout_ref.model.path=/models/qwen")
     assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == "conf/tools/python.yaml"
+
+
+@pytest.mark.parametrize("algorithm", ["gkd", "opsd"])
+@pytest.mark.parametrize("topk", [None, 8])
+def test_distillation_dags_give_the_teacher_the_whole_episode(algorithm, topk):
+    """algorithm=gkd|opsd with dag=<it>_multi_turn: the teacher node that runs (top-k or hidden
+    states) and the update read response_attention_mask; validation passes."""
+    from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled
+
+    k = f"algorithm.gkd.gkd_logits_topk={topk if topk else 'null'}"
+    cfg = checked(*OK, f"algorithm={algorithm}", f"dag={algorithm}_multi_turn", k)
+    source, specs = load_dag_specs(cfg.dag)
+    dag = build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout", "teacher"})
+    teacher = dag.node("teacher_logprob" if topk else "teacher_hidden")
+    assert "response_attention_mask" in teacher.inputs
+    assert "response_attention_mask" in teacher.required_inputs
+    assert "response_attention_mask" in dag.node("actor_update").inputs
+
+
+def test_python_math_preset_plans_a_vllm_run_on_gsm8k(tmp_path, monkeypatch):
+    """experiment=multi_turn/python_math on gsm8k parquet written by examples/data_preprocess/
+    gsm8k.py (the fixture rows, repeated to fill the batch of 64) and a Qwen3-1.7B-shape
+    model directory (config only): it composes, its rules pass, and the dry run plans vLLM on one
+    GPU with the sandboxed python tool and the Hermes parser."""
+    import shutil
+
+    from transformers import Qwen3Config
+
+    from dagrl.config.placement import format_plan
+    from dagrl.trainer.setup import prepare
+    from tests.data_preprocess.test_scripts import FIXTURES, gsm8k
+
+    source = tmp_path / "gsm8k_src"
+    source.mkdir()
+    rows = (FIXTURES / "gsm8k" / "train.jsonl").read_text().splitlines()
+    (source / "train.jsonl").write_text("\n".join(rows * 20) + "\n")  # 4 of 9 rows are valid
+    shutil.copy(FIXTURES / "gsm8k" / "test.jsonl", source / "test.jsonl")
+    assert gsm8k.main(["--local_dir", str(tmp_path / "gsm8k"), "--local_src", str(source)]) == 0
+    model = tmp_path / "qwen3_1p7b"
+    Qwen3Config(
+        hidden_size=2048,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        intermediate_size=6144,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ).save_pretrained(model)
+
+    from dagrl.data import transforms
+
+    # the preset's plugin registers a row transform: it must not reach other tests' datasets
+    monkeypatch.setattr(transforms, "_TRANSFORMS", list(transforms._TRANSFORMS))
+    prepared = prepare(
+        compose_config(
+            "experiment=multi_turn/python_math",
+            f"actor_rollout_ref.model.path={model}",
+            f"data.train_files={tmp_path / 'gsm8k' / 'train.parquet'}",
+            f"data.val_files={tmp_path / 'gsm8k' / 'test.parquet'}",
+            "trainer.dry_run=true",
+        )
+    )
+    cfg, plan = prepared.cfg, prepared.plan
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and plan.device == "cuda" and plan.total_slots == 1
+    assert (mt.enable, mt.format, mt.tool_config_path) == (True, "hermes", "conf/tools/python.yaml")
+    assert cfg.data.train_batch_size == 64 and prepared.dag.name == "grpo_multi_turn"
+    text = format_plan(plan)
+    assert "vllm" in text and "GiB/device" in text
+    row = {"prompt": [{"role": "user", "content": "2+2?"}]}  # the plugin's system message first
+    (shown,) = transforms.apply_row_transforms([row])
+    assert shown["prompt"][0]["role"] == "system" and '"python"' in shown["prompt"][0]["content"]

@@ -35,7 +35,7 @@ DOCUMENTED = [
 
 
 def field_docs(cls_name: str) -> dict[str, str | None]:
-    tree = ast.parse(inspect.getsource(schema))
+    tree = ast.parse(inspect.getsource(inspect.getmodule(getattr(schema, cls_name))))  # split by section
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
     docs: dict[str, str | None] = {}
     for node, nxt in zip(cls.body, [*cls.body[1:], None]):

@@ -36,3 +36,17 @@ def test_micro_batches_count_real_tokens_of_prompt_and_response():
         [3],
     ]
     assert [len(mb) for mb in micro_batches(batch, rows=3)] == [3, 1]
+
+
+def test_multi_turn_rows_count_their_observations_against_the_budget():
+    """A multi-turn row's forward runs over its observations too: 2 prompt + 6 response tokens,
+    of which only 3 are the policy's, is 8 tokens; two such rows do not fit a budget of 12."""
+    row = {
+        "prompts": torch.tensor([[5, 6]]),
+        "prompt_mask": torch.ones(1, 2, dtype=torch.long),
+        "responses": torch.tensor([[7, 8, 9, 10, 11, 12]]),
+        "response_mask": torch.tensor([[1, 0, 0, 0, 1, 1]]),
+        "response_attention_mask": torch.ones(1, 6, dtype=torch.long),
+    }
+    batch = Batch({k: v.repeat(2, 1) for k, v in row.items()})
+    assert [len(mb) for mb in micro_batches(batch, rows=2, token_budget=12)] == [1, 1]

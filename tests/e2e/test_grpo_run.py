@@ -143,13 +143,19 @@ def test_exported_hf_model_reloads_with_identical_logits(tmp_path):
         assert torch.equal(reloaded(ids).logits, backend.model.eval()(ids).logits)
 
 
-def resume_matches(tmp_path, *overrides: str) -> list[dict]:
-    """4 steps straight == 2 steps + resume + 2 steps; returns the resumed run's rows."""
+def resume_matches(tmp_path, *overrides: str, weights: bool = False) -> list[dict]:
+    """4 steps straight == 2 steps + resume + 2 steps; returns the resumed run's rows. With
+    `weights`, the straight run saves at step 4 too and the two step-4 actors are bit-identical."""
     from dagrl.main import run
 
     fast = [*FAST, *overrides]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run(compose_config(*fast, "trainer.total_training_steps=4", f"trainer.default_local_dir={straight}"))
+    save = ["trainer.save_freq=4"] if weights else []
+    run(
+        compose_config(
+            *fast, "trainer.total_training_steps=4", *save, f"trainer.default_local_dir={straight}"
+        )
+    )
     for steps in (2, 4):
         run(
             compose_config(
@@ -163,4 +169,11 @@ def resume_matches(tmp_path, *overrides: str) -> list[dict]:
     b = [without_timing(r) for r in read_metrics(resumed)]
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     assert a == b
+    if weights:
+        from safetensors.torch import load_file
+
+        ours, theirs = (
+            load_file(d / "global_step_4" / "actor" / "model.safetensors") for d in (straight, resumed)
+        )
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     return b

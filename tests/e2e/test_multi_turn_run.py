@@ -1,5 +1,6 @@
 """A multi-turn GRPO run end to end (Ray workers, hf rollout, torch trainer) with an environment
-plugin written only in tests/: resumed from a checkpoint it equals the uninterrupted run."""
+plugin written only in tests/: resumed from a checkpoint it equals the uninterrupted run, metrics
+and weights bit for bit."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def test_multi_turn_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
         f"{MT}.environment=quiz",
         f"{MT}.max_tool_response_length=8",
         "data.max_response_length=48",
+        weights=True,
     )
     for row in rows:
         assert row["multi_turn/assistant_turns"] == 3.0 and row["multi_turn/observations"] == 2.0

@@ -6,6 +6,13 @@ wait on their tools, the others keep decoding, and a finished request is handed 
 step that finished it, not when its whole turn of the batch is done. One seed per (episode,
 turn): vLLM samples by (seed, position), so an episode's tokens do not depend on what else is in
 the engine.
+
+vLLM 0.26's API as used here: `LLM.llm_engine` is the in-process V1 `LLMEngine`; `add_request`
+takes an engine input (`vllm.inputs.tokens_input(ids)`, what `LLM.generate` hands it after
+rendering: raw `TokensPrompt`s still work there but are deprecated) and returns vLLM's internal id
+(the given one plus a random suffix); the `RequestOutput`s of `step()` carry the id *as given*
+(`external_req_id`), which is what `in_engine` is keyed by. `FINAL_ONLY` outputs come once, when a
+request finishes.
 """
 
 from __future__ import annotations
@@ -22,13 +29,13 @@ class VLLMStepSampler:
 
     def __init__(self, llm, sampling_kwargs: dict[str, Any], seed_base: int):
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import tokens_input
         from vllm.sampling_params import RequestOutputKind
 
         self.engine = llm.llm_engine
         self.kwargs = {k: v for k, v in sampling_kwargs.items() if k != "max_tokens"}
         self.kwargs["output_kind"] = RequestOutputKind.FINAL_ONLY  # no per-token partial outputs
-        self.seed_base, self._params, self._prompt = seed_base, SamplingParams, TokensPrompt
+        self.seed_base, self._params, self._prompt = seed_base, SamplingParams, tokens_input
         self.in_engine: dict[str, int] = {}  # request id -> episode
         self.turns: dict[int, int] = {}
         self.submitted = 0
@@ -40,7 +47,7 @@ class VLLMStepSampler:
         params = self._params(seed=seed, max_tokens=max_tokens, **self.kwargs)
         request_id = f"episode-{key}-turn-{turn}-{self.submitted}"
         self.submitted += 1
-        self.engine.add_request(request_id, self._prompt(prompt_token_ids=context), params)
+        self.engine.add_request(request_id, self._prompt(list(context)), params)
         self.in_engine[request_id] = key
 
     def in_flight(self) -> int:

@@ -5,7 +5,9 @@ Each worker holds one in-process engine shard (dagrl/backends/vllm/engine.py); a
 replica and the replicas share the batch (data parallel, `dp_info`). A request is the prompt (the
 student's, or the row's `teacher_prompts` for OPSD) followed by the response's token ids, scored
 with `prompt_logprobs=k` and `max_tokens=1`: vLLM's log-probs of every prompt position, whose
-top-k at the response positions are the [B, R, K] the GKD loss reads (convert.py).
+top-k at the response positions are the [B, R, K] the GKD loss reads (convert.py). A multi-turn
+response is scored whole (its observations included, `response_attention_mask`): they are real
+tokens the student's turns were sampled after; the loss counts only the policy's.
 
 Temperature: vLLM's prompt log-probs are a log-softmax of the model's logits, before any sampling
 processor (logprobs_mode does not change that). The colocated teacher returns
@@ -24,7 +26,7 @@ from dagrl.backends.vllm.convert import prompt_logprobs_to_topk, teacher_request
 from dagrl.backends.vllm.engine import start_engine
 from dagrl.backends.vllm.engine_args import teacher_llm_kwargs, teacher_sampling_kwargs
 from dagrl.config.roles import RoleSpec
-from dagrl.core.batch import Batch
+from dagrl.core.batch import Batch, response_attention
 
 
 def scoring_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +81,8 @@ class VLLMTeacherBackend:
 
         self._set_temperature(temperature)
         prompts, prompt_mask = scoring_inputs(batch)
-        responses, response_mask = batch["responses"], batch["response_mask"]
+        # multi-turn rows: every real response token, observations too (the loss masks them)
+        responses, response_mask = batch["responses"], response_attention(batch)
         requests, prompt_lens = teacher_request_ids(prompts, prompt_mask, responses, response_mask)
         params = SamplingParams(**teacher_sampling_kwargs(k))
         start = time.perf_counter()

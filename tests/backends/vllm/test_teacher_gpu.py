@@ -126,3 +126,20 @@ def test_opsd_teacher_prompts_are_scored_in_place_of_the_prompts(teachers):
     _assert_topk_close(ours, ref, batch["response_mask"])
     plain, _ = standalone.teacher_topk(batch, k=K, temperature=1.0)
     assert not torch.equal(plain["teacher_topk_ids"], ours["teacher_topk_ids"])
+
+
+def test_multi_turn_rows_are_scored_whole(teachers):
+    """Observations inside the response (response_mask 0 on columns 3..5 between the policy's
+    turns, response_attention_mask 1): both teachers read the whole episode and agree on the
+    policy's tokens, as they do on the same tokens given as one plain response."""
+    standalone, colocated = teachers
+    batch = _batch(prompt_len=16, seed=3)
+    attention = batch["response_mask"]
+    policy = attention.clone()
+    policy[:, 3:6] = 0
+    episode = Batch({**batch.tensors, "response_mask": policy, "response_attention_mask": attention})
+    ours, _ = standalone.teacher_topk(episode, k=K, temperature=1.0)
+    ref, _ = colocated.teacher_topk(episode, k=K, temperature=1.0)
+    _assert_topk_close(ours, ref, policy)
+    whole, _ = standalone.teacher_topk(batch, k=K, temperature=1.0)
+    _assert_topk_close(ours, whole, policy)
