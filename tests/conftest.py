@@ -28,13 +28,31 @@ def compose_config(*overrides: str):
         return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
 
 
-@pytest.fixture
-def ray_local():
-    """A local Ray with 2 CPUs, started once and reused (each start costs seconds on 2 cores).
+def main_in_process(capsys, *argv: str) -> tuple[int, str]:
+    """`python -m dagrl.main argv...` run by this process: (exit code, stdout + stderr).
 
-    A test that needs its own cluster (ray.cluster_utils.Cluster) shuts this one down first;
-    the next test that asks for ray_local starts it again.
-    """
+    For tests of what the command line prints and plans, not of the process itself: a fresh
+    interpreter costs seconds of imports on CI's 2 cores. Tests of exit codes under signals, of
+    output at import time or of a run's own Ray keep a real subprocess."""
+    import traceback
+
+    from dagrl.main import main
+
+    capsys.readouterr()  # what the test printed before is not the command's
+    code, trace = 0, ""
+    try:
+        main(list(argv))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception:  # noqa: BLE001 - what the interpreter would print before exiting 1
+        code, trace = 1, traceback.format_exc()
+    out = capsys.readouterr()
+    return code, out.out + out.err + trace
+
+
+def start_local_ray():
+    """The session's local Ray with 2 CPUs, started if it is not running (each start costs seconds
+    on 2 cores). Returns the ray module."""
     import ray
 
     if not ray.is_initialized():
@@ -43,6 +61,16 @@ def ray_local():
             address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False
         )
     return ray
+
+
+@pytest.fixture
+def ray_local():
+    """A local Ray with 2 CPUs, started once and reused.
+
+    A test that needs its own cluster (ray.cluster_utils.Cluster) shuts this one down first;
+    the next test that asks for ray_local starts it again.
+    """
+    return start_local_ray()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -14,6 +12,7 @@ from dagrl.config.schema import TrainerConfig
 from dagrl.errors import ConfigError
 from dagrl.main import CONF_DIR, compose, parse_args
 from tests.config.test_config import REPO, run_cli
+from tests.conftest import main_in_process
 
 M = "actor_rollout_ref.model"
 
@@ -122,17 +121,16 @@ def test_cli_typo_with_plus_is_one_dagrl_line(tmp_path):
     )
 
 
-def test_cli_unknown_key_has_no_hydra_hint(tmp_path):
-    proc = run_cli("trainer.critic_warmup=0", tmp_path=tmp_path)
-    out = (proc.stdout + proc.stderr).strip()
-    assert proc.returncode == 2 and len(out.splitlines()) == 1, out
+def test_cli_unknown_key_has_no_hydra_hint(capsys):
+    code, out = main_in_process(capsys, "trainer.critic_warmup=0")
+    out = out.strip()
+    assert code == 2 and len(out.splitlines()) == 1, out
     assert "+" not in out and "Traceback" not in out and "OmegaConf" not in out
 
 
-def test_help_lists_groups_and_every_key_with_type_default_and_meaning(tmp_path):
-    proc = run_cli("--help", tmp_path=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+def test_help_lists_groups_and_every_key_with_type_default_and_meaning(capsys):
+    code, out = main_in_process(capsys, "--help")
+    assert code == 0, out
     assert "algorithm=dr_grpo|gkd|grpo|gspo" in out and "placement=colocate|separate" in out
     for key, info in keys.schema_keys().items():
         assert f"  {key}  ({info.type}, default " in out, key
@@ -140,13 +138,12 @@ def test_help_lists_groups_and_every_key_with_type_default_and_meaning(tmp_path)
     assert "  trainer.total_training_steps  (int|null, default null)" in out
 
 
-def test_cfg_job_is_resolved_and_hydra_writes_no_folder(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "dagrl.main", "--cfg", "job", "trainer.project_name=p"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "${" not in proc.stdout
-    assert "default_local_dir: checkpoints/p/default" in proc.stdout
+def test_cfg_job_is_resolved_and_hydra_writes_no_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # where Hydra's own main would write outputs/<date>/<time>/
+    code, out = main_in_process(capsys, "--cfg", "job", "trainer.project_name=p")
+    assert code == 0, out
+    assert "${" not in out
+    assert "default_local_dir: checkpoints/p/default" in out
     assert os.listdir(tmp_path) == []  # no outputs/<date>/<time>/ folder
 
 

@@ -14,7 +14,7 @@ from dagrl.config.validate import resolve_defaults, validate, validate_with_plan
 from dagrl.data.builtin import tiny_model_path
 from dagrl.errors import ConfigError, DagError, PlacementError
 from dagrl.trainer.setup import prepare
-from tests.conftest import compose_config
+from tests.conftest import compose_config, main_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 A = "actor_rollout_ref.actor"
@@ -22,7 +22,9 @@ R = "actor_rollout_ref.rollout"
 
 
 def run_cli(*overrides: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    """`python -m dagrl.main overrides...` from the repo root (dagrl writes no Hydra output folder)."""
+    """`python -m dagrl.main overrides...` from the repo root (dagrl writes no Hydra output folder),
+    in a fresh interpreter; the other tests here run the command line in this process
+    (tests/conftest.py main_in_process)."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HYDRA_FULL_ERROR": "0"}
     cmd = [sys.executable, "-m", "dagrl.main", *overrides]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
@@ -74,12 +76,12 @@ def test_compose_gives_typed_defaults():
     assert cfg.placement.gpus["rollout"] == 3
 
 
-def test_unknown_key_fails_naming_it(tmp_path):
+def test_unknown_key_fails_naming_it(capsys):
     with pytest.raises(Exception, match="train_batch_sizee"):
         compose_config("data.train_batch_sizee=4")
-    proc = run_cli("data.train_batch_sizee=4", tmp_path=tmp_path)
-    assert proc.returncode != 0
-    assert "data.train_batch_sizee" in proc.stderr + proc.stdout
+    code, out = main_in_process(capsys, "data.train_batch_sizee=4")
+    assert code != 0
+    assert "data.train_batch_sizee" in out
 
 
 def test_unknown_role_in_placement_gpus_fails(tmp_path):
@@ -87,21 +89,20 @@ def test_unknown_role_in_placement_gpus_fails(tmp_path):
         compose_config("placement.gpus.rollot=2")
 
 
-def test_wrong_type_fails_naming_key(tmp_path):
+def test_wrong_type_fails_naming_key(capsys):
     with pytest.raises(Exception, match="data.train_batch_size"):
         compose_config("data.train_batch_size=abc")
-    proc = run_cli("data.train_batch_size=abc", tmp_path=tmp_path)
-    out = proc.stderr + proc.stdout
-    assert proc.returncode != 0
+    code, out = main_in_process(capsys, "data.train_batch_size=abc")
+    assert code != 0
     assert "data.train_batch_size" in out and "abc" in out
 
 
-def test_cfg_job_prints_resolved_config(tmp_path):
-    proc = run_cli("--cfg", "job", "data.train_batch_size=32", tmp_path=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "train_batch_size: 32" in proc.stdout
+def test_cfg_job_prints_resolved_config(capsys):
+    code, out = main_in_process(capsys, "--cfg", "job", "data.train_batch_size=32")
+    assert code == 0, out
+    assert "train_batch_size: 32" in out
     # interpolations are shown after resolution only with --resolve; the key itself must be there
-    assert "default_local_dir:" in proc.stdout
+    assert "default_local_dir:" in out
 
 
 def test_dagrl_error_exits_2_with_key(tmp_path):
@@ -112,31 +113,29 @@ def test_dagrl_error_exits_2_with_key(tmp_path):
     assert "Traceback" not in out
 
 
-def test_algorithm_presets_from_the_command_line(tmp_path):
-    proc = run_cli("--cfg", "job", "algorithm=gspo", tmp_path=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "name: gspo" in proc.stdout and "clip_ratio_high: 0.0004" in proc.stdout
+def test_algorithm_presets_from_the_command_line(capsys):
+    code, out = main_in_process(capsys, "--cfg", "job", "algorithm=gspo")
+    assert code == 0, out
+    assert "name: gspo" in out and "clip_ratio_high: 0.0004" in out
     # an algorithm rule fails like every config rule: exit 2, the key, no traceback
-    proc = run_cli(
-        "algorithm=dr_grpo", f"{A}.loss_agg_mode=token-mean", "trainer.dry_run=true", tmp_path=tmp_path
+    code, out = main_in_process(
+        capsys, "algorithm=dr_grpo", f"{A}.loss_agg_mode=token-mean", "trainer.dry_run=true"
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
+    assert code == 2, out
     assert f"error: config key '{A}.loss_agg_mode'" in out and "Traceback" not in out
 
 
-def test_dry_run_plans_cluster_without_gpus(tmp_path):
+def test_dry_run_plans_cluster_without_gpus(capsys):
     shipped_model_dir()
-    proc = run_cli(
+    code, out = main_in_process(
+        capsys,
         "trainer.dry_run=true",
         "trainer.nnodes=2",
         "trainer.n_gpus_per_node=4",
         "trainer.device=cuda",
         "placement=separate",
-        tmp_path=tmp_path,
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    assert code == 0, out
     assert "cluster: 2 node(s) × 4 GPU(s), 8 used" in out
     # without KL there is no ref role: train takes node 0 and rollout node 1, 4 GPUs each
     assert "group 0 (separate): roles ['train'] on node 0: GPUs [0, 1, 2, 3]" in out
@@ -145,9 +144,10 @@ def test_dry_run_plans_cluster_without_gpus(tmp_path):
     assert "dry run: plan printed, no workers started" in out
 
 
-def test_dry_run_with_ref_and_uneven_split(tmp_path):
+def test_dry_run_with_ref_and_uneven_split(tmp_path, capsys):
     model = write_model_config(tmp_path / "model")
-    proc = run_cli(
+    code, out = main_in_process(
+        capsys,
         "trainer.dry_run=true",
         "trainer.nnodes=2",
         "trainer.n_gpus_per_node=4",
@@ -161,10 +161,8 @@ def test_dry_run_with_ref_and_uneven_split(tmp_path):
         f"{A}.use_kl_loss=true",
         "data.train_batch_size=12",  # 12 × 8 = 96 responses split over DP 6 and DP 2
         f"{A}.ppo_mini_batch_size=12",
-        tmp_path=tmp_path,
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    assert code == 0, out
     assert (
         "group 0 (colocated): roles ['train', 'ref'] on node 0: GPUs [0, 1, 2, 3], node 1: GPUs [0, 1]" in out
     )

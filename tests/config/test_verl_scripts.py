@@ -15,6 +15,7 @@ import pytest
 
 from dagrl.errors import ConfigError
 from dagrl.main import compose, parse_args
+from tests.conftest import main_in_process
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REPO = Path(__file__).resolve().parents[2]
@@ -89,14 +90,14 @@ def test_each_override_accepted_or_refused_in_one_line(name, local_files):
     # 0.6 × card engine pool beside the resident trainer would not)
     [("verl_run_qwen2-7b.txt", 40, True), ("verl_run_qwen2-7b_math_megatron.txt", 80, False)],
 )
-def test_accepted_overrides_dry_run_with_memory_warning(name, gib, warns, local_files):
+def test_accepted_overrides_dry_run_with_memory_warning(name, gib, warns, local_files, monkeypatch, capsys):
+    """The command line in this process (the refusal below runs it in a fresh interpreter)."""
     args = [a for a in script_args(name, local_files) if a.split("=")[0] not in SCRIPTS[name]]
     # the scripts log to wandb: offline mode, since the logger preflight refuses wandb without credentials
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", "dagrl.main", *args, "trainer.dry_run=true", f"trainer.gpu_memory_gib={gib}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    code, out = main_in_process(capsys, *args, "trainer.dry_run=true", f"trainer.gpu_memory_gib={gib}")
+    assert code == 0, out
     assert "cluster: 1 node(s) × 8 GPU(s), 8 used" in out  # planned on GPUs without trainer.device=cuda
     assert ("warning: estimated memory per device" in out) == warns, out
     if warns:

@@ -1,8 +1,10 @@
-"""Faults injected into real `python -m dagrl.main` runs: signals to the driver, a killed worker.
+"""Faults injected into real `python -m dagrl.main` runs: signals to the driver, a killed worker,
+a full disk.
 
-Each test starts the CLI in its own process (its own local Ray), waits for a step line, injects
-the fault, and checks the exit code, the one line that explains it, the seconds to exit, that
-the checkpoint on disk verifies, and that no process of the run outlives it.
+Each signal or killed-worker test starts the CLI in its own process (its own local Ray), waits for
+a step line, injects the fault, and checks the exit code, the one line that explains it, the
+seconds to exit, that the checkpoint on disk verifies, and that no process of the run outlives it.
+The full disk needs no process of its own: its command line runs in this process.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import psutil
 import pytest
 
 from dagrl.trainer import checkpoint
+from tests.conftest import main_in_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAST = [
@@ -160,7 +163,7 @@ def test_killed_worker_ends_run_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_disk_full_at_a_worker_save_is_named_and_cleaned(tmp_path):
+def test_disk_full_at_a_worker_save_is_named_and_cleaned(ray_local, tmp_path, capsys):
     """A 14 MiB disk holds one checkpoint of the tiny model (~10 MiB with AdamW state: preflight
     passes) but not two: the second save fails inside the worker (torch.save: "iostream error")."""
     mnt = tmp_path / "disk"
@@ -169,11 +172,22 @@ def test_disk_full_at_a_worker_save_is_named_and_cleaned(tmp_path):
     if r.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.decode().strip()})")
     try:
-        run = Run(mnt, "trainer.save_freq=1", "trainer.total_training_steps=3")
-        rc, seconds = run.exit(timeout_s=150)
-        out = "\n".join(run.lines)
+        # no signal or process to watch here: the command line in this process, on the session's Ray
+        argv = [
+            *FAST,
+            f"trainer.default_local_dir={mnt}",
+            "trainer.save_freq=1",
+            "trainer.total_training_steps=3",
+        ]
+        rc, out = main_in_process(capsys, *argv)
         assert rc == 2, out
-        line = run.line("error: No space left on device while writing actor/")
+        hits = [
+            ln
+            for ln in out.splitlines()
+            if ln.startswith("error: No space left on device while writing actor/")
+        ]
+        assert hits, out[-3000:]
+        line = hits[-1]
         print(line)
         assert "for checkpoint global_step_2" in line and "freed the partial checkpoint" in line, line
         assert sorted(os.listdir(mnt)) == ["global_step_1", checkpoint.TRACKER, "metrics.jsonl"]

@@ -44,42 +44,40 @@ def test_default_run_learns(ray_local, tmp_path):
     assert after >= before + 0.2, f"validation reward {before:.3f} -> {after:.3f}"
 
 
-def test_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
-    """4 steps == 2 steps + resume + 2 steps: model, optimizer, data position and sampling restored."""
-    resume_matches(tmp_path)
-    assert (tmp_path / "resumed" / "global_step_2" / "actor" / "config.json").is_file()
+def test_resume_reproduces_uninterrupted_run(ray_local, grpo_run, tmp_path):
+    """4 steps == the step-2 checkpoint resumed for 2 steps: model, optimizer, data position and
+    sampling restored."""
+    resume_matches(tmp_path, straight=grpo_run)
+    assert (grpo_run / "global_step_2" / "actor" / "config.json").is_file()
 
 
-def test_separate_rollout_pool_receives_weights_through_ray(ray_local, tmp_path):
+def test_separate_rollout_pool_receives_weights_through_ray(ray_local, separate_run, tmp_path):
     """Rollout on its own worker: weights are broadcast each step, from the second sync on in the
     engine's own layout straight into its parameters; the run equals one through the loader."""
-    from dagrl.backends.hf_model import resolve_model_path
-    from dagrl.main import run
-
-    def separate(out, *extra):
-        run(
-            compose_config(
-                *FAST,
-                "placement=separate",
-                "trainer.n_gpus_per_node=2",
-                "trainer.total_training_steps=3",
-                f"trainer.default_local_dir={out}",
-                *extra,
-            )
-        )
-        return read_metrics(out)
-
-    rows = separate(tmp_path / "direct")
     from safetensors.torch import load_file
 
+    from dagrl.backends.hf_model import resolve_model_path
+    from dagrl.main import run
+    from tests.e2e.conftest import SEPARATE
+
+    rows = read_metrics(separate_run)
     state = load_file(f"{resolve_model_path(None)}/model.safetensors")
     model_bytes = sum(t.numel() * 4 for t in state.values())  # float32 run
     assert all(r["weight_sync/bytes"] == pytest.approx(model_bytes, rel=0.01) for r in rows)
     assert [r["weight_sync/direct"] for r in rows] == [0.0, 1.0, 1.0]
-    loader = separate(tmp_path / "loader", "actor_rollout_ref.rollout.weight_sync_direct=false")
-    assert [r["weight_sync/direct"] for r in loader] == [0.0, 0.0, 0.0]
+    loader = tmp_path / "loader"
+    run(
+        compose_config(
+            *SEPARATE,
+            "trainer.total_training_steps=3",
+            "actor_rollout_ref.rollout.weight_sync_direct=false",
+            f"trainer.default_local_dir={loader}",
+        )
+    )
+    loaded = read_metrics(loader)
+    assert [r["weight_sync/direct"] for r in loaded] == [0.0, 0.0, 0.0]
     same = ["reward/mean", "response_length/mean", "actor/pg_loss", "actor/entropy"]
-    assert [[r[k] for k in same] for r in rows] == [[r[k] for k in same] for r in loader]
+    assert [[r[k] for k in same] for r in rows] == [[r[k] for k in same] for r in loaded]
 
 
 def test_two_train_workers_ddp_over_gloo(ray_local, tmp_path):
@@ -143,32 +141,28 @@ def test_exported_hf_model_reloads_with_identical_logits(tmp_path):
         assert torch.equal(reloaded(ids).logits, backend.model.eval()(ids).logits)
 
 
-def resume_matches(tmp_path, *overrides: str, weights: bool = False) -> list[dict]:
-    """4 steps straight == 2 steps + resume + 2 steps; returns the resumed run's rows. With
-    `weights`, the straight run saves at step 4 too and the two step-4 actors are bit-identical."""
+def resume_matches(tmp_path, *overrides: str, straight=None, weights: bool = False) -> list[dict]:
+    """4 steps straight == the same run resumed from its step-2 checkpoint and run to step 4:
+    model, optimizer, data position and sampling restored. Returns the run's rows (steps 1-4).
+
+    Two runs, not three: the straight run (or `straight`, the directory of one made with the same
+    overrides and save_freq=2) writes the checkpoint the second one resumes from, by path, into a
+    directory of its own; a piece of state the checkpoint lost shows as steps 3-4 that differ.
+    With `weights`, both save at step 4 and the two step-4 actors are bit-identical."""
     from dagrl.main import run
 
-    fast = [*FAST, *overrides]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    save = ["trainer.save_freq=4"] if weights else []
-    run(
-        compose_config(
-            *fast, "trainer.total_training_steps=4", *save, f"trainer.default_local_dir={straight}"
-        )
-    )
-    for steps in (2, 4):
-        run(
-            compose_config(
-                *fast,
-                f"trainer.total_training_steps={steps}",
-                "trainer.save_freq=2",
-                f"trainer.default_local_dir={resumed}",
-            )
-        )
+    fast = [*FAST, *overrides, "trainer.total_training_steps=4"]
+    if straight is None:
+        straight = tmp_path / "straight"
+        run(compose_config(*fast, "trainer.save_freq=2", f"trainer.default_local_dir={straight}"))
+    resumed = tmp_path / "resumed"
+    step2 = straight / "global_step_2"
+    save = ["trainer.save_freq=2"] if weights else []
+    run(compose_config(*fast, *save, f"trainer.resume_mode={step2}", f"trainer.default_local_dir={resumed}"))
     a = [without_timing(r) for r in read_metrics(straight)]
     b = [without_timing(r) for r in read_metrics(resumed)]
-    assert [r["step"] for r in b] == [1, 2, 3, 4]
-    assert a == b
+    assert [r["step"] for r in a] == [1, 2, 3, 4] and [r["step"] for r in b] == [3, 4]
+    assert a[2:] == b
     if weights:
         from safetensors.torch import load_file
 
@@ -176,4 +170,4 @@ def resume_matches(tmp_path, *overrides: str, weights: bool = False) -> list[dic
             load_file(d / "global_step_4" / "actor" / "model.safetensors") for d in (straight, resumed)
         )
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    return b
+    return a

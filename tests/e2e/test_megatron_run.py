@@ -28,25 +28,26 @@ MEGATRON = [
 
 def test_tp2_with_reference_resumes_exactly(ray_local, tmp_path):
     """TP2 actor + colocated TP2 reference (KL loss) + hf rollout on two workers; the sharded
-    checkpoint resumes to the same metrics as an uninterrupted run (3 == 2 + 1 steps)."""
+    checkpoint of step 2 resumes to the same metrics as the uninterrupted run (3 == 2 + 1 steps)."""
     from dagrl.main import run
 
     common = [*MEGATRON, f"{M}.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"]
-    common += ["actor_rollout_ref.actor.use_kl_loss=true", "trainer.save_freq=2"]
+    common += ["actor_rollout_ref.actor.use_kl_loss=true", "trainer.total_training_steps=3"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run(compose_config(*common, "trainer.total_training_steps=3", f"trainer.default_local_dir={straight}"))
-    hf = "trainer.save_hf=true"  # each checkpoint also gets actor_hf/, gathered from the TP shards
-    run(compose_config(*common, hf, "trainer.total_training_steps=2", f"trainer.default_local_dir={resumed}"))
-    run(compose_config(*common, hf, "trainer.total_training_steps=3", f"trainer.default_local_dir={resumed}"))
+    # each checkpoint also gets actor_hf/, gathered from the TP shards
+    saves = ["trainer.save_freq=2", "trainer.save_hf=true"]
+    run(compose_config(*common, *saves, f"trainer.default_local_dir={straight}"))
+    step2 = straight / "global_step_2"
+    run(compose_config(*common, f"trainer.resume_mode={step2}", f"trainer.default_local_dir={resumed}"))
     a = [without_timing(r) for r in read_metrics(straight)]
     b = [without_timing(r) for r in read_metrics(resumed)]
-    assert [r["step"] for r in b] == [1, 2, 3]
+    assert [r["step"] for r in a] == [1, 2, 3] and [r["step"] for r in b] == [3]
     assert "actor/kl_loss" in a[-1]
     perf = ("perf/",)
-    assert [{k: v for k, v in r.items() if not k.startswith(perf)} for r in a] == [
+    assert [{k: v for k, v in r.items() if not k.startswith(perf)} for r in a[2:]] == [
         {k: v for k, v in r.items() if not k.startswith(perf)} for r in b
     ]
-    _check_hf_export(resumed / "global_step_2" / "actor_hf")
+    _check_hf_export(step2 / "actor_hf")
 
 
 def _check_hf_export(path) -> None:

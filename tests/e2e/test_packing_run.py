@@ -8,23 +8,20 @@ from tests.conftest import compose_config
 from tests.e2e.test_grpo_run import FAST, read_metrics
 
 
-def test_packed_run_follows_the_padded_run(ray_local, tmp_path):
-    """Same seed, 3 steps: the same rollouts and rewards, losses and grad norms to fp32 rounding."""
+def test_packed_run_follows_the_padded_run(ray_local, grpo_run, tmp_path):
+    """Same seed, 3 steps: the same rollouts and rewards, losses and grad norms to fp32 rounding.
+    The padded run is the session's FAST GRPO run (its first 3 steps)."""
     from dagrl.main import run
 
-    runs = {}
-    for packing in ("false", "true"):
-        out = tmp_path / packing
-        run(
-            compose_config(
-                *FAST,
-                "trainer.total_training_steps=3",
-                f"actor_rollout_ref.model.use_remove_padding={packing}",
-                f"trainer.default_local_dir={out}",
-            )
+    run(
+        compose_config(
+            *FAST,
+            "trainer.total_training_steps=3",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            f"trainer.default_local_dir={tmp_path}",
         )
-        runs[packing] = read_metrics(out)
-    padded, packed = runs["false"], runs["true"]
+    )
+    padded, packed = read_metrics(grpo_run)[:3], read_metrics(tmp_path)
     assert len(padded) == len(packed) == 3
     for a, b in zip(padded, packed):
         assert b["reward/mean"] == a["reward/mean"]  # the same samples: the weights stayed the same

@@ -1,22 +1,17 @@
 """A user plugin written only in tests/ (a role class, its backend, a node kind, a DAG), run from
-the command line as a user would: `python -m dagrl.main dag=... external_plugins=[...]`."""
+the command line as a user would: `python -m dagrl.main dag=... external_plugins=[...]` (its
+`main`, in this process, on the session's Ray: the workers import the plugin by module name from
+the driver's working directory, as they do for a user's run)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import main_in_process
 
 
-def test_plugin_role_node_and_dag_from_the_command_line(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "dagrl.main",
+def test_plugin_role_node_and_dag_from_the_command_line(ray_local, tmp_path, capsys):
+    argv = [
         "dag=tests/plugins/echo.yaml",
         "external_plugins=[tests.plugins.echo_role]",
         "+roles.echo=counter",
@@ -32,10 +27,8 @@ def test_plugin_role_node_and_dag_from_the_command_line(tmp_path):
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.rollout.n=2",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    code, out = main_in_process(capsys, *argv)
+    assert code == 0, out[-4000:]
     assert "echo: 2 workers, DP=2" in out  # the plan has the plugin role on its own two slots
     with open(tmp_path / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f]

@@ -8,25 +8,24 @@ import json
 import pytest
 
 from tests.conftest import compose_config
+from tests.e2e.conftest import SEPARATE
 from tests.e2e.test_grpo_run import FAST, read_metrics
 
-SEPARATE = [*FAST, "placement=separate", "trainer.n_gpus_per_node=2"]
 R = "actor_rollout_ref.rollout"
 
 
-def test_overlap_samples_one_step_ahead_and_checkpoints_the_data_position(ray_local, tmp_path):
+def test_overlap_samples_one_step_ahead_and_checkpoints_the_data_position(ray_local, separate_run, tmp_path):
     from dagrl.main import run
 
-    overlap, sync = tmp_path / "overlap", tmp_path / "sync"
+    overlap, sync = tmp_path / "overlap", separate_run  # sync: the same run without overlap
     common = ["trainer.total_training_steps=3", "trainer.save_freq=2"]
     run(compose_config(*SEPARATE, *common, f"{R}.overlap_steps=1", f"trainer.default_local_dir={overlap}"))
     rows = read_metrics(overlap)
     assert [r["rollout/staleness"] for r in rows] == [0.0, 1.0, 1.0]
     assert all(r["weight_sync/bytes"] > 0 and "reward/mean" in r and "timing_s/rollout" in r for r in rows)
+
     # the checkpoint at step 2 was taken while batch 3 was being sampled: it must record the data
     # position before batch 3, as a synchronous run does
-    run(compose_config(*SEPARATE, *common, f"trainer.default_local_dir={sync}"))
-
     def data_state(root):
         with open(root / "global_step_2" / "trainer_state.json") as f:
             return json.load(f)["data"]

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dagrl.errors import DagrlError
-from tests.conftest import compose_config
+from tests.conftest import compose_config, main_in_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
@@ -301,20 +301,6 @@ def test_corpus_size():
     assert len(CONFIGS) >= 60 and len(DATA) >= 10
 
 
-def cli(*overrides: str, timeout_s: float = 60) -> tuple[subprocess.CompletedProcess, float]:
-    env = dict(os.environ, PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "dagrl.main", *overrides],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=timeout_s,
-    )
-    return proc, time.perf_counter() - start
-
-
 @pytest.mark.parametrize(
     "override, named",
     [
@@ -326,12 +312,13 @@ def cli(*overrides: str, timeout_s: float = 60) -> tuple[subprocess.CompletedPro
         ("actor_rollout_ref.rollout.val_kwargs.top_p=2", "val_kwargs.top_p' = 2.0: must be in (0, 1]"),
     ],
 )
-def test_cli_prints_one_line_and_exits_2(override, named, tmp_path):
-    proc, seconds = cli(override, f"trainer.default_local_dir={tmp_path}")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    assert lines[-1].startswith("error: ") and named in lines[-1], proc.stdout
-    assert "Traceback" not in proc.stdout + proc.stderr and "workers ready" not in proc.stdout
+def test_cli_prints_one_line_and_exits_2(override, named, tmp_path, capsys):
+    """The command line in this process (tests/config/test_config.py runs one in a fresh interpreter)."""
+    code, out = main_in_process(capsys, override, f"trainer.default_local_dir={tmp_path}")
+    assert code == 2, out
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: ") and named in lines[-1], out
+    assert "Traceback" not in out and "workers ready" not in out
 
 
 def test_cli_sigterm_during_the_ray_address_probe_exits_at_once(tmp_path):
