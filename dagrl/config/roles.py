@@ -218,7 +218,7 @@ SAMPLING_ROLES = (ROLE_SAMPLER, ROLE_ORM, ROLE_PRM, ROLE_RM)
 def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleSpec:
     """sampler: a rollout backend on the policy's model, or the teacher's (sampler_type=distill);
     orm / prm / rm: a reward model's forward-only backend on its own model."""
-    from dagrl.config.sample_schema import SamplerType
+    from dagrl.config.sample_schema import RewardModelType, SamplerType
 
     dtype, trust = cfg.actor_rollout_ref.model.dtype, cfg.actor_rollout_ref.model.trust_remote_code
     if name == ROLE_SAMPLER:
@@ -242,10 +242,13 @@ def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleS
         ROLE_PRM: (cfg.sample.prm_model, "sample.prm_model"),
         ROLE_RM: (cfg.reward.model.path, "reward.model.path"),
     }[name]
+    backend, m = "hf", cfg.reward.model
+    if name == ROLE_RM and m.type == RewardModelType.generative:
+        backend, key = f"{m.engine.value}_judge", "reward.model.engine"  # dagrl/backends/judge.py
     return RoleSpec(
         name=name,
         kind=KIND_REWARD_MODEL,
-        backend="hf",
+        backend=backend,
         backend_key=key,
         model=ModelSpec(path, dtype, None, trust),
         micro_batch_size=cfg.reward.model.micro_batch_size_per_gpu,
