@@ -7,8 +7,8 @@ tokens, ignore_eos so every sample is that long) and the RM on the same card (co
 engine sleeps while the RM scores). Reports prompts/s and samples/s over the shards after the
 first (warm-up) from output_dir/metrics.jsonl, with the sampler's tokens/s and the RM's seconds.
 
-    python bench/sample_gpu.py --out /tmp/sample_bench --hidden 1024 --layers 28
-    python bench/sample_gpu.py --out /tmp/sample_bench --no-rm       # the sampler alone
+    python bench/sample_gpu.py --out /tmp/sample_bench         # Qwen3-0.6B's shape, random weights
+    python bench/sample_gpu.py --out /tmp/sample_bench --no-rm # the sampler alone
 """
 
 from __future__ import annotations
@@ -22,8 +22,28 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from grpo_gpu import build_model  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from tools.random_qwen3 import build_random_qwen3  # noqa: E402
+
+
+def build_model(out: str, args) -> str:
+    """A random-weight model of Qwen3-0.6B's shape by default (hidden 1024, 28 layers, 16 query and
+    8 KV heads of 128, MLP 3072, vocabulary 151,936), bf16, with the shipped tokenizer."""
+    path = os.path.join(out, "model")
+    build_random_qwen3(
+        path, args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate, args.vocab
+    )
+    return path
+
+
+def add_shape_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv_heads", type=int, default=8)
+    ap.add_argument("--intermediate", type=int, default=3072)
+    ap.add_argument("--vocab", type=int, default=151936)
 
 
 def build_reward_model(policy: str, out: str) -> str:
@@ -43,17 +63,15 @@ def build_reward_model(policy: str, out: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/dagrl_sample_bench")
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--prompts", type=int, default=1024)
-    ap.add_argument("--shard", type=int, default=256)
+    add_shape_args(ap)
+    ap.add_argument("--prompts", type=int, default=384)
+    ap.add_argument("--shard", type=int, default=128)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--response_length", type=int, default=512)
     ap.add_argument("--no-rm", dest="rm", action="store_false")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    policy = build_model(args.out, args.hidden, args.layers, args.vocab)
+    policy = build_model(args.out, args)
     out_dir = os.path.join(args.out, "samples")
     shutil.rmtree(out_dir, ignore_errors=True)
     cmd = [
@@ -70,7 +88,8 @@ def main() -> None:
             f"sample.orm_model={build_reward_model(policy, args.out)}",
             "reward.model.micro_batch_size_per_gpu=64",
         ]
-    subprocess.run(cmd, check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         shards = [json.loads(line) for line in f]
     timed = shards[1:] or shards  # the first shard pays for CUDA graphs and the engine's warm-up

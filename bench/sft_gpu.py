@@ -6,8 +6,11 @@ tokenizer), writes a parquet of `--rows` rows whose `response` holds `--response
 characters (one token each), then times both. Tokens = prompt + response tokens of every row
 trained, padding excluded; the first `--warmup` steps are not timed.
 
-    python bench/sft_gpu.py --out /tmp/sft_bench --hidden 1024 --layers 28 --steps 8
-    python bench/sft_gpu.py --out /tmp/sft_bench --hidden 2048 --layers 28 --batch 16 --micro 4
+    python bench/sft_gpu.py --out /tmp/sft_bench              # Qwen3-0.6B's shape, random weights
+    python bench/sft_gpu.py --out /tmp/sft_bench --packing    # use_remove_padding=true
+
+Prints one JSON line: dagrl's tokens/s, a plain loop's in pure bf16 and with fp32 weights under
+bf16 autocast (dagrl keeps fp32 master weights), and the ratios.
 """
 
 from __future__ import annotations
@@ -23,8 +26,28 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from grpo_gpu import build_model  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from tools.random_qwen3 import build_random_qwen3  # noqa: E402
+
+
+def build_model(out: str, args) -> str:
+    """A random-weight model of Qwen3-0.6B's shape by default (hidden 1024, 28 layers, 16 query and
+    8 KV heads of 128, MLP 3072, vocabulary 151,936), bf16, with the shipped tokenizer."""
+    path = os.path.join(out, "model")
+    build_random_qwen3(
+        path, args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate, args.vocab
+    )
+    return path
+
+
+def add_shape_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv_heads", type=int, default=8)
+    ap.add_argument("--intermediate", type=int, default=3072)
+    ap.add_argument("--vocab", type=int, default=151936)
 
 
 def write_rows(path: str, rows: int, response_length: int) -> None:
@@ -63,20 +86,23 @@ def dagrl_tokens_per_s(args, model: str, data: str) -> float:
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.progress_bar=false",
         f"trainer.default_local_dir={run_dir}",
     ]  # fmt: skip
-    subprocess.run(cmd, check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f][args.warmup :]
     tokens = args.batch * (args.response_length + 9)  # ~9 prompt tokens under the chat template
     seconds = sum(r["timing_s/actor_update"] for r in rows)
-    print("dagrl rows:", json.dumps(rows[-1]))
     return tokens * len(rows) / seconds
 
 
-def plain_tokens_per_s(args, model_path: str) -> float:
-    """The loop every SFT trainer reduces to: forward, NLL on the response, backward, AdamW."""
+def plain_tokens_per_s(args, model_path: str, autocast: bool) -> float:
+    """The loop every SFT trainer reduces to: forward, NLL on the response, backward, AdamW.
+    autocast=False: bf16 weights and AdamW state (the fastest, least accurate); True: fp32 weights
+    and AdamW state with bf16 autocast, the usual plain-PyTorch counterpart of dagrl's fp32 masters."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).cuda()
+    dtype = torch.float32 if autocast else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).cuda()
     optim = torch.optim.AdamW(model.parameters(), lr=1e-5)
     seq = args.response_length + 9
     ids = torch.randint(2, 200, (args.batch, seq), device="cuda")
@@ -88,22 +114,23 @@ def plain_tokens_per_s(args, model_path: str) -> float:
         start = time.perf_counter()
         optim.zero_grad(set_to_none=True)
         for i in range(0, args.batch, args.micro):
-            out = model(input_ids=ids[i : i + args.micro], labels=labels[i : i + args.micro])
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                out = model(input_ids=ids[i : i + args.micro], labels=labels[i : i + args.micro])
             (out.loss * args.micro / args.batch).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         torch.cuda.synchronize()
         if step >= args.warmup:
             seconds += time.perf_counter() - start
+    del model, optim
+    torch.cuda.empty_cache()
     return args.batch * seq * (args.steps - args.warmup) / seconds
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/dagrl_sft_bench")
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--vocab", type=int, default=151936)
+    add_shape_args(ap)
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--micro", type=int, default=8)
@@ -113,13 +140,16 @@ def main() -> None:
     ap.add_argument("--packing", action="store_true", help="use_remove_padding=true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    model = build_model(args.out, args.hidden, args.layers, args.vocab)
+    model = build_model(args.out, args)
     data = os.path.join(args.out, "sft.parquet")
     write_rows(data, args.rows, args.response_length)
     ours = dagrl_tokens_per_s(args, model, data)
-    plain = plain_tokens_per_s(args, model)
-    print(json.dumps({"dagrl_sft_tokens_per_s": round(ours), "plain_pytorch_tokens_per_s": round(plain),
-                      "ratio": round(ours / plain, 3), "gpu": torch.cuda.get_device_name()}))  # fmt: skip
+    plain = plain_tokens_per_s(args, model, autocast=False)
+    mixed = plain_tokens_per_s(args, model, autocast=True)
+    print(json.dumps({"dagrl_sft_tokens_per_s": round(ours), "plain_bf16_tokens_per_s": round(plain),
+                      "plain_autocast_tokens_per_s": round(mixed), "ratio_vs_bf16": round(ours / plain, 3),
+                      "ratio_vs_autocast": round(ours / mixed, 3), "packing": args.packing,
+                      "gpu": torch.cuda.get_device_name()}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ and 400 pre-training steps here, and students from before or during that jump (s
 Runs on 2 idle CPU cores in about ten minutes (the teacher stage is most of it):
 
     python tools/build_tiny_model.py [--out DIR]
+
+``--fresh DIR`` writes only the starting point of that build (the tokenizer and the architecture
+with freshly initialised weights, ``--seed``): README's SFT-from-scratch run and its test start
+there.
 """
 
 from __future__ import annotations
@@ -173,6 +177,18 @@ def build_model(tokenizer: PreTrainedTokenizerBase) -> Qwen2ForCausalLM:
     )
     config.architectures = ["Qwen2ForCausalLM"]
     return Qwen2ForCausalLM(config)
+
+
+def write_fresh_model(out: Path, seed: int = SEED) -> str:
+    """The shipped model's tokenizer and architecture with freshly initialised weights, at ``out``
+    (SFT from scratch: README "SFT"); the same draw of weights for the same ``seed``."""
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out)
+    torch.manual_seed(seed)
+    model = build_model(tokenizer)
+    model.generation_config.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=4)
+    save_model(model, out)
+    return str(out)
 
 
 def save_model(model: Qwen2ForCausalLM, out_dir: Path) -> None:
@@ -376,9 +392,20 @@ def main() -> None:
     parser.add_argument(
         "--lr", type=float, default=PRETRAIN_LR, help="pre-training learning rate, constant after warm-up"
     )
+    parser.add_argument(
+        "--fresh",
+        type=Path,
+        default=None,
+        help="write only a freshly initialised model (the shipped architecture and tokenizer, random "
+        "weights, --seed) to this directory and stop: the start of README's SFT-from-scratch run",
+    )
+    parser.add_argument("--seed", type=int, default=SEED, help="seed of the initial weights")
     args = parser.parse_args()
 
     start = time.perf_counter()
+    if args.fresh is not None:
+        write_fresh_model(args.fresh, args.seed)
+        return
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)
     if args.teacher_init is not None:

@@ -117,3 +117,62 @@ def _reward_model(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.reward_model import RewardModelBackend
 
     return RewardModelBackend(spec, ctx)
+
+
+def _check_judge(cfg) -> None:
+    """A generative judge's own settings: a score range that maps onto [0, 1], a template that
+    names only the fields the driver fills in."""
+    from dagrl.errors import ConfigError
+    from dagrl.rewards.judge import TEMPLATE_FIELDS, render_judge_prompt
+
+    m = cfg.reward.model
+    if not m.judge_score_min < m.judge_score_max:
+        raise ConfigError(
+            "reward.model.judge_score_max",
+            m.judge_score_max,
+            f"must be above reward.model.judge_score_min ({m.judge_score_min})",
+        )
+    try:
+        render_judge_prompt(m.judge_template, "", "", "")
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(
+            "reward.model.judge_template",
+            m.judge_template,
+            f"is not a template of {{{'}, {'.join(TEMPLATE_FIELDS)}}} ({e!r}); write literal braces as {{{{ }}}}",
+        ) from e
+
+
+def _check_judge_device(cfg, device: str) -> None:
+    import importlib.util
+
+    from dagrl.errors import ConfigError
+
+    if cfg.trainer.dry_run:
+        return
+    if device != "cuda":
+        raise ConfigError(
+            "reward.model.engine",
+            "vllm",
+            "a vLLM judge needs GPUs: trainer.device=cuda, or reward.model.engine=hf",
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "reward.model.engine", "vllm", "vllm is not installed here; pip install -e '.[vllm]'"
+        )
+
+
+@register_backend("reward_model", "hf_judge", rules=_check_judge)
+def _hf_judge(cfg, spec: RoleSpec, ctx):
+    from dagrl.backends.judge import HFJudgeBackend
+
+    return HFJudgeBackend(cfg, spec, ctx)
+
+
+@register_backend("reward_model", "vllm_judge", rules=_check_judge, device_rules=_check_judge_device)
+def _vllm_judge(cfg, spec: RoleSpec, ctx):
+    from dagrl.backends.vllm.judge import VLLMJudgeBackend
+
+    return VLLMJudgeBackend(cfg, spec, ctx)
+
+
+start_before_others("vllm_judge")

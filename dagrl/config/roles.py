@@ -300,7 +300,7 @@ SAMPLING_ROLES = (Role.sampler, Role.orm, Role.prm, Role.rm)
 def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleSpec:
     """sampler: a rollout backend on the policy's model, or the teacher's (sampler_type=distill);
     orm / prm / rm: a reward model's forward-only backend on its own model."""
-    from dagrl.config.sample_schema import SamplerType
+    from dagrl.config.sample_schema import RewardModelType, SamplerType
 
     dtype, trust = cfg.actor_rollout_ref.model.dtype, cfg.actor_rollout_ref.model.trust_remote_code
     if name == Role.sampler:
@@ -325,10 +325,13 @@ def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleS
         Role.prm: (cfg.sample.prm_model, "sample.prm_model"),
         Role.rm: (cfg.reward.model.path, "reward.model.path"),
     }[name]
+    backend, m = "hf", cfg.reward.model
+    if name == Role.rm and m.type == RewardModelType.generative:
+        backend, key = f"{m.engine.value}_judge", "reward.model.engine"  # dagrl/backends/judge.py
     return RoleSpec(
         name=name,
         kind=KIND_REWARD_MODEL,
-        backend="hf",
+        backend=backend,
         backend_key=key,
         model=ModelSpec(path, dtype, None, trust),
         micro_batch_size=cfg.reward.model.micro_batch_size_per_gpu,

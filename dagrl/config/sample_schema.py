@@ -8,8 +8,9 @@ orm_model, prm_threshold); verl's reward_model.* names map onto reward.model.* (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from dagrl.config.ranges import ranged
 
@@ -33,6 +34,27 @@ class PrmAggregate(str, Enum):
     mean = "mean"
 
 
+class RewardModelType(str, Enum):
+    """What kind of model scores (ms-swift's reward_model_plugin: default / genrm)."""
+
+    discriminative = "discriminative"  # a sequence-classification head read at the last token
+    generative = "generative"  # an LLM judge: a prompt from judge_template, its answer parsed
+
+
+class JudgeEngine(str, Enum):
+    """Where a generative judge decodes."""
+
+    hf = "hf"  # transformers, any device (CPU tests)
+    vllm = "vllm"  # an in-process vLLM engine on the role's GPUs
+
+
+DEFAULT_JUDGE_TEMPLATE = (
+    "Rate the response to the question from 0 to 10 (10 = correct and complete).\n"
+    "Question: {prompt}\nReference answer: {ground_truth}\nResponse: {response}\n"
+    "Answer with 'Score: N'."
+)
+
+
 @dataclass
 class RewardModelConfig:
     """A reward model served as a role (verl's reward_model.* names where they match)."""
@@ -40,7 +62,31 @@ class RewardModelConfig:
     enable: bool = False
     """Run the reward model (role `rm`) and add weight × its score to the rule rewards."""
     path: str | None = None
-    """HF directory of a sequence-classification model (AutoModelForSequenceClassification, one label)."""
+    """HF directory of a sequence-classification model (AutoModelForSequenceClassification, one
+    label), or with type=generative of a causal LM (the judge)."""
+    type: RewardModelType = RewardModelType.discriminative
+    """discriminative: a score head; generative: an LLM judge prompted with judge_template
+    (dagrl/rewards/judge.py). ms-swift: reward_model_plugin=genrm."""
+    engine: JudgeEngine = JudgeEngine.hf
+    """type=generative: hf (transformers, CPU or GPU) or vllm (GPU)."""
+    judge_template: str = DEFAULT_JUDGE_TEMPLATE
+    """type=generative: the judge's user turn; {prompt}, {response} and {ground_truth} are filled
+    in (the policy's prompt and response as text, special tokens dropped)."""
+    judge_score_pattern: str = r"Score:\s*(-?\d+(?:\.\d+)?)"
+    """type=generative: a regular expression; its first match's first group is the score."""
+    judge_score_min: float = ranged(0.0, hint="any finite number below judge_score_max")
+    """type=generative: the lowest score the template asks for (maps to 0)."""
+    judge_score_max: float = ranged(10.0, hint="any finite number above judge_score_min")
+    """type=generative: the highest score the template asks for (maps to 1)."""
+    judge_max_new_tokens: int = ranged(32, ge=1)
+    """type=generative: tokens the judge may write (greedy decoding)."""
+    judge_neutral_score: float = ranged(0.5, ge=0, le=1)
+    """type=generative: the score of a failed judgment (no score in the answer, out of range, or a
+    prompt longer than the judge's context); failures are counted in reward/judge_failures."""
+    gpu_memory_utilization: float = ranged(0.5, gt=0, le=1)
+    """engine=vllm: the share of each of the role's GPUs the judge's engine takes."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """engine=vllm: more vllm.LLM arguments (enforce_eager, kv_cache_dtype, ...), passed last."""
     weight: float = ranged(1.0, hint="any finite weight")
     """Weight of the model's score in the reward sum (rule rewards keep reward.functions' weights)."""
     micro_batch_size_per_gpu: int = ranged(64, ge=1)

@@ -79,6 +79,18 @@ def _backend_rules(cfg: DagrlConfig, spec: RoleSpec) -> None:
     BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key).rules(cfg)
 
 
+def check_role_rules(cfg: DagrlConfig, specs) -> None:
+    """The config rules of every role's backend (the train backend's ran in `validate`), once per
+    backend: what a role's engine refuses is refused before Ray starts."""
+    seen = {(Role.train.value, cfg.actor_rollout_ref.actor.strategy)}
+    for spec in specs:
+        key = (getattr(spec.kind, "value", spec.kind), spec.backend)
+        entry = BACKENDS.find(spec.kind, spec.backend)
+        if key not in seen and entry is not None:
+            seen.add(key)
+            entry.rules(cfg)
+
+
 def check_role_devices(cfg: DagrlConfig, specs, device: str) -> None:
     """What each role's backend needs of the resolved device (vLLM: GPUs, installed)."""
     for spec in specs:

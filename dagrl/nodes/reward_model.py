@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 
 from dagrl.backends.reward_model import RewardModelBackend  # declares rm_scores / prm_* keys
-from dagrl.config.sample_schema import PrmAggregate
+from dagrl.config.sample_schema import PrmAggregate, RewardModelType
 from dagrl.core.batch import Batch, declare_key
 from dagrl.core.node import NodeResult, register_node_kind
+from dagrl.rewards.judge import judge_scores, render_judge_prompt
 from dagrl.rewards.steps import step_ends
 
 declare_key("prm_scores", "[B] a process reward model's score of each response (its steps aggregated)")
@@ -43,11 +44,53 @@ class OrmScoreNode(_ModelScore):
 
 @register_node_kind("rm_score")
 class RmScoreNode(_ModelScore):
-    """GRPO's reward model (reward.model.*) on role `rm`; the reward node adds it by weight."""
+    """GRPO's reward model (reward.model.*) on role `rm`; the reward node adds it by weight. With
+    reward.model.type=generative the role is an LLM judge: the prompts it reads are rendered here
+    from the policy's text (judge_prompts), its answers parsed here (rewards/judge.py)."""
+
+    optional_inputs = ("ground_truth",)  # the judge template's {ground_truth}
+
+    def __init__(self, spec, cfg):
+        self.spec, self.model = spec, cfg.reward.model
 
     @staticmethod
     def enabled(cfg) -> bool:
         return cfg.reward.model.enable
+
+    def run(self, runtime, batch):
+        if self.model.type != RewardModelType.generative:
+            return super().run(runtime, batch)
+        from dagrl.backends.judge import HFJudgeBackend  # declares judge_prompts / judge_outputs
+
+        m = self.model
+        answers = runtime.role(self.spec.role).call(HFJudgeBackend.judge, judge_prompts(runtime, batch, m))
+        scores, failures = judge_scores(
+            list(answers["judge_outputs"]),
+            m.judge_score_pattern,
+            m.judge_score_min,
+            m.judge_score_max,
+            m.judge_neutral_score,
+        )
+        metrics = {f"reward/{self.spec.role}_mean": float(scores.mean()), JUDGE_FAILURES: float(failures)}
+        return NodeResult(Batch({"rm_scores": scores}), metrics)
+
+
+JUDGE_FAILURES = "reward/judge_failures"  # judgments that gave no score in range (scored neutral)
+
+
+def judge_prompts(runtime, batch: Batch, m) -> Batch:
+    """judge_prompts: reward.model.judge_template filled with each row's prompt and response text
+    (special tokens dropped) and its ground truth ("" where the data has none)."""
+    from dagrl.nodes.reward import decode_responses
+
+    prompts = decode_responses(runtime.tokenizer, batch["prompts"], batch["prompt_mask"])
+    responses = decode_responses(runtime.tokenizer, batch["responses"], batch["response_mask"])
+    truths = list(batch["ground_truth"]) if "ground_truth" in batch.meta else [""] * len(batch)
+    texts = [
+        render_judge_prompt(m.judge_template, p, r, "" if t is None else str(t))
+        for p, r, t in zip(prompts, responses, truths)
+    ]
+    return Batch(meta={"judge_prompts": texts})
 
 
 @register_node_kind("prm_score")

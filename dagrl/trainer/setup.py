@@ -18,6 +18,7 @@ from dagrl.config.roles import build_role_specs
 from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import (
     check_role_devices,
+    check_role_rules,
     data_files,
     resolve_defaults,
     resolve_device,
@@ -61,6 +62,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     validate_roles(cfg, role_names)
     roles = build_role_specs(cfg, role_names)
     check_backends(roles.values(), None if cfg.trainer.dry_run else device)
+    check_role_rules(cfg, roles.values())  # each role's backend's own config rules
     check_role_devices(cfg, roles.values(), device)  # each backend's needs of the device (vLLM: GPUs)
     plan = make_plan(cfg, roles, device)
     validate_with_plan(cfg, plan)

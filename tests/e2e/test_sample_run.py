@@ -4,9 +4,9 @@
    shard is written;
 2. the same job again, in ms-swift's device_groups form (sampler on two CPU workers, prm + orm
    sharing two more): it skips the finished shards and writes the rest; every prompt's best
-   sample is in the output exactly once, and the samples the reward models kept are more often
-   correct than the sampler's mean;
-3. `algorithm=sft` trains on the shards as they are.
+   sample is in the output exactly once, and the samples the outcome reward model kept (it alone
+   ranks them) are more often correct than the sampler's mean;
+3. `algorithm=sft` trains on the shards as they are: their validation loss falls.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ def sample_overrides(out: Path) -> list[str]:
         f"sample.shard_size={SHARD}",
         f"sample.orm_model={rm}",
         f"sample.prm_model={rm}",
-        # the ORM is the rule reward (the reward registry); the reward models' scores break ties and
-        # are written with every sample (the tiny RM reads the policy's own hidden states, so on the
-        # policy's own mistakes alone it does not beat the sampler's mean: README "Sampling")
-        "sample.rule_weight=1",
-        "sample.orm_weight=0.1",
-        "sample.prm_weight=0.1",
+        # best-of-n by the outcome reward model alone: the rule reward is reported, not used, so the
+        # kept samples beat the sampler's mean only if the shipped RM ranks the policy's own samples
+        # (the PRM, one step per answer on this task, is computed and written with weight 0)
+        "sample.rule_weight=0",
+        "sample.orm_weight=1",
+        "sample.prm_weight=0",
         "sample.filter=best_of_n",
         "actor_rollout_ref.rollout.n=4",
         "trainer.logger=[console]",
@@ -102,17 +102,19 @@ def test_sample_kill_resume_in_device_groups_then_sft(tmp_path):
             compose_config(
                 "algorithm=sft",
                 f"data.train_files={files}",
+                f"data.val_files={files}",
                 "data.train_batch_size=8",
                 "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                "trainer.total_training_steps=2",
-                "trainer.val_before_train=false",
-                "trainer.test_freq=-1",
+                "actor_rollout_ref.actor.optim.lr=1e-4",
+                "trainer.total_training_steps=3",
+                "trainer.test_freq=3",
                 "trainer.logger=[console]",
                 "trainer.progress_bar=false",
                 f"trainer.default_local_dir={sft_dir}",
             )
         )
         metrics = [json.loads(line) for line in (sft_dir / "metrics.jsonl").read_text().splitlines()]
-        assert [m["step"] for m in metrics] == [1, 2] and all(m["train/loss"] > 0 for m in metrics)
+        val = {m["step"]: m["val/loss"] for m in metrics if "val/loss" in m}
+        assert sorted(val) == [0, 3] and val[3] < val[0], val  # the sampled rows' NLL falls
     finally:
         ray.shutdown()
