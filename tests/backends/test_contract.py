@@ -175,7 +175,9 @@ def test_rollout_backend_contract(name):
     if name == "vllm" and (not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None):
         pytest.skip("vllm needs a GPU and vllm installed")
     device = torch.device("cuda" if name == "vllm" else "cpu")
-    cfg = compose_config(*COMMON, f"actor_rollout_ref.rollout.name={name}")
+    # vLLM: a share of the card that fits beside the engines other GPU tests of the session keep
+    util = ("actor_rollout_ref.rollout.gpu_memory_utilization=0.2",) if name == "vllm" else ()
+    cfg = compose_config(*COMMON, f"actor_rollout_ref.rollout.name={name}", *util)
     resolve_defaults(cfg)
     ctx = ParallelContext(0, 1, device)
     rollout = build_backend(cfg, role_spec(cfg, "rollout"), ctx)
@@ -207,3 +209,6 @@ def test_rollout_backend_contract(name):
     torch.testing.assert_close(
         moved["rollout_logprobs"] * moved["response_mask"], want * moved["response_mask"], rtol=0, atol=1e-4
     )
+    close = getattr(rollout, "shutdown", None)  # an engine frees its pool for the next GPU test
+    if close is not None:
+        close()

@@ -31,6 +31,7 @@ def check_vllm_rollout(cfg: DagrlConfig) -> None:
             f"must hold data.max_prompt_length + data.max_response_length = {needed}; raise it or leave it"
             " unset (then it is exactly that)",
         )
+    _check_positions(cfg, r.max_model_len or needed)
     for key in r.engine_kwargs.vllm:
         if key in RESERVED_ENGINE_KWARGS:
             raise ConfigError(
@@ -137,4 +138,39 @@ def check_teacher_device(cfg: DagrlConfig, device: str) -> None:
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             f"{T}.placement", "standalone", "vllm is not installed here; pip install -e '.[vllm]'"
+        )
+
+
+def _check_positions(cfg: DagrlConfig, context: int) -> None:
+    """vLLM refuses a context longer than the model's max_position_embeddings (a pydantic
+    traceback after Ray started); name the lengths instead, unless the user allows it as vLLM does."""
+    import os
+
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
+        return
+    path = cfg.actor_rollout_ref.model.path
+    if path is None:
+        from dagrl.data.builtin import tiny_model_path
+
+        path = tiny_model_path()
+    config = os.path.join(os.path.expanduser(path), "config.json")
+    if not os.path.isfile(config):
+        return  # a hub id (or a path the model rules name): vLLM checks it when it starts
+    import json
+
+    with open(config) as f:
+        positions = json.load(f).get("max_position_embeddings")
+    if positions is not None and context > positions:
+        pinned = cfg.actor_rollout_ref.rollout.max_model_len
+        key, value = (
+            (f"{R}.max_model_len", pinned)
+            if pinned
+            else ("data.max_response_length", cfg.data.max_response_length)
+        )
+        raise ConfigError(
+            key,
+            value,
+            f"a context of {context} tokens (prompt + response, or rollout.max_model_len) exceed the model's max_position_embeddings ({positions})"
+            f" that vLLM enforces: lower data.max_prompt_length / data.max_response_length, or export"
+            " VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if the model's positions extrapolate (RoPE)",
         )

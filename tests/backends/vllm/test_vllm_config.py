@@ -70,7 +70,8 @@ def test_unset_engine_sizes_are_left_to_vllm():
     assert "max_num_batched_tokens" not in kw and "max_num_seqs" not in kw
 
 
-def test_max_model_len_below_prompt_plus_response_is_refused():
+def test_max_model_len_below_prompt_plus_response_is_refused(monkeypatch):
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # 4096 is past the tiny model's 64 positions
     exc = config_error(
         VLLM, "data.max_prompt_length=100", "data.max_response_length=50", f"{R}.max_model_len=120"
     )
@@ -219,3 +220,17 @@ def test_greedy_training_rollout_is_vllm_temperature_zero():
     assert (train["temperature"], train["top_p"], train["top_k"]) == (0.0, 1.0, 0)
     assert logprob_temperature(cfg.actor_rollout_ref.rollout.temperature) == 1.0
     assert logprob_temperature(0.7) == 0.7
+
+
+def test_context_past_the_models_positions_is_named_before_ray(monkeypatch):
+    """vLLM refuses max_model_len > max_position_embeddings after Ray started (a pydantic traceback);
+    the rule names the lengths first (the shipped tiny model has 64 positions)."""
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    exc = config_error("actor_rollout_ref.rollout.name=vllm", "data.max_response_length=48")
+    assert exc.key == "data.max_response_length" and "max_position_embeddings (64)" in str(exc)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    prepare(
+        compose_config(
+            "actor_rollout_ref.rollout.name=vllm", "data.max_response_length=48", "trainer.dry_run=true"
+        )
+    )
