@@ -50,12 +50,9 @@ def with_teacher_prompts(batch: Batch) -> Batch:
     view = batch.select((*_INPUTS, "response_attention_mask"))
     if "teacher_prompts" not in batch:
         return view
-    tensors = {
-        **view.tensors,
-        "prompts": batch["teacher_prompts"],
-        "prompt_mask": batch["teacher_prompt_mask"],
-    }
-    return Batch(tensors)
+    swapped = {"prompts": batch["teacher_prompts"], "prompt_mask": batch["teacher_prompt_mask"]}
+    held = {k: h for k, h in view.held.items() if k not in swapped}  # responses may stay on workers
+    return Batch({**view.tensors, **swapped}, view.meta, held)
 
 
 def teacher_inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -222,10 +222,11 @@ def test_plan_keeps_what_the_default_dags_read_on_the_same_workers():
         roles = {r: same for r in ("train", "rollout", "ref", "teacher")}
         return plan_residency(dag, roles, {s.name for s in dag.nodes})
 
-    grpo = plan()
+    grpo = plan("actor_rollout_ref.actor.recompute_old_logprobs=true")  # auto skips it on-policy
     assert grpo["old_logprob"] == ({"old_logprobs"}, set())
     assert grpo["rollout"] == ({"rollout_logprobs"}, {"responses", "response_mask"})
     assert plan("algorithm=gkd")["teacher_hidden"] == ({"teacher_hidden"}, set())
+    assert "old_logprob" not in plan()  # on-policy by default: the update's own log-probs
     kl = plan("algorithm.use_kl_in_reward=true")
     assert kl["old_logprob"] == (set(), {"old_logprobs"}) and kl["ref_logprob"] == (set(), {"ref_logprobs"})
 
