@@ -413,7 +413,12 @@ ROUND3 = [
         ["placement.colocate_groups=[[trian,rollout]]"],
         {},
         [],
-        ["placement.colocate_groups[0][0]", "'trian'", "did you mean 'train'", "roles: ref, reward, rollout"],
+        [
+            "placement.colocate_groups[0][0]",
+            "'trian'",
+            "did you mean 'train'",
+            "roles: orm, prm, ref, reward, rm, rollout, sampler, teacher, train",
+        ],
     ),
     (
         [
