@@ -24,26 +24,7 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from tools.random_qwen3 import build_random_qwen3  # noqa: E402
-
-
-def build_model(out: str, args) -> str:
-    """A random-weight model of Qwen3-0.6B's shape by default (hidden 1024, 28 layers, 16 query and
-    8 KV heads of 128, MLP 3072, vocabulary 151,936), bf16, with the shipped tokenizer."""
-    path = os.path.join(out, "model")
-    build_random_qwen3(
-        path, args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate, args.vocab
-    )
-    return path
-
-
-def add_shape_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv_heads", type=int, default=8)
-    ap.add_argument("--intermediate", type=int, default=3072)
-    ap.add_argument("--vocab", type=int, default=151936)
+from tools.random_qwen3 import add_shape_args, build_from_args  # noqa: E402
 
 
 def build_reward_model(policy: str, out: str) -> str:
@@ -71,7 +52,7 @@ def main() -> None:
     ap.add_argument("--no-rm", dest="rm", action="store_false")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    policy = build_model(args.out, args)
+    policy = build_from_args(args.out, args)
     out_dir = os.path.join(args.out, "samples")
     shutil.rmtree(out_dir, ignore_errors=True)
     cmd = [

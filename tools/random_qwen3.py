@@ -66,6 +66,33 @@ def build_random_qwen3(
     return out
 
 
+def add_shape_args(ap: argparse.ArgumentParser) -> None:
+    """The shape options of the benches that build their own model: Qwen3-0.6B's by default."""
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv_heads", type=int, default=8)
+    ap.add_argument("--head_dim", type=int, default=128, help="Qwen3's at every size")
+    ap.add_argument("--intermediate", type=int, default=3072)
+    ap.add_argument("--vocab", type=int, default=151936)
+
+
+def build_from_args(out: str, args) -> str:
+    """A random-weight model of the shape add_shape_args parsed (bf16, shipped tokenizer) in OUT/model."""
+    path = os.path.join(out, "model")
+    build_random_qwen3(
+        path,
+        args.hidden,
+        args.layers,
+        args.heads,
+        args.kv_heads,
+        args.intermediate,
+        args.vocab,
+        head_dim=args.head_dim,
+    )
+    return path
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")

@@ -128,7 +128,7 @@ def levers(kind: str, phase: str, role: str, cfg) -> str:
     if kind == VLLM_MEMORY:
         return (
             f"lower {util} when other roles or processes hold memory on that GPU, keep the colocated"
-            f" trainer off it while vLLM starts (actor_rollout_ref.actor.offload=true, now {a.offload};"
+            f" trainer off it while vLLM starts (actor_rollout_ref.actor.offload=true, now {'auto' if a.offload is None else a.offload};"
             " megatron: actor.megatron.param_offload/optimizer_offload), or give the rollout its own"
             " devices (placement=separate); if the KV cache is what does not fit, raise it or lower"
             " actor_rollout_ref.rollout.max_model_len"

@@ -155,15 +155,15 @@ def check_megatron_teacher(cfg: DagrlConfig) -> None:
     (megatron's are per process): it uses ref.megatron, which must match the actor's layout."""
     if cfg.teacher.placement != TeacherPlacement.colocate:
         return
-    actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
-    for key in PARALLEL_KNOBS:
-        if getattr(ref, key) != getattr(actor, key):
-            raise ConfigError(
-                f"actor_rollout_ref.ref.megatron.{key}",
-                getattr(ref, key),
-                f"the colocated teacher runs with ref.megatron in the actor's processes, whose {key} is "
-                f"{getattr(actor, key)}: use the same value (or leave ref.megatron's parallel settings unset)",
-            )
+    mismatch = _ref_layout_mismatch(cfg)
+    if mismatch is not None:
+        key, ref_value, actor_value = mismatch
+        raise ConfigError(
+            f"actor_rollout_ref.ref.megatron.{key}",
+            ref_value,
+            f"the colocated teacher runs with ref.megatron in the actor's processes, whose {key} is "
+            f"{actor_value}: use the same value (or leave ref.megatron's parallel settings unset)",
+        )
 
 
 def _hf_config(cfg: DagrlConfig):
@@ -342,16 +342,16 @@ def _check_ref_shares_actor_groups(cfg: DagrlConfig) -> None:
     """A ref colocated with the train role runs in the actor's processes, hence in its parallel groups."""
     if not any({Role.train, Role.ref} <= set(g) for g in cfg.placement.colocate_groups):
         return
-    actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
-    for key in PARALLEL_KNOBS:
-        if getattr(ref, key) != getattr(actor, key):
-            raise ConfigError(
-                f"{REF}.megatron.{key}",
-                getattr(ref, key),
-                f"the ref is colocated with the actor, whose {key} is {getattr(actor, key)}: megatron's"
-                f" parallel groups are per process, so use the same value (or leave every {REF}.megatron"
-                " parallel setting unset to copy the actor's), or place the ref apart (placement=separate)",
-            )
+    mismatch = _ref_layout_mismatch(cfg)
+    if mismatch is not None:
+        key, ref_value, actor_value = mismatch
+        raise ConfigError(
+            f"{REF}.megatron.{key}",
+            ref_value,
+            f"the ref is colocated with the actor, whose {key} is {actor_value}: megatron's"
+            f" parallel groups are per process, so use the same value (or leave every {REF}.megatron"
+            " parallel setting unset to copy the actor's), or place the ref apart (placement=separate)",
+        )
 
 
 def check_megatron_plan(cfg: DagrlConfig, plan: Plan) -> None:
@@ -433,3 +433,13 @@ def _check_interleaved_micro_batches(cfg: DagrlConfig, plan: Plan) -> None:
                 f" PP = {pp} micro-batches (now {count}); pick a micro-batch size that gives"
                 f" {pp}, {2 * pp}, ... micro-batches",
             )
+
+
+def _ref_layout_mismatch(cfg: DagrlConfig) -> tuple[str, object, object] | None:
+    """The first parallel setting where ref.megatron differs from the actor's: (key, ref's, actor's).
+    A ref or colocated teacher runs in the actor's processes, so in its parallel groups."""
+    actor, ref = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron
+    for key in PARALLEL_KNOBS:
+        if getattr(ref, key) != getattr(actor, key):
+            return key, getattr(ref, key), getattr(actor, key)
+    return None
