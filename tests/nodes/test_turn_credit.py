@@ -79,8 +79,12 @@ def test_reward_node_keeps_environment_rewards_out_of_the_score_in_turn_mode(mod
     assert result.metrics["reward/total_mean"] == pytest.approx(1.0)  # 1 + 2 x 0.5 over 2 rows
 
 
-def test_turn_mode_needs_grpo_advantages():
+def test_turn_mode_needs_grpo_advantages(monkeypatch):
     from dagrl.objectives import register_estimator
+    from dagrl.registry import ESTIMATORS
+
+    # the plugin estimator must not outlive this test (the registry lists every registered name)
+    monkeypatch.setattr(ESTIMATORS, "_entries", dict(ESTIMATORS._entries))
 
     with pytest.raises(ConfigError) as e:
         config(f"{MT}.turn_reward_mode=turn", "algorithm=gkd", "dag=gkd_multi_turn")

@@ -59,6 +59,8 @@ def test_plugin_output_is_validated_like_any_row(plugin):
 
 def test_opsd_preset_feeds_teacher_prompts_to_the_standalone_teacher(monkeypatch):
     monkeypatch.chdir(ROOT)  # the preset names the plugin and its DAG relative to the repo root
+    # the preset's lengths are a real model's; the tiny model stands in with 64 positions
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     before = list(transforms._TRANSFORMS)
     try:
         prepared = prepare(
