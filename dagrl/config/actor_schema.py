@@ -69,9 +69,11 @@ class MegatronConfig:
     """Keep gradient buffers in host memory while another role holds the device."""
     optimizer_offload: bool = False
     """Keep the optimizer state in host memory while another role holds the device."""
-    optimizer_cpu_offload: bool = False
+    optimizer_cpu_offload: Optional[bool] = None
     """Run the optimizer on the CPU: fp32 master weights and Adam's moments in host memory
-    (megatron-core's HybridDeviceOptimizer; verl's override_optimizer_config.optimizer_cpu_offload)."""
+    (megatron-core's HybridDeviceOptimizer; verl's override_optimizer_config.optimizer_cpu_offload).
+    null (auto): on only when the memory plan's update does not fit the card with the optimizer on
+    the device (off where there is no plan: CPU, unknown card)."""
     optimizer_offload_fraction: float = ranged(1.0, ge=0, le=1)
     """With optimizer_cpu_offload: the share of the parameters whose optimizer state and step go to
     the CPU (the rest stay on the device)."""
@@ -147,10 +149,12 @@ class ActorConfig:
     (rollout, ref) use the device; false keeps them resident (fastest when everything fits).
     null (auto): resident when the memory plan puts every phase within 90 % of the card with the
     trainer resident, else offloaded (offloaded where there is no plan: CPU, unknown card)."""
-    optimizer_cpu_offload: bool = False
+    optimizer_cpu_offload: Optional[bool] = None
     """torch strategy: the fp32 master weights, their gradients and Adam's moments live in pinned
     host memory and the optimizer step runs on the CPU (the device keeps the compute weights and
-    gradients: 4 bytes per parameter instead of 16 in bf16). megatron: megatron.optimizer_cpu_offload."""
+    gradients: 4 bytes per parameter instead of 16 in bf16). megatron: megatron.optimizer_cpu_offload.
+    null (auto): on only when the memory plan's update does not fit the card with the optimizer on
+    the device, after gradient checkpointing (off where there is no plan: CPU, unknown card)."""
     recompute_old_logprobs: Optional[bool] = None
     """false: an on-policy update (ppo_mini_batch_size = data.train_batch_size, ppo_epochs = 1)
     takes the old log-probs from its own forward, detached, and the old_logprob pass is skipped

@@ -66,8 +66,54 @@ def plan_device_memory(
     if capacity is None:
         return None, None
     make_plan = partial(plan_memory, cfg, plan, model_path, capacity, source, phases)
-    memory = _resolve_offload(cfg, plan, make_plan, _resolve_recompute(cfg, plan, make_plan))
+    memory = _resolve_recompute(cfg, plan, make_plan)
+    memory = _resolve_optimizer_host(cfg, plan, make_plan, memory)
+    memory = _resolve_offload(cfg, plan, make_plan, memory)
+    _specs_follow(cfg, plan)
     return memory, check_memory(cfg, memory, plan)
+
+
+def _specs_follow(cfg: DagrlConfig, plan: Plan) -> None:
+    """The role specs the workers are built from carry the choices made here: they were decoded
+    before the plan resolved auto (a backend reads its spec, not the config)."""
+    recompute = cfg.actor_rollout_ref.model.gradient_checkpointing
+    for role, spec in plan.specs.items():
+        if spec.train is not None and spec.train.gradient_checkpointing != recompute:
+            train = dataclasses.replace(spec.train, gradient_checkpointing=recompute)
+            plan.specs[role] = dataclasses.replace(spec, train=train)
+
+
+def _resolve_optimizer_host(
+    cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan], memory: MemoryPlan
+) -> MemoryPlan:
+    """optimizer_cpu_offload=None (auto: actor.optimizer_cpu_offload on the torch backend,
+    actor.megatron.optimizer_cpu_offload on megatron): the optimizer's fp32 state and step stay on
+    the device when the update fits the card that way (after recomputation), else go to the host."""
+    spec = plan.specs.get(Role.train)
+    if spec is None or spec.backend not in ("torch", "megatron"):
+        return memory
+    owner, key = optimizer_host_key(cfg, spec.backend)
+    if owner.optimizer_cpu_offload is not None:
+        return memory
+    owner.optimizer_cpu_offload = False
+    on_device = _phase_total(memory, "update")
+    if on_device <= memory.card_bytes:
+        return memory
+    owner.optimizer_cpu_offload = True
+    hosted = make_plan()
+    hosted.notes = memory.notes + [
+        f"{key}: auto -> true (update {on_device / GIB:.1f} GiB with the optimizer on the device, "
+        f"{_phase_total(hosted, 'update') / GIB:.1f} GiB with it on the host)"
+    ]
+    return hosted
+
+
+def optimizer_host_key(cfg: DagrlConfig, backend: str):
+    """(the section holding optimizer_cpu_offload for this train backend, its full key)."""
+    actor = cfg.actor_rollout_ref.actor
+    if backend == "megatron":
+        return actor.megatron, f"{A}.megatron.optimizer_cpu_offload"
+    return actor, f"{A}.optimizer_cpu_offload"
 
 
 RESIDENT_SHARE = 0.9  # auto keeps the trainer resident only with this much of the card planned
@@ -153,6 +199,10 @@ def _pinned(cfg: DagrlConfig, plan: Plan, row) -> tuple[str, object]:
     if row.phase == "update" and spec is not None and spec.backend == "torch":
         if cfg.actor_rollout_ref.model.gradient_checkpointing is False:
             return f"{M}.gradient_checkpointing", False
+    if row.phase == "update" and spec is not None and spec.backend in ("torch", "megatron"):
+        owner, key = optimizer_host_key(cfg, spec.backend)
+        if owner.optimizer_cpu_offload is False:  # pinned: auto moves it to the host when over
+            return key, False
     if row.role != Role.train and row.others.get(Role.train) and spec is not None and spec.backend == "torch":
         if cfg.actor_rollout_ref.actor.offload is False:  # pinned resident while another role runs
             return f"{A}.offload", False
@@ -195,15 +245,8 @@ def fault_plan_hint(memory: MemoryPlan | None, plan: Plan, fault) -> str:
 def phase_levers(plan: Plan, row) -> str:
     """The keys that lower a phase's total: its own workload's, then what the idle roles keep."""
     spec = plan.specs.get(row.role)
-    megatron = spec is not None and spec.backend == "megatron"
     levers = {
-        "update": (
-            f"{A}.megatron.recompute_granularity=full" if megatron else f"{M}.gradient_checkpointing=true"
-        )
-        + f", a smaller {A}.ppo_micro_batch_size_per_gpu or {A}.use_dynamic_bsz=true with "
-        f"{A}.ppo_max_token_len_per_gpu, the optimizer on the host ("
-        + (f"{A}.megatron.optimizer_cpu_offload=true" if megatron else f"{A}.optimizer_cpu_offload=true")
-        + ")",
+        "update": ", ".join(_update_levers(spec)),
         "old_logprob": f"a smaller {R}.log_prob_micro_batch_size_per_gpu or {R}.log_prob_use_dynamic_bsz=true "
         f"with {R}.log_prob_max_token_len_per_gpu",
         "ref_logprob": f"a smaller {REF}.log_prob_micro_batch_size_per_gpu or {REF}.log_prob_use_dynamic_bsz=true "
@@ -216,6 +259,28 @@ def phase_levers(plan: Plan, row) -> str:
             f"; what idle roles keep: {R}.free_cache_engine=true (the engine sleeps), {A}.offload=true "
             f"(torch) or {A}.megatron.param_offload / grad_offload / optimizer_offload, teacher.offload=true"
         )
+    return levers
+
+
+def _update_levers(spec) -> list[str]:
+    """The update's own levers, less those the spec already pulls (recomputation, the optimizer on
+    the host: set by the user or chosen by auto)."""
+    megatron = spec is not None and spec.megatron is not None and spec.backend == "megatron"
+    train = spec.train if spec is not None else None
+    levers = []
+    if megatron and spec.megatron.recompute_granularity is None:
+        levers.append(f"{A}.megatron.recompute_granularity=full")
+    elif not megatron and not (train is not None and train.gradient_checkpointing):
+        levers.append(f"{M}.gradient_checkpointing=true")
+    levers.append(
+        f"a smaller {A}.ppo_micro_batch_size_per_gpu or {A}.use_dynamic_bsz=true with {A}.ppo_max_token_len_per_gpu"
+    )
+    if megatron and not spec.megatron.optimizer_cpu_offload:
+        levers.append(f"the optimizer on the host ({A}.megatron.optimizer_cpu_offload=true)")
+    elif not megatron and not (
+        train is not None and train.update is not None and train.update.optimizer_cpu_offload
+    ):
+        levers.append(f"the optimizer on the host ({A}.optimizer_cpu_offload=true)")
     return levers
 
 

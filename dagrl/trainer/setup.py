@@ -68,11 +68,12 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     validate_with_plan(cfg, plan)
     dag = build_dag(cfg.dag, source, specs, set(plan.roles))
     model_path = resolve_model_path(cfg.actor_rollout_ref.model.path)
-    record_resident_memory(cfg, plan, model_path, device_memory_gib(cfg)[0])  # the plan's per-role figures
     check_dataset_size(cfg)
     check_loggers([getattr(x, "value", x) for x in cfg.trainer.logger])
     phases = dag_phases(n.kind for n in dag.nodes)
     memory, warning = plan_device_memory(cfg, plan, model_path, phases)  # a real run raises instead
+    # the per-role figures after the plan chose what auto leaves open (offload, optimizer place)
+    record_resident_memory(cfg, plan, model_path, device_memory_gib(cfg)[0])
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     warnings = (warning,) if warning else ()
     val_dags = validation_dags(set(plan.roles), validation_dag_name(cfg))

@@ -48,6 +48,7 @@ def test_dry_run_warns_and_run_refuses_when_memory_exceeds_the_device(big_model)
         f"actor_rollout_ref.model.path={big_model}",
         f"{A}.optim.lr=1e-6",
         "trainer.n_gpus_per_node=2",
+        f"{A}.optimizer_cpu_offload=false",  # pinned: auto would move the optimizer to the host
         "trainer.gpu_memory_gib=16",
     )
     prepared = dry(*overrides)
@@ -61,8 +62,24 @@ def test_dry_run_warns_and_run_refuses_when_memory_exceeds_the_device(big_model)
     prepared.cfg.trainer.dry_run = False  # the same plan in a real run: refused before Ray starts
     with pytest.raises(ConfigError) as info:
         check_memory(prepared.cfg, prepared.memory, prepared.plan)
-    assert info.value.key == "trainer.gpu_memory_gib" and "levers" in str(info.value)
+    assert info.value.key == f"{A}.optimizer_cpu_offload" and "levers" in str(info.value)
     assert dry(*overrides[:-1], "trainer.gpu_memory_gib=80").warnings == ()
+
+
+def test_auto_moves_the_optimizer_to_the_host_only_when_the_update_does_not_fit(big_model):
+    """1.5B in fp32 on 16 GiB cards: with the optimizer on the device the update needs ~30 GiB; auto
+    puts the fp32 state and the step on the host and the job fits. On 80 GiB it stays on the device."""
+    from dagrl.config.roles import Role
+    from dagrl.trainer.memory_plan import format_memory_plan
+
+    model = (f"actor_rollout_ref.model.path={big_model}", f"{A}.optim.lr=1e-6", "trainer.n_gpus_per_node=2")
+    prepared = dry(*model, "trainer.gpu_memory_gib=16")
+    assert prepared.warnings == ()
+    assert prepared.cfg.actor_rollout_ref.actor.optimizer_cpu_offload is True
+    assert prepared.plan.specs[Role.train].train.update.optimizer_cpu_offload is True  # what the worker reads
+    assert f"{A}.optimizer_cpu_offload: auto -> true" in format_memory_plan(prepared.memory)
+    assert prepared.plan.offloaded_gib["train"] > 16 * 1.5 / 1.07  # 16 bytes per parameter on the host
+    assert dry(*model, "trainer.gpu_memory_gib=80").cfg.actor_rollout_ref.actor.optimizer_cpu_offload is False
 
 
 def test_no_gpu_figure_assumes_80_gib_in_a_dry_run(big_model):

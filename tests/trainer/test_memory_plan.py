@@ -124,6 +124,10 @@ def test_default_vllm_job_at_0_6b_turns_recomputation_on_and_fits(tmp_path):
         "trainer.gpu_memory_gib=80",
     )
     assert prepared.cfg.actor_rollout_ref.model.gradient_checkpointing is True
+    from dagrl.config.roles import Role
+
+    # the worker's backend reads its spec, decoded before auto was resolved: it must carry the choice
+    assert prepared.plan.specs[Role.train].train.gradient_checkpointing is True
     assert prepared.warnings == ()
     assert "gradient_checkpointing: auto -> true" in format_memory_plan(prepared.memory)
 
@@ -142,7 +146,8 @@ def test_4b_megatron_with_vllm_no_longer_plans_as_fitting(qwen3_4b):
         "data.max_prompt_length=128",
         "trainer.gpu_memory_gib=80",
     )
-    prepared = dry(qwen3_4b, *overrides)
+    pinned = f"{A}.megatron.optimizer_cpu_offload"
+    prepared = dry(qwen3_4b, *overrides, f"{pinned}=false")  # the optimizer pinned on the device
     assert prepared.plan.memory_gib["train"] == pytest.approx(67.43, abs=0.01)
     [warning] = prepared.warnings
     assert "in phase update" in warning and f"{A}.megatron.recompute_granularity=full" in warning
@@ -151,7 +156,17 @@ def test_4b_megatron_with_vllm_no_longer_plans_as_fitting(qwen3_4b):
     prepared.cfg.trainer.dry_run = False  # a real run: refused before Ray starts
     with pytest.raises(ConfigError, match="in phase update") as info:
         check_memory(prepared.cfg, prepared.memory, prepared.plan)
-    assert info.value.key == "trainer.gpu_memory_gib"
+    assert info.value.key == pinned
+
+    # auto (the default) with megatron's full recomputation: the optimizer goes to the host and it fits
+    recompute = tuple(
+        f"{A}.megatron.{k}"
+        for k in ("recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=1")
+    )
+    prepared = dry(qwen3_4b, *overrides, *recompute)
+    assert prepared.warnings == () and prepared.cfg.actor_rollout_ref.actor.megatron.optimizer_cpu_offload
+    assert prepared.plan.memory_gib["train"] == pytest.approx(22.48, abs=0.01)  # bf16 weights + fp32 grads
+    assert f"{pinned}: auto -> true" in format_memory_plan(prepared.memory)
 
 
 def test_pinned_gradient_checkpointing_off_is_named_when_it_cannot_fit(tmp_path):
