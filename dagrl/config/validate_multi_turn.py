@@ -64,20 +64,24 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
     check_turn_rewards(cfg)
 
 
-def check_turn_rewards(cfg: DagrlConfig) -> None:
-    """turn_reward_mode=turn shapes GRPO-family advantages: the DAG needs an advantage node (the
-    distillation DAGs log their reward only) and the estimator GRPO's group normalisation."""
+def check_turn_rewards_dag(cfg: DagrlConfig, node_kinds: set[str]) -> None:
+    """turn_reward_mode=turn shapes advantages: the DAG this config runs (its node kinds, from
+    `prepare`) needs an advantage node; the distillation DAGs log their reward only."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if mt.turn_reward_mode != TurnRewardMode.turn:
-        return
-    from dagrl.core.dag import load_dag_specs
-
-    if not any(spec.kind == "advantage" for spec in load_dag_specs(cfg.dag)[1]):
+    if mt.turn_reward_mode == TurnRewardMode.turn and "advantage" not in node_kinds:
         raise ConfigError(
             f"{MT}.turn_reward_mode",
             mt.turn_reward_mode.value,
             f"dag={cfg.dag} computes no advantages (its reward is logged only): use trajectory",
         )
+
+
+def check_turn_rewards(cfg: DagrlConfig) -> None:
+    """turn_reward_mode=turn is GRPO's group normalisation per turn: the estimator must be GRPO's
+    (the DAG's part of the rule: check_turn_rewards_dag)."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.turn_reward_mode != TurnRewardMode.turn:
+        return
     if cfg.algorithm.adv_estimator != "grpo":
         raise ConfigError(
             f"{MT}.turn_reward_mode",

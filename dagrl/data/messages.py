@@ -14,9 +14,10 @@ not prefixes of one another (it rewrites earlier turns) is refused, naming the r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from dagrl.errors import DataError
+from dagrl.errors import ConfigError, DataError
 
 MESSAGES = "messages"
 
@@ -45,8 +46,6 @@ def conversation_ids(
     tokenizer: Any, messages: list[dict], source: str
 ) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, response ids, loss mask over the response ids) of one conversation."""
-    from dagrl.data.parquet import render_messages
-
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if not first:
         raise DataError(
@@ -70,3 +69,25 @@ def conversation_ids(
     if full[: len(prompt)] != prompt:
         raise DataError(f"{source}: the chat template's prompt is not a prefix of the conversation")
     return prompt, full[len(prompt) :], mask[len(prompt) :]
+
+
+def render_messages(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> list[int]:
+    """Token ids of `messages` under the tokenizer's chat template (with or without the generation prompt)."""
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ConfigError(
+            "actor_rollout_ref.model.path",
+            name,
+            "this tokenizer has no chat_template; use a model dir whose tokenizer_config.json "
+            "(or chat_template.jinja) defines one, e.g. an -Instruct model",
+        )
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+    # transformers 5 returns a BatchEncoding here; older versions return a plain list.
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):
+        assert len(ids) == 1, "one conversation in, one sequence out"
+        ids = ids[0]
+    return [int(token) for token in ids]

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dagrl.data.messages import MESSAGES, conversation_ids, fill_from_messages
+from dagrl.data.messages import MESSAGES, conversation_ids, fill_from_messages, render_messages
 from dagrl.data.schema import response_text, teacher_messages, validate_columns, validate_row
 from dagrl.data.transforms import apply_row_transforms
 from dagrl.errors import ConfigError, DataError
@@ -94,28 +94,6 @@ def _read_file(path: str, *, key: str, prompt_key: str) -> list[dict]:
 def tokenize_messages(tokenizer: Any, messages: list[dict]) -> list[int]:
     """Token ids of `messages` under the tokenizer's chat template, ending with the generation prompt."""
     return render_messages(tokenizer, messages, generation_prompt=True)
-
-
-def render_messages(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> list[int]:
-    """Token ids of `messages` under the tokenizer's chat template (with or without the generation prompt)."""
-    if not getattr(tokenizer, "chat_template", None):
-        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-        raise ConfigError(
-            "actor_rollout_ref.model.path",
-            name,
-            "this tokenizer has no chat_template; use a model dir whose tokenizer_config.json "
-            "(or chat_template.jinja) defines one, e.g. an -Instruct model",
-        )
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
-    # transformers 5 returns a BatchEncoding here; older versions return a plain list.
-    if isinstance(ids, Mapping):
-        ids = ids["input_ids"]
-    if hasattr(ids, "tolist"):
-        ids = ids.tolist()
-    if ids and isinstance(ids[0], list):
-        assert len(ids) == 1, "one conversation in, one sequence out"
-        ids = ids[0]
-    return [int(token) for token in ids]
 
 
 class PromptDataset:

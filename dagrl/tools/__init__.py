@@ -1,5 +1,7 @@
 """Tools and environments for multi-turn rollouts (dagrl/rollout); see dagrl/tools/base.py."""
 
+# the built-in tools, environments and parsers register themselves on import (after base)
+from dagrl.tools import calculator, environment, parsers, sandbox  # noqa: E402, F401
 from dagrl.tools.base import (  # noqa: F401
     Environment,
     StepResult,

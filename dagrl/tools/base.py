@@ -101,8 +101,6 @@ def _register(table: dict, name: str):
 
 def lookup(table: dict, name: str, key: str):
     """The entry `name` of a registry, or a ConfigError naming the key and the nearest name."""
-    from dagrl.tools import builtin  # noqa: F401  (registers the built-ins)
-
     if name in table:
         return table[name]
     near = difflib.get_close_matches(name, list(table), n=1)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dagrl.backends.megatron import rules as validate_megatron
+from dagrl.backends.megatron import probes
 from dagrl.config.placement import format_plan, make_plan
 from dagrl.config.validate import resolve_defaults, validate, validate_with_plan
 from dagrl.errors import ConfigError, DagrlError, PlacementError
@@ -111,12 +111,12 @@ def model(tmp_path) -> str:
 
 @pytest.fixture
 def no_te(monkeypatch):
-    monkeypatch.setattr(validate_megatron, "transformer_engine_available", lambda: False)
+    monkeypatch.setattr(probes, "transformer_engine_available", lambda: False)
 
 
 @pytest.fixture
 def with_te(monkeypatch):
-    monkeypatch.setattr(validate_megatron, "transformer_engine_available", lambda: True)
+    monkeypatch.setattr(probes, "transformer_engine_available", lambda: True)
 
 
 # ---- knobs that need strategy=megatron -----------------------------------------------------------

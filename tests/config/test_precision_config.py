@@ -106,9 +106,9 @@ def test_memory_estimate_counts_masters_and_cpu_offload(tmp_path, monkeypatch):
     """Bytes per parameter on the device (TP 2 × PP 4, DP 1): megatron bf16 2 + 4 grads + 12
     (master, m, v); the CPU optimizer takes its share of them to the host (the memory plan's figure).
     torch (one device): bf16 2 + 2 + 12, with the host step 2 + 2."""
-    from dagrl.backends.megatron import rules as validate_megatron
+    from dagrl.backends.megatron import probes
 
-    monkeypatch.setattr(validate_megatron, "transformer_engine_available", lambda: True)
+    monkeypatch.setattr(probes, "transformer_engine_available", lambda: True)
     model = qwen3_dir(tmp_path / "qwen3")
     params, gib = dense_params(DENSE), 2**30
     sizes = (f"{M}.tensor_model_parallel_size=2", f"{M}.pipeline_model_parallel_size=4")
@@ -143,7 +143,7 @@ def test_precision_aware_cpu_optimizer_needs_no_transformer_engine():
     picks store_param_remainders (TE's FusedAdam's), so dagrl sets the flags itself without TE."""
     pytest.importorskip("megatron.core")
     from dagrl.backends.megatron.optimizer import optimizer_config
-    from dagrl.backends.megatron.rules import transformer_engine_available
+    from dagrl.backends.megatron.probes import transformer_engine_available
 
     if transformer_engine_available():
         pytest.skip("TE installed: megatron-core builds the config itself")

@@ -86,8 +86,18 @@ def test_turn_mode_needs_grpo_advantages(monkeypatch):
     # the plugin estimator must not outlive this test (the registry lists every registered name)
     monkeypatch.setattr(ESTIMATORS, "_entries", dict(ESTIMATORS._entries))
 
-    with pytest.raises(ConfigError) as e:
-        config(f"{MT}.turn_reward_mode=turn", "algorithm=gkd", "dag=gkd_multi_turn")
+    from dagrl.trainer.setup import prepare
+
+    with pytest.raises(ConfigError) as e:  # the DAG's part of the rule: checked where the DAG is read
+        prepare(
+            compose_config(
+                *MULTI_TURN,
+                f"{MT}.turn_reward_mode=turn",
+                "algorithm=gkd",
+                "dag=gkd_multi_turn",
+                "trainer.dry_run=true",
+            )
+        )
     assert e.value.key == f"{MT}.turn_reward_mode" and "computes no advantages" in str(e.value)
     register_estimator("plain_returns", required_keys=(), validate=lambda cfg: None)(
         lambda token_rewards, batch, algo: token_rewards

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dagrl.backends.megatron.rules import transformer_engine_available
+from dagrl.backends.megatron.probes import transformer_engine_available
 from dagrl.config.schema import MegatronConfig
 from dagrl.errors import ConfigError
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from dagrl.backends.megatron.rules import transformer_engine_available
+from dagrl.backends.megatron.probes import transformer_engine_available
 from dagrl.config.schema import ActorConfig, MegatronConfig
 
 

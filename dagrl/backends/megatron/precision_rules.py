@@ -9,6 +9,7 @@ it there. The reference model is forward-only, so optimizer knobs on ref.megatro
 
 from __future__ import annotations
 
+from dagrl.backends.megatron import probes
 from dagrl.config.schema import DagrlConfig, MegatronConfig
 from dagrl.errors import ConfigError
 
@@ -65,9 +66,7 @@ def check_megatron_precision(cfg: DagrlConfig) -> None:
             " (moving it again between phases would put it on the device); leave optimizer_offload false",
         )
     if m.use_precision_aware_optimizer and not m.optimizer_cpu_offload:
-        from dagrl.backends.megatron import rules  # the probe tests replace, looked up when run
-
-        if not rules.transformer_engine_available():
+        if not probes.transformer_engine_available():
             raise ConfigError(
                 f"{prefix}.use_precision_aware_optimizer",
                 True,

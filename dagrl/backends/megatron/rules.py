@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from dagrl.backends.megatron import probes
 from dagrl.backends.megatron.precision_rules import check_megatron_precision
 from dagrl.config.placement import Plan
 from dagrl.config.roles import Role
@@ -88,11 +89,6 @@ def recompute_for_checkpointing(cfg: DagrlConfig) -> None:
 
 # Offload flags need no rule: each moves one thing (weights, gradients, optimizer state) to host
 # memory between phases, on any device, and grad_offload without param_offload is a valid choice.
-
-
-def transformer_engine_available() -> bool:
-    """Whether TransformerEngine is installed (looked up, not imported: importing it needs CUDA)."""
-    return importlib.util.find_spec("transformer_engine") is not None
 
 
 LOGPROB_KERNEL_ENV = "DAGRL_LOGPROB_KERNEL"
@@ -275,7 +271,7 @@ def _check_expert_split(prefix: str, m: MegatronConfig, hf) -> None:
 
 def _check_megatron_kernels(prefix: str, m: MegatronConfig) -> None:
     """Features that only some layer specs implement (schema.LayerSpec says which)."""
-    te, spec, cp = transformer_engine_available(), LayerSpec(m.layer_spec), m.context_parallel_size
+    te, spec, cp = probes.transformer_engine_available(), LayerSpec(m.layer_spec), m.context_parallel_size
     if spec == LayerSpec.te and not te:
         raise ConfigError(
             f"{prefix}.layer_spec",

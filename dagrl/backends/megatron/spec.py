@@ -43,7 +43,7 @@ from megatron.core.transformer.transformer_layer import (
     TransformerLayerSubmodules,
 )
 
-from dagrl.backends.megatron.rules import transformer_engine_available
+from dagrl.backends.megatron.probes import transformer_engine_available
 from dagrl.config.schema import LayerSpec
 
 
