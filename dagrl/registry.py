@@ -113,6 +113,10 @@ class BackendEntry:
       DAG trains nothing. None = not estimated (the free-space check is skipped).
     - `resolve(cfg)`: fills the defaults that depend on this backend (validate's resolve_defaults).
     - `device_rules(cfg, device)`: what the resolved device must offer (GPUs, an installed engine).
+    - `reads`: the keys of its role's shared section that only some backends read (a rollout
+      engine's of `actor_rollout_ref.rollout`, dotted below it: "engine_kwargs.vllm"). Such a key
+      set away from its default while the configured backend does not read it is refused: it
+      would do nothing (dagrl/config/validate_rollout.py: check_engine_keys).
     """
 
     factory: Callable
@@ -122,6 +126,7 @@ class BackendEntry:
     resolve: Callable[[Any], None] | None = None
     device_rules: Callable[[Any, str], None] | None = None
     checkpoint: Callable[..., tuple[int, float]] | None = None
+    reads: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,10 @@ def build_random_qwen3(
     init_std: float = 0.02,
     max_positions: int = 4096,
     head_dim: int | None = None,
+    config_only: bool = False,
 ) -> str:
+    """The model directory `out`; config_only writes config.json and the tokenizer without weights
+    (enough for a dry run's memory plan, which reads the shape only)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
@@ -57,10 +60,12 @@ def build_random_qwen3(
         eos_token_id=1,
         pad_token_id=0,
     )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     os.makedirs(out, exist_ok=True)
-    model.save_pretrained(out)
+    if config_only:
+        config.save_pretrained(out)
+    else:
+        torch.manual_seed(seed)
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out)
     for name in TOKENIZER_FILES:
         shutil.copy(os.path.join(tiny_model_path(), name), os.path.join(out, name))
     return out

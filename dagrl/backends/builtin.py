@@ -20,6 +20,7 @@ from dagrl.backends.torch import memory as torch_memory
 from dagrl.backends.torch.rules import check_torch
 from dagrl.backends.vllm import memory as vllm_memory
 from dagrl.backends.vllm.rules import (
+    VLLM_ROLLOUT_KEYS,
     check_rollout_device,
     check_teacher_device,
     check_vllm_rollout,
@@ -69,7 +70,13 @@ restrict_devices(
 )
 
 
-@register_backend(Role.rollout, "hf", rules=check_hf_rollout, estimate=hf_memory.role_memory)
+@register_backend(
+    Role.rollout,
+    "hf",
+    rules=check_hf_rollout,
+    estimate=hf_memory.role_memory,
+    reads=("micro_batch_size_per_gpu",),
+)
 def _hf(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
@@ -82,6 +89,7 @@ def _hf(cfg, spec: RoleSpec, ctx):
     rules=check_vllm_rollout,
     device_rules=check_rollout_device,
     estimate=vllm_memory.rollout_memory,
+    reads=VLLM_ROLLOUT_KEYS,
 )
 def _vllm(cfg, spec: RoleSpec, ctx):
     # imports vllm (GPU machines only); check_rollout_device refuses it off the GPU, dry runs aside

@@ -44,6 +44,7 @@ def register_backend(
     resolve: Callable | None = None,
     device_rules: Callable | None = None,
     checkpoint: Callable | None = None,
+    reads: tuple[str, ...] = (),
 ) -> Callable[[BackendFactory], BackendFactory]:
     """Register a factory (or a class taking (cfg, spec, ctx)) for roles of `kind` named `name`,
     with the backend's own config rules, memory and checkpoint estimates (dagrl.registry.BackendEntry)."""
@@ -51,7 +52,7 @@ def register_backend(
 
     def wrap(factory: BackendFactory) -> BackendFactory:
         entry = BackendEntry(
-            factory, rules or _no_rules, plan_rules, estimate, resolve, device_rules, checkpoint
+            factory, rules or _no_rules, plan_rules, estimate, resolve, device_rules, checkpoint, reads
         )
         BACKENDS.register(kind, name, entry)
         return factory

@@ -328,6 +328,8 @@ def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleS
     backend, m = "hf", cfg.reward.model
     if name == Role.rm and m.type == RewardModelType.generative:
         backend, key = f"{m.engine.value}_judge", "reward.model.engine"  # dagrl/backends/judge.py
+    if name == Role.rm and m.backend is not None:
+        backend, key = m.backend, "reward.model.backend"
     return RoleSpec(
         name=name,
         kind=KIND_REWARD_MODEL,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Optional
 
 from dagrl.config.ranges import ranged
 
@@ -69,6 +69,10 @@ class RewardModelConfig:
     (dagrl/rewards/judge.py). ms-swift: reward_model_plugin=genrm."""
     engine: JudgeEngine = JudgeEngine.hf
     """type=generative: hf (transformers, CPU or GPU) or vllm (GPU)."""
+    backend: Optional[str] = None
+    """The registered reward_model backend that serves role rm: null = hf for discriminative,
+    hf_judge / vllm_judge (by engine) for generative; a plugin registers its own name with
+    register_backend("reward_model", name) in an external_plugins module."""
     judge_template: str = DEFAULT_JUDGE_TEMPLATE
     """type=generative: the judge's user turn; {prompt}, {response} and {ground_truth} are filled
     in (the policy's prompt and response as text, special tokens dropped)."""

@@ -210,6 +210,10 @@ class TrainerConfig:
     gpu_memory_gib: Optional[float] = ranged(None, gt=0, hint="or null = detected")
     """GPU memory per device the plan's estimate is checked against (a dry run warns, a run refuses
     before Ray starts); None = the visible GPU's, or 80 in a dry run on a machine without one."""
+    host_memory_gib: Optional[float] = ranged(None, gt=0, hint="or null = detected")
+    """Host memory per node the plan's host state (offloaded weights and optimizer state, a CPU
+    optimizer, an engine's weights asleep) is checked against, within 90 %; None = this machine's
+    in a real run (nodes alike), unchecked in a dry run."""
 
 
 @dataclass

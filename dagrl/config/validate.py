@@ -19,7 +19,12 @@ from dagrl.config.schema import (
     parse_resume_mode,
 )
 from dagrl.config.validate_multi_turn import check_multi_turn
-from dagrl.config.validate_rollout import check_off_policy_settings, check_overlap_placement, old_logprob_pass
+from dagrl.config.validate_rollout import (
+    check_engine_keys,
+    check_off_policy_settings,
+    check_overlap_placement,
+    old_logprob_pass,
+)
 from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
 from dagrl.registry import BACKENDS, ESTIMATORS, OBJECTIVES
@@ -217,6 +222,7 @@ def _check_actor(cfg: DagrlConfig) -> None:
 
 def _check_rollout(cfg: DagrlConfig) -> None:
     check_off_policy_settings(cfg)
+    check_engine_keys(cfg)
     _backend_rules(cfg, role_spec(cfg, Role.rollout))  # the engine's own rules (vllm's kwargs, context)
     check_multi_turn(cfg)
 

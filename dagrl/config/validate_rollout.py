@@ -3,8 +3,10 @@ dagrl/backends/vllm/rules.py), checked before Ray starts."""
 
 from __future__ import annotations
 
-from dagrl.config.schema import DagrlConfig
+from dagrl.config.roles import Role
+from dagrl.config.schema import DagrlConfig, RolloutConfig
 from dagrl.errors import ConfigError
+from dagrl.registry import BACKENDS
 
 R = "actor_rollout_ref.rollout"
 
@@ -68,3 +70,29 @@ def check_overlap_placement(cfg: DagrlConfig, colocated_with_train: bool) -> Non
             "the rollout shares the trainer's devices, so the two cannot run at once; use placement=separate"
             " (rollout on its own GPUs) or overlap_steps=0",
         )
+
+
+def check_engine_keys(cfg: DagrlConfig) -> None:
+    """A rollout key that only some engines read (each registers its own: `reads=`), set away from
+    its default while rollout.name's engine does not read it, would do nothing: refused."""
+    r, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
+    readers: dict[str, list[str]] = {}
+    for name in BACKENDS.names(Role.rollout.value):
+        for key in BACKENDS.find(Role.rollout.value, name).reads:
+            readers.setdefault(key, []).append(name)
+    for key, names in readers.items():
+        value = _dotted(r, key)
+        if r.name in names or value == _dotted(default, key):
+            continue
+        raise ConfigError(
+            f"{R}.{key}",
+            value,
+            f"only the {' / '.join(names)} rollout reads it and {R}.name={r.name} does not: remove it,"
+            f" or set {R}.name={names[0]}",
+        )
+
+
+def _dotted(section, key: str):
+    for part in key.split("."):
+        section = section[part] if isinstance(section, dict) else getattr(section, part)
+    return section

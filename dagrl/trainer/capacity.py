@@ -70,7 +70,44 @@ def plan_device_memory(
     memory = _resolve_optimizer_host(cfg, plan, make_plan, memory)
     memory = _resolve_offload(cfg, plan, make_plan, memory)
     _specs_follow(cfg, plan)
-    return memory, check_memory(cfg, memory, plan)
+    return memory, check_memory(cfg, memory, plan) or check_host_memory(cfg, memory)
+
+
+def host_memory_gib(cfg: DagrlConfig) -> tuple[float | None, str]:
+    """(GiB of host memory per node, where the figure comes from): trainer.host_memory_gib, else in
+    a real run this machine's (the nodes alike); None in a dry run (often made on another machine)."""
+    if cfg.trainer.host_memory_gib is not None:
+        return cfg.trainer.host_memory_gib, "trainer.host_memory_gib"
+    if cfg.trainer.dry_run:
+        return None, ""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, "this machine's memory"
+
+
+def check_host_memory(cfg: DagrlConfig, memory: MemoryPlan) -> str | None:
+    """The host state the plan puts on a node (offloaded state, a CPU optimizer's fp32 state, an
+    engine's weights asleep) against RESIDENT_SHARE of the node's memory, the rest left to the
+    processes themselves: a warning for a dry run, a ConfigError for a real run; None when it fits
+    or there is no figure."""
+    from dagrl.trainer.memory_plan import describe_host
+
+    capacity, source = host_memory_gib(cfg)
+    if capacity is None or not memory.host:
+        return None
+    node, roles = max(memory.host.items(), key=lambda item: sum(item[1].values()))
+    planned = sum(roles.values())
+    if planned <= RESIDENT_SHARE * capacity * GIB:
+        return None
+    message = (
+        f"the plan keeps {planned / GIB:.1f} GiB in host memory on node {node} ({describe_host(roles)}), over "
+        f"{RESIDENT_SHARE:.0%} of its {capacity:.0f} GiB ({source}); levers: megatron's CPU optimizer "
+        f"({A}.strategy=megatron: 12 bytes per parameter on the host, the torch backend's 16), the "
+        f"engine's weights dropped while asleep ({R}.sleep_level=2), more GPUs (tensor/pipeline "
+        f"parallel shard both), less offload ({A}.offload / megatron.*_offload), or set "
+        f"trainer.host_memory_gib if the nodes have more"
+    )
+    if not cfg.trainer.dry_run:
+        raise ConfigError("trainer.host_memory_gib", cfg.trainer.host_memory_gib, message)
+    return message
 
 
 def _specs_follow(cfg: DagrlConfig, plan: Plan) -> None:
@@ -88,7 +125,10 @@ def _resolve_optimizer_host(
 ) -> MemoryPlan:
     """optimizer_cpu_offload=None (auto: actor.optimizer_cpu_offload on the torch backend,
     actor.megatron.optimizer_cpu_offload on megatron): the optimizer's fp32 state and step stay on
-    the device when the update fits the card that way (after recomputation), else go to the host."""
+    the device when the update fits the card that way (after recomputation), else go to the host.
+    Megatron keeps its state on the device between phases (unless megatron.*_offload say
+    otherwise), so there every phase must also stay within RESIDENT_SHARE of the card; the torch
+    trainer's own offload between phases is resolved after this (_resolve_offload)."""
     spec = plan.specs.get(Role.train)
     if spec is None or spec.backend not in ("torch", "megatron"):
         return memory
@@ -97,13 +137,15 @@ def _resolve_optimizer_host(
         return memory
     owner.optimizer_cpu_offload = False
     on_device = _phase_total(memory, "update")
-    if on_device <= memory.card_bytes:
+    peak = max((r.total for g in memory.groups for r in g.rows), default=0.0)
+    tight = spec.backend == "megatron" and peak > RESIDENT_SHARE * memory.card_bytes
+    if on_device <= memory.card_bytes and not tight:
         return memory
     owner.optimizer_cpu_offload = True
     hosted = make_plan()
     hosted.notes = memory.notes + [
-        f"{key}: auto -> true (update {on_device / GIB:.1f} GiB with the optimizer on the device, "
-        f"{_phase_total(hosted, 'update') / GIB:.1f} GiB with it on the host)"
+        f"{key}: auto -> true (update {on_device / GIB:.1f} GiB, peak {peak / GIB:.1f} GiB with the "
+        f"optimizer on the device; update {_phase_total(hosted, 'update') / GIB:.1f} GiB with it on the host)"
     ]
     return hosted
 
@@ -148,12 +190,15 @@ def _resolve_offload(
 
 
 def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan]) -> MemoryPlan:
-    """model.gradient_checkpointing=None (auto) on the torch backend: off when the update fits
-    without it, else on; the choice and both figures become a note of the plan."""
+    """model.gradient_checkpointing=None (auto): off when the update fits without it, else on; the
+    choice and both figures become a note of the plan. On megatron (with recompute_granularity
+    unset) on means megatron's full recompute, one layer per unit, as the key means there."""
     model = cfg.actor_rollout_ref.model
     spec = plan.specs.get(Role.train)
-    if model.gradient_checkpointing is not None or spec is None or spec.backend != "torch":
+    if model.gradient_checkpointing is not None or spec is None or spec.backend not in ("torch", "megatron"):
         return make_plan()
+    if spec.backend == "megatron" and cfg.actor_rollout_ref.actor.megatron.recompute_granularity is not None:
+        return make_plan()  # recompute_* set: the user's choice
     model.gradient_checkpointing = False
     memory = make_plan()
     without = _phase_total(memory, "update")
@@ -161,6 +206,10 @@ def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], Mem
         memory.notes.append(f"{M}.gradient_checkpointing: auto -> false (update {without / GIB:.1f} GiB)")
         return memory
     model.gradient_checkpointing = True
+    if spec.backend == "megatron":
+        from dagrl.backends.megatron.rules import recompute_for_checkpointing
+
+        recompute_for_checkpointing(cfg)
     memory = make_plan()
     memory.notes.append(
         f"{M}.gradient_checkpointing: auto -> true (update {without / GIB:.1f} GiB without, "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from dagrl.backends.memory import GIB, RoleMemory, parts_total
 from dagrl.backends.model_shape import ModelShape, read_model_shape
 from dagrl.config.placement import Plan, RoleLayout
-from dagrl.config.roles import Role, RoleSpec, teacher_model_path
+from dagrl.config.roles import Role, RoleSpec
 from dagrl.config.schema import DagrlConfig
 from dagrl.registry import BACKENDS
 
@@ -65,6 +65,9 @@ class MemoryPlan:
     card_source: str
     groups: list[GroupMemory]
     notes: list[str] = field(default_factory=list)  # defaults chosen from the plan, roles not counted
+    # node -> role -> host bytes its roles keep there (offloaded state, a host optimizer, an
+    # engine's weights asleep), over all the role's devices on that node
+    host: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def over(self) -> list[tuple[GroupMemory, PhaseRow]]:
         """(group, phase) pairs whose total exceeds the card, largest first."""
@@ -110,6 +113,11 @@ def plan_memory(
                 out.notes.append(f"role {role}: model shape unknown here, not counted")
                 continue
             roles[role] = role_memory(cfg, plan.specs[role], plan.roles[role], shape, card, len(group.roles))
+        for node, devices in group.nodes(plan.n_gpus_per_node).items():
+            for role, mem in roles.items():
+                if mem.host:
+                    on_node = out.host.setdefault(node, {})
+                    on_node[role] = on_node.get(role, 0.0) + mem.host * len(devices)
         rows = [r for r in _rows(roles) if phases is None or r.phase in phases]
         out.groups.append(GroupMemory(gi, list(group.roles), rows))
     return out
@@ -129,14 +137,17 @@ def _rows(roles: dict[str, RoleMemory]) -> list[PhaseRow]:
 
 
 def _shapes(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[str | None, ModelShape]:
-    """Model path (as the specs name it) -> shape, for the actor and a teacher whose config is here."""
+    """Model path (as the specs name it) -> shape: the actor's, and every other role's (a teacher, a
+    reward model, a sampler's) whose config.json is here (a hub id is not counted)."""
     trust = cfg.actor_rollout_ref.model.trust_remote_code
     shapes = {cfg.actor_rollout_ref.model.path: read_model_shape(model_path, trust)}
-    teacher = teacher_model_path(cfg) if Role.teacher in plan.specs else None
-    if teacher is not None and teacher not in shapes:
-        local = os.path.abspath(os.path.expanduser(teacher))
+    for spec in plan.specs.values():
+        path = spec.model.path
+        if path is None or path in shapes:
+            continue
+        local = os.path.abspath(os.path.expanduser(path))
         if os.path.isfile(os.path.join(local, "config.json")):
-            shapes[teacher] = read_model_shape(local, trust)
+            shapes[path] = read_model_shape(local, spec.model.trust_remote_code)
     return shapes
 
 
@@ -184,8 +195,16 @@ def format_memory_plan(mp: MemoryPlan) -> str:
         for row in g.rows:
             flag = "  OVER" if row.total > mp.card_bytes else ""
             lines.append(f"    {row.phase:<12} {row.total / GIB:7.2f}{flag}  = {describe(row)}")
+    for node, roles in sorted(mp.host.items()):
+        lines.append(
+            f"  host memory of node {node}: {sum(roles.values()) / GIB:.2f} GiB = {describe_host(roles)}"
+        )
     lines += [f"  note: {n}" for n in mp.notes]
     return "\n".join(lines)
+
+
+def describe_host(roles: dict[str, float]) -> str:
+    return " + ".join(f"{role} {size / GIB:.2f}" for role, size in roles.items())
 
 
 def describe(row: PhaseRow) -> str:

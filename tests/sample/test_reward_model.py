@@ -52,3 +52,33 @@ def test_grpo_with_a_reward_model_plans_the_rm_role():
     assert "rm" not in prepare(compose_config("trainer.dry_run=true")).plan.roles
     with pytest.raises(ConfigError, match="reward.model.path"):
         prepare(compose_config(*on))
+
+
+def test_reward_model_backend_is_open_by_name():
+    """reward.model.backend names any registered reward_model backend (a plugin's too); an unknown
+    name is refused under that key with the registered ones."""
+    from dagrl.backends.registry import register_backend
+    from dagrl.config.roles import Role
+    from dagrl.data.builtin import tiny_reward_model_path
+    from dagrl.errors import ConfigError
+    from dagrl.registry import BACKENDS
+    from dagrl.trainer.setup import prepare
+
+    on = (
+        "reward.model.enable=true",
+        f"reward.model.path={tiny_reward_model_path()}",
+        "trainer.dry_run=true",
+        "placement.colocate_groups=[[train,rollout,ref,rm]]",
+    )
+    with pytest.raises(ConfigError) as info:
+        prepare(compose_config(*on, "reward.model.backend=hf_rm_server"))
+    assert info.value.key == "reward.model.backend" and "registered: hf, hf_judge, vllm_judge" in str(
+        info.value
+    )
+    entries = dict(BACKENDS.entries)
+    try:
+        register_backend("reward_model", "my_rm")(lambda cfg, spec, ctx: None)
+        prepared = prepare(compose_config(*on, "reward.model.backend=my_rm"))
+        assert prepared.plan.specs[Role.rm].backend == "my_rm"
+    finally:
+        BACKENDS.entries = entries

@@ -147,7 +147,8 @@ def test_4b_megatron_with_vllm_no_longer_plans_as_fitting(qwen3_4b):
         "trainer.gpu_memory_gib=80",
     )
     pinned = f"{A}.megatron.optimizer_cpu_offload"
-    prepared = dry(qwen3_4b, *overrides, f"{pinned}=false")  # the optimizer pinned on the device
+    # the optimizer pinned on the device, recomputation pinned off: the old estimate's setting
+    prepared = dry(qwen3_4b, *overrides, f"{pinned}=false", f"{M}.gradient_checkpointing=false")
     assert prepared.plan.memory_gib["train"] == pytest.approx(67.43, abs=0.01)
     [warning] = prepared.warnings
     assert "in phase update" in warning and f"{A}.megatron.recompute_granularity=full" in warning
@@ -158,15 +159,13 @@ def test_4b_megatron_with_vllm_no_longer_plans_as_fitting(qwen3_4b):
         check_memory(prepared.cfg, prepared.memory, prepared.plan)
     assert info.value.key == pinned
 
-    # auto (the default) with megatron's full recomputation: the optimizer goes to the host and it fits
-    recompute = tuple(
-        f"{A}.megatron.{k}"
-        for k in ("recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=1")
-    )
-    prepared = dry(qwen3_4b, *overrides, *recompute)
-    assert prepared.warnings == () and prepared.cfg.actor_rollout_ref.actor.megatron.optimizer_cpu_offload
+    # the defaults (auto): megatron's full recompute, then the optimizer on the host; it fits
+    prepared = dry(qwen3_4b, *overrides)
+    m = prepared.cfg.actor_rollout_ref.actor.megatron
+    assert prepared.warnings == () and m.optimizer_cpu_offload and m.recompute_granularity.value == "full"
     assert prepared.plan.memory_gib["train"] == pytest.approx(22.48, abs=0.01)  # bf16 weights + fp32 grads
-    assert f"{pinned}: auto -> true" in format_memory_plan(prepared.memory)
+    text = format_memory_plan(prepared.memory)
+    assert f"{pinned}: auto -> true" in text and f"{M}.gradient_checkpointing: auto -> true" in text
 
 
 def test_pinned_gradient_checkpointing_off_is_named_when_it_cannot_fit(tmp_path):

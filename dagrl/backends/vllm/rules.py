@@ -20,6 +20,22 @@ T = "teacher"
 TOPK = "algorithm.gkd.gkd_logits_topk"
 
 
+# the rollout keys only this engine reads (free_cache_engine is not one: an engine that never
+# frees its cache, as hf's, already does what false asks); set with another engine, refused
+VLLM_ROLLOUT_KEYS = (
+    "gpu_memory_utilization",
+    "sleep_level",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "enforce_eager",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "load_format",
+    "engine_kwargs.vllm",
+)
+
+
 def check_vllm_rollout(cfg: DagrlConfig) -> None:
     """The vllm rollout's rules that need only the config."""
     r, d = cfg.actor_rollout_ref.rollout, cfg.data
