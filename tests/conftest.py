@@ -28,6 +28,17 @@ def compose_config(*overrides: str):
         return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
 
 
+def validated_config(*overrides: str):
+    """A composed config after resolve_defaults + validate: what `prepare` checks before the plan
+    (no Ray, no model)."""
+    from dagrl.config.validate import resolve_defaults, validate
+
+    cfg = compose_config(*overrides)
+    resolve_defaults(cfg)
+    validate(cfg)
+    return cfg
+
+
 def main_in_process(capsys, *argv: str) -> tuple[int, str]:
     """`python -m dagrl.main argv...` run by this process: (exit code, stdout + stderr).
 

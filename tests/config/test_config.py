@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from dagrl.config.placement import make_plan
-from dagrl.config.validate import resolve_defaults, validate, validate_with_plan
+from dagrl.config.validate import validate_with_plan
 from dagrl.data.builtin import tiny_model_path
 from dagrl.errors import ConfigError, DagError, PlacementError
 from dagrl.trainer.setup import prepare
-from tests.conftest import compose_config, main_in_process
+from tests.conftest import compose_config, main_in_process, validated_config
 
 REPO = Path(__file__).resolve().parents[2]
 A = "actor_rollout_ref.actor"
@@ -55,12 +55,7 @@ def write_model_config(directory: Path) -> str:
     return str(directory)
 
 
-def checked(*overrides: str):
-    """A composed config after resolve_defaults + validate (no Ray, no model)."""
-    cfg = compose_config(*overrides)
-    resolve_defaults(cfg)
-    validate(cfg)
-    return cfg
+checked = validated_config
 
 
 # ---- the command line ----------------------------------------------------------------------------

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from dagrl.config.validate import resolve_defaults, validate
 from dagrl.errors import ConfigError
-from tests.conftest import compose_config
+from tests.conftest import validated_config
 
 R = "actor_rollout_ref.rollout"
 
 
-def checked(*overrides: str):
-    cfg = compose_config(*overrides)
-    resolve_defaults(cfg)
-    validate(cfg)
-    return cfg
+checked = validated_config
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,10 @@ import pytest
 
 from dagrl.backends.megatron import probes
 from dagrl.config.placement import format_plan, make_plan
-from dagrl.config.validate import resolve_defaults, validate, validate_with_plan
+from dagrl.config.validate import validate_with_plan
 from dagrl.errors import ConfigError, DagrlError, PlacementError
 from dagrl.trainer.setup import prepare
-from tests.conftest import compose_config
+from tests.conftest import compose_config, validated_config
 
 REPO = Path(__file__).resolve().parents[2]
 A = "actor_rollout_ref.actor"
@@ -73,11 +73,7 @@ def megatron(model: str, *overrides: str) -> list[str]:
     ]
 
 
-def checked(*overrides: str):
-    cfg = compose_config(*overrides)
-    resolve_defaults(cfg)
-    validate(cfg)
-    return cfg
+checked = validated_config
 
 
 def expect_error(key: str, fix: str, *overrides: str) -> ConfigError:

@@ -7,22 +7,17 @@ import pytest
 import torch
 
 from dagrl.config.compat import translate
-from dagrl.config.validate import resolve_defaults, validate
 from dagrl.errors import ConfigError
 from dagrl.trainer.setup import prepare
 from tests.config.test_megatron_config import DENSE, dense_params, estimate, qwen3_dir
-from tests.conftest import compose_config
+from tests.conftest import compose_config, validated_config
 
 A = "actor_rollout_ref.actor"
 M = f"{A}.megatron"
 MEGATRON = (f"{A}.strategy=megatron", "trainer.device=cpu")
 
 
-def _validate(*overrides: str):
-    cfg = compose_config(*overrides)
-    resolve_defaults(cfg)
-    validate(cfg)
-    return cfg
+_validate = validated_config
 
 
 @pytest.mark.parametrize(
