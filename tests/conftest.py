@@ -84,6 +84,12 @@ def ray_local():
     return start_local_ray()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests that start a Ray of their own (`own_ray`) run last: each shuts the shared local Ray
+    down, and starting it again costs 10-20 s of a 2-core machine."""
+    items.sort(key=lambda item: item.get_closest_marker("own_ray") is not None)  # stable
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _ray_shutdown_at_end():
     yield

@@ -183,7 +183,9 @@ def _member(rank: int, port: int, slots, results) -> None:
         return
     engine = FusedEngine()
     nbytes = group.receive_direct(plan, engine.params())
-    results.put((rank, nbytes, {k: v.detach().clone() for k, v in engine.params().items()}))
+    # numpy arrays travel by value: a torch tensor travels as a file descriptor of shared memory,
+    # which the parent can no longer open once this process has exited (a race, seen on CI)
+    results.put((rank, nbytes, {k: v.detach().numpy().copy() for k, v in engine.params().items()}))
 
 
 def test_direct_broadcast_over_gloo_reaches_every_receiver():
@@ -207,4 +209,4 @@ def test_direct_broadcast_over_gloo_reaches_every_receiver():
     for rank in (1, 2):
         nbytes, got = out[rank]
         assert nbytes == param_bytes
-        assert all(torch.equal(got[k], v) for k, v in reference.params().items())
+        assert all(torch.equal(torch.from_numpy(got[k]), v) for k, v in reference.params().items())

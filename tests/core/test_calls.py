@@ -16,6 +16,7 @@ from tests.conftest import compose_config
 from tests.plugins.echo_role import CounterRole
 
 WORKERS = 3
+pytestmark = pytest.mark.own_ray  # a Ray of 3 CPU slots
 
 
 @pytest.fixture(scope="module")

@@ -108,6 +108,7 @@ def two_node_cluster():
         cluster.shutdown()
 
 
+@pytest.mark.own_ray  # a two-node cluster of its own
 def test_pools_on_two_ray_nodes(two_node_cluster):
     _, gpu_nodes = two_node_cluster
     start = time.perf_counter()
@@ -142,6 +143,7 @@ def test_pools_on_two_ray_nodes(two_node_cluster):
     assert time.perf_counter() - start < 60
 
 
+@pytest.mark.own_ray  # a two-node cluster of its own
 def test_allocate_more_slots_than_cluster(two_node_cluster):
     _, plan = plan_for("colocate", nnodes=3, per_node=2)
     with pytest.raises(PlacementError, match="the plan needs 6 GPU slots but the Ray cluster has 4 GPUs"):
@@ -229,6 +231,7 @@ def test_device_groups_must_place_every_role():
         make_plan(cfg, {"train", "rollout"}, "cuda")
 
 
+@pytest.mark.own_ray  # a two-node cluster of its own
 def test_device_and_cpu_groups_on_two_ray_nodes(two_node_cluster):
     _, gpu_nodes = two_node_cluster
     cfg = compose_config(

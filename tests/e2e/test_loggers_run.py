@@ -6,12 +6,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import main_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,15 +22,14 @@ def sum_is_right(completions, prompts, ground_truth, **kwargs):
 """
 
 
-def test_two_steps_with_wandb_offline_and_a_trl_reward(tmp_path):
+def test_two_steps_with_wandb_offline_and_a_trl_reward(tmp_path, monkeypatch, capsys, ray_local):
+    """The command line's `main(argv)` in this process on the session's Ray (a fresh interpreter
+    and a Ray of its own cost ~25 s a run on 2 cores; what the command prints is the same)."""
     pytest.importorskip("wandb")
     plugin = tmp_path / "trl_reward.py"
     plugin.write_text(textwrap.dedent(TRL_REWARD))
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "dagrl.main",
+    argv = [
         "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.rollout.n=4",
@@ -43,14 +42,16 @@ def test_two_steps_with_wandb_offline_and_a_trl_reward(tmp_path):
         "reward.functions=[{name: sum_is_right}]",
         f"trainer.default_local_dir={out}",
     ]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "RAY_USAGE_STATS_ENABLED": "0"}
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.chdir(REPO)
     for _ in range(2):  # the same command twice
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        code, printed = main_in_process(capsys, *argv)
+        assert code == 0, printed[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]  # one series, not two
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows)
     assert len(glob.glob(str(out / "previous_runs" / "*" / "metrics.jsonl"))) == 1
     runs = glob.glob(str(out / "wandb" / "offline-run-*"))
     assert len(runs) == 2 and all(glob.glob(os.path.join(r, "*.wandb")) for r in runs)
-    assert "moved to" in proc.stdout
+    assert "moved to" in printed

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.conftest import compose_config
 
@@ -67,6 +68,7 @@ def kill_after_first_shard(out: Path) -> set[str]:
     return {p.name for p in out.glob("shard_*.parquet")}
 
 
+@pytest.mark.own_ray  # four CPU workers
 def test_sample_kill_resume_in_device_groups_then_sft(tmp_path):
     import ray
 

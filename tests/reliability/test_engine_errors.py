@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import time
 
 import pytest
@@ -63,17 +61,18 @@ ARGS = [
 ]
 
 
-@pytest.mark.slow
-def test_oom_in_the_update_is_one_line_on_the_console(tmp_path):
-    """The real CLI on one CPU worker (train+rollout colocated): the actor update raises; the
-    console shows one line, the log file the traceback."""
-    cmd = [sys.executable, "-m", "dagrl.main", *ARGS, "trainer.experiment_name=fault-oom-update"]
-    cmd += [f"trainer.default_local_dir={tmp_path}"]
-    env = dict(os.environ, PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1]
+def test_oom_in_the_update_is_one_line_on_the_console(tmp_path, ray_local, capsys):
+    """The command line's main() in this process, on the session's Ray, one CPU worker
+    (train+rollout colocated): the actor update raises; the console shows one line, the log file
+    the traceback (a fresh interpreter with a Ray of its own prints the same, ~15 s later)."""
+    from dagrl.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*ARGS, "trainer.experiment_name=fault-oom-update", f"trainer.default_local_dir={tmp_path}"])
+    assert exit_.value.code == 2
+    printed = capsys.readouterr()
+    out = printed.out + printed.err
+    line = [ln for ln in printed.out.splitlines() if ln.strip()][-1]
     log = tmp_path / "dagrl.log"
     where = r"error: CUDA out of memory: role train, rank 0 \(node .*, pid \d+, GPU none\)"
     assert re.match(where, line), line
