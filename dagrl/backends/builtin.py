@@ -173,14 +173,14 @@ def _check_judge_device(cfg, device: str) -> None:
 def _hf_judge(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.judge import HFJudgeBackend
 
-    return HFJudgeBackend(cfg, spec, ctx)
+    return HFJudgeBackend(spec, ctx)
 
 
 @register_backend("reward_model", "vllm_judge", rules=_check_judge, device_rules=_check_judge_device)
 def _vllm_judge(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.vllm.judge import VLLMJudgeBackend
 
-    return VLLMJudgeBackend(cfg, spec, ctx)
+    return VLLMJudgeBackend(spec, ctx)
 
 
 start_before_others("vllm_judge")

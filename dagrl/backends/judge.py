@@ -49,9 +49,13 @@ def model_context(config) -> int:
 class HFJudgeBackend:
     """Greedy answers of a causal LM to the judge prompts, with transformers' generate."""
 
-    def __init__(self, cfg, spec: RoleSpec, ctx):
-        m = cfg.reward.model
-        self.ctx, self.micro, self.max_new = ctx, spec.micro_batch_size, m.judge_max_new_tokens
+    def __init__(self, spec: RoleSpec, ctx):
+        """Built from role rm's spec: its model and `reward_model` section (reward.model.*)."""
+        self.ctx, self.micro, self.max_new = (
+            ctx,
+            spec.micro_batch_size,
+            spec.reward_model.judge_max_new_tokens,
+        )
         path = resolve_model_path(spec.model.path)
         self.tokenizer = load_tokenizer(path, spec.model.trust_remote_code)
         self.model = load_causal_lm(path, spec.model.dtype, ctx.device, spec.model.trust_remote_code)

@@ -112,7 +112,8 @@ class RoleSpec:
 
     A backend reads its model, dtype, parallel layout, micro-batch sizes, offload policy, seed and
     sequence limits from here, plus its engine's own section (`megatron` for the megatron
-    backend, `rollout` for a rollout engine, `engine_kwargs` for a standalone engine), never the
+    backend, `rollout` for a rollout engine, `engine_kwargs` for a standalone engine,
+    `reward_model` for role rm), never the
     config tree: a teacher is the train backend with a spec whose model is the teacher's, a distill
     sampler the rollout engine with the teacher's model. Placement, validation and the memory plan
     read the same specs, so the role table exists once.
@@ -134,6 +135,7 @@ class RoleSpec:
     lengths: SequenceLimits = field(default_factory=SequenceLimits)
     rollout: RolloutConfig | None = None  # a rollout engine's section: sampling, engine knobs, multi-turn
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # a standalone engine's extra arguments
+    reward_model: Any = None  # role rm's section (reward.model.*: a judge's template, tokens, engine share)
 
     @property
     def builtin(self) -> bool:
@@ -337,6 +339,7 @@ def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleS
         backend_key=key,
         model=ModelSpec(path, dtype, None, trust),
         micro_batch_size=cfg.reward.model.micro_batch_size_per_gpu,
+        reward_model=m if name == Role.rm else None,
     )
 
 

@@ -88,7 +88,7 @@ def test_hf_judge_on_the_tiny_model_parses_its_scores_and_counts_failures():
     cfg = judge_config(
         template, pattern, "reward.model.judge_score_max=100", "reward.model.judge_max_new_tokens=8"
     )
-    backend = HFJudgeBackend(cfg, role_spec(cfg, "rm"), ParallelContext(0, 1, torch.device("cpu")))
+    backend = HFJudgeBackend(role_spec(cfg, "rm"), ParallelContext(0, 1, torch.device("cpu")))
     runtime = _Runtime(backend, tokenizer)
     spec = NodeSpec(name="rm", kind="rm_score", role="rm")
     out = RmScoreNode(spec, cfg).run(runtime, batch)
@@ -125,11 +125,11 @@ def test_vllm_judge_engine_arguments():
     cfg = judge_config("reward.model.engine=vllm", "reward.model.gpu_memory_utilization=0.3")
     spec = role_spec(cfg, "rm")
     assert spec.backend == "vllm_judge"
-    context = judge_context(cfg, 1 << 20)
-    assert context > cfg.data.max_prompt_length + cfg.data.max_response_length
-    assert judge_context(cfg, 64) == 64  # no more than the judge model's positions
-    kwargs = judge_llm_kwargs(cfg, spec, "/m", context)
+    context = judge_context(spec, 1 << 20)
+    assert context == cfg.data.max_prompt_length + cfg.data.max_response_length + 32 + 512
+    assert judge_context(spec, 64) == 64  # no more than the judge model's positions
+    kwargs = judge_llm_kwargs(spec, "/m", context)
     assert kwargs["gpu_memory_utilization"] == 0.3 and kwargs["skip_tokenizer_init"]
-    assert kwargs["max_model_len"] == context
+    assert kwargs["max_model_len"] == context and kwargs["seed"] == cfg.trainer.seed
     eager = judge_config("reward.model.engine=vllm", "+reward.model.engine_kwargs.enforce_eager=true")
-    assert judge_llm_kwargs(eager, spec, "/m", context)["enforce_eager"] is True
+    assert judge_llm_kwargs(role_spec(eager, "rm"), "/m", context)["enforce_eager"] is True

@@ -53,7 +53,7 @@ def test_vllm_judge_answers_counts_failures_and_matches_hf(tmp_path):
     answers = ["7", "30", "68", "99", "12", "45", "1" * 60]  # the last does not fit 64 positions
     batch = arith_batch(tokenizer, [(3, 4), (10, 20), (41, 27), (50, 49), (6, 6), (20, 25), (1, 1)], answers)
     spec = NodeSpec(name="rm", kind="rm_score", role="rm")
-    engine = VLLMJudgeBackend(cfg, role_spec(cfg, "rm"), CTX)
+    engine = VLLMJudgeBackend(role_spec(cfg, "rm"), CTX)
     try:
         out = RmScoreNode(spec, cfg).run(_Runtime(engine, tokenizer), batch)
         from dagrl.nodes.reward_model import judge_prompts
@@ -66,7 +66,7 @@ def test_vllm_judge_answers_counts_failures_and_matches_hf(tmp_path):
     assert all(isinstance(t, str) for t in texts[:-1]) and texts[-1] is None
     assert out.metrics[JUDGE_FAILURES] >= 1 and out.batch["rm_scores"][-1].item() == 0.5
     assert ((out.batch["rm_scores"] >= 0) & (out.batch["rm_scores"] <= 1)).all()
-    hf = HFJudgeBackend(cfg, role_spec(cfg, "rm"), CTX)
+    hf = HFJudgeBackend(role_spec(cfg, "rm"), CTX)
     hf_texts = hf.judge(judge_prompts(_Runtime(hf, tokenizer), batch, cfg.reward.model))["judge_outputs"]
     assert hf_texts[-1] is None
     same = sum(a == b for a, b in zip(texts[:-1], hf_texts[:-1]))

@@ -21,10 +21,10 @@ from dagrl.core.calls import Collect, Dispatch, Execute, role_method
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
-def judge_llm_kwargs(cfg, spec, path: str, context: int) -> dict:
+def judge_llm_kwargs(spec, path: str, context: int) -> dict:
     """`vllm.LLM` arguments of a judge shard: the judge's own model, its context `context`;
-    reward.model.engine_kwargs go last."""
-    m = cfg.reward.model
+    reward.model.engine_kwargs (the spec's `reward_model` section) go last."""
+    m = spec.reward_model
     kwargs = dict(
         model=path,
         dtype=_DTYPES.get(spec.model.dtype, "bfloat16"),
@@ -34,7 +34,7 @@ def judge_llm_kwargs(cfg, spec, path: str, context: int) -> dict:
         max_model_len=context,
         enable_prefix_caching=True,  # every judge prompt starts with the same template text
         enable_sleep_mode=False,
-        seed=cfg.trainer.seed,
+        seed=spec.seed,
         distributed_executor_backend="external_launcher",
         skip_tokenizer_init=True,
         generation_config="vllm",
@@ -44,24 +44,24 @@ def judge_llm_kwargs(cfg, spec, path: str, context: int) -> dict:
     return kwargs
 
 
-def judge_context(cfg, model_positions: int) -> int:
-    """The judge's context: room for the policy's prompt and response, 512 tokens of template and
-    the answer, or the judge model's own positions if fewer."""
-    d, m = cfg.data, cfg.reward.model
-    return min(d.max_prompt_length + d.max_response_length + m.judge_max_new_tokens + 512, model_positions)
+def judge_context(spec, model_positions: int) -> int:
+    """The judge's context: room for the policy's prompt and response (the spec's lengths), 512
+    tokens of template and the answer, or the judge model's own positions if fewer."""
+    return min(spec.lengths.total + spec.reward_model.judge_max_new_tokens + 512, model_positions)
 
 
 class VLLMJudgeBackend:
-    def __init__(self, cfg, spec, ctx):
+    def __init__(self, spec, ctx):
+        """Built from role rm's spec: its model, seed, lengths and `reward_model` section."""
         assert ctx.device.type == "cuda", "validate refuses a vLLM judge off the GPU"
-        self.ctx, self.max_new = ctx, cfg.reward.model.judge_max_new_tokens
+        self.ctx, self.max_new = ctx, spec.reward_model.judge_max_new_tokens
         path = resolve_model_path(spec.model.path)
         self.tokenizer = load_tokenizer(path, spec.model.trust_remote_code)
         from transformers import AutoConfig, GenerationConfig
 
         config = AutoConfig.from_pretrained(path, trust_remote_code=spec.model.trust_remote_code)
-        self.context = judge_context(cfg, model_context(config))
-        kwargs = judge_llm_kwargs(cfg, spec, path, self.context)
+        self.context = judge_context(spec, model_context(config))
+        kwargs = judge_llm_kwargs(spec, path, self.context)
         self.llm, _, self.start_s = start_engine(kwargs, ctx.rank, ctx.world_size)
 
         try:
