@@ -136,8 +136,8 @@ def _resolve_optimizer_host(
     if owner.optimizer_cpu_offload is not None:
         return memory
     owner.optimizer_cpu_offload = False
-    on_device = _phase_total(memory, "update")
-    peak = max((r.total for g in memory.groups for r in g.rows), default=0.0)
+    on_device = memory.peak("update")
+    peak = memory.peak()
     tight = spec.backend == "megatron" and peak > RESIDENT_SHARE * memory.card_bytes
     if on_device <= memory.card_bytes and not tight:
         return memory
@@ -145,7 +145,7 @@ def _resolve_optimizer_host(
     hosted = make_plan()
     hosted.notes = memory.notes + [
         f"{key}: auto -> true (update {on_device / GIB:.1f} GiB, peak {peak / GIB:.1f} GiB with the "
-        f"optimizer on the device; update {_phase_total(hosted, 'update') / GIB:.1f} GiB with it on the host)"
+        f"optimizer on the device; update {hosted.peak('update') / GIB:.1f} GiB with it on the host)"
     ]
     return hosted
 
@@ -176,7 +176,7 @@ def _resolve_offload(
     for role in torch_roles:
         plan.specs[role] = dataclasses.replace(plan.specs[role], offload=OffloadPolicy())
     resident = make_plan()
-    peak = max((r.total for g in resident.groups for r in g.rows), default=0.0)
+    peak = resident.peak()
     if peak <= RESIDENT_SHARE * resident.card_bytes:
         actor.offload = False
         resident.notes = memory.notes + [
@@ -201,7 +201,7 @@ def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], Mem
         return make_plan()  # recompute_* set: the user's choice
     model.gradient_checkpointing = False
     memory = make_plan()
-    without = _phase_total(memory, "update")
+    without = memory.peak("update")
     if without <= memory.card_bytes:
         memory.notes.append(f"{M}.gradient_checkpointing: auto -> false (update {without / GIB:.1f} GiB)")
         return memory
@@ -213,13 +213,9 @@ def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], Mem
     memory = make_plan()
     memory.notes.append(
         f"{M}.gradient_checkpointing: auto -> true (update {without / GIB:.1f} GiB without, "
-        f"{_phase_total(memory, 'update') / GIB:.1f} GiB with)"
+        f"{memory.peak('update') / GIB:.1f} GiB with)"
     )
     return memory
-
-
-def _phase_total(memory: MemoryPlan, phase: str) -> float:
-    return max((r.total for g in memory.groups for r in g.rows if r.phase == phase), default=0.0)
 
 
 def check_memory(cfg: DagrlConfig, memory: MemoryPlan, plan: Plan) -> str | None:

@@ -69,6 +69,10 @@ class MemoryPlan:
     # engine's weights asleep), over all the role's devices on that node
     host: dict[int, dict[str, float]] = field(default_factory=dict)
 
+    def peak(self, phase: str | None = None) -> float:
+        """The largest total of `phase` (None: of any phase) over the groups, in bytes."""
+        return max((r.total for g in self.groups for r in g.rows if phase in (None, r.phase)), default=0.0)
+
     def over(self) -> list[tuple[GroupMemory, PhaseRow]]:
         """(group, phase) pairs whose total exceeds the card, largest first."""
         found = [(g, r) for g in self.groups for r in g.rows if r.total > self.card_bytes]
