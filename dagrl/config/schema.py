@@ -213,7 +213,8 @@ class TrainerConfig:
     host_memory_gib: Optional[float] = ranged(None, gt=0, hint="or null = detected")
     """Host memory per node the plan's host state (offloaded weights and optimizer state, a CPU
     optimizer, an engine's weights asleep) is checked against, within 90 %; None = this machine's
-    in a real run (nodes alike), unchecked in a dry run."""
+    in a real run (nodes alike), unchecked in a dry run. GPU plans only: a CPU run keeps everything
+    in host memory and has no device plan to check."""
 
 
 @dataclass

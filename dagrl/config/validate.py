@@ -133,6 +133,8 @@ def validate_roles(cfg: DagrlConfig, roles: set[str]) -> None:
         raise ConfigError(
             "reward.model.path", None, "reward.model.enable=true needs the reward model's directory"
         )
+    if not roles & {Role.rm, Role.orm, Role.prm}:  # orm / prm read its micro-batch size
+        _check_reward_model_unused(cfg)
     builtin = set(Role) - {Role.reward}
     for name in sorted(roles - builtin):
         if name not in cfg.roles:
@@ -295,3 +297,20 @@ def data_files(value) -> list[str]:
     if isinstance(value, str):
         return [value]
     return [str(v) for v in value]
+
+
+def _check_reward_model_unused(cfg: DagrlConfig) -> None:
+    """reward.model.* set while no reward model runs (reward.model.enable=false) would do nothing."""
+    from dataclasses import fields
+
+    from dagrl.config.sample_schema import RewardModelConfig
+
+    m, default = cfg.reward.model, RewardModelConfig()
+    for f in fields(m):
+        value = getattr(m, f.name)
+        if f.name != "enable" and value != getattr(default, f.name):
+            raise ConfigError(
+                f"reward.model.{f.name}",
+                getattr(value, "value", value),
+                "no reward model runs (reward.model.enable=false): set reward.model.enable=true, or remove it",
+            )

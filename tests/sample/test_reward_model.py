@@ -82,3 +82,17 @@ def test_reward_model_backend_is_open_by_name():
         assert prepared.plan.specs[Role.rm].backend == "my_rm"
     finally:
         BACKENDS.entries = entries
+
+
+def test_reward_model_keys_without_a_reward_model_are_refused():
+    """reward.model.* set while reward.model.enable=false would do nothing: refused, naming the key."""
+    from dagrl.errors import ConfigError
+    from dagrl.trainer.setup import prepare
+
+    for override, key in (
+        ("reward.model.backend=my_rm", "reward.model.backend"),
+        ("reward.model.path=/x", "reward.model.path"),
+    ):
+        with pytest.raises(ConfigError, match="reward.model.enable=false") as info:
+            prepare(compose_config(override, "trainer.dry_run=true"))
+        assert info.value.key == key
