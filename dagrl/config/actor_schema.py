@@ -65,8 +65,10 @@ class MegatronConfig:
     """Weights dtype on the device: bfloat16, float16 or float32."""
     param_offload: bool = False
     """Keep weights in host memory while another role holds the device."""
-    grad_offload: bool = False
-    """Keep gradient buffers in host memory while another role holds the device."""
+    grad_offload: Optional[bool] = None
+    """Free the fp32 gradient buffers while another role holds the device (they are zeroed at the
+    next update's start, so nothing is copied). null (auto) = true: a colocated engine gets that
+    memory; false keeps them allocated (no re-allocation, less room for the engine)."""
     optimizer_offload: bool = False
     """Keep the optimizer state in host memory while another role holds the device."""
     optimizer_cpu_offload: Optional[bool] = None

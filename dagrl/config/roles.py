@@ -411,4 +411,4 @@ def _offload(cfg: DagrlConfig, m: MegatronConfig | None) -> OffloadPolicy:
     if m is None:
         on = cfg.actor_rollout_ref.actor.offload is not False  # null (auto) until the plan says
         return OffloadPolicy(params=on, grads=on, optimizer=on)
-    return OffloadPolicy(m.param_offload, m.grad_offload, m.optimizer_offload)
+    return OffloadPolicy(m.param_offload, m.grad_offload is not False, m.optimizer_offload)

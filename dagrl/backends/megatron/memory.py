@@ -4,8 +4,8 @@ State: dense weights split over TP×PP, expert weights over expert-TP×EP×PP, i
 gradient buffers (grad_reduce_in_fp32); Adam's m and v in fp32 plus fp32 master weights (unless
 the params are fp32), split over the data-parallel ranks by the distributed optimizer. With
 optimizer_cpu_offload a share (optimizer_offload_fraction) of that state and its step live on the
-host. param_offload / grad_offload / optimizer_offload move their part to host memory while a
-colocated role has the device; the role's own phases have everything back.
+host. param_offload / optimizer_offload move their part to host memory while a colocated role
+has the device, and grad_offload (on unless pinned false) frees the gradient buffers then; the role's own phases have everything back.
 
 Activations per token per layer (TE or sdpa layer spec, flash attention, w = bytes of
 param_dtype): the two norms' inputs and outputs 4w·h, q/k/v and their rotary copies
