@@ -155,7 +155,7 @@ def main() -> None:
         print("ROW " + json.dumps(result), flush=True)
         with open(os.path.join(out, "rows.md"), "a") as f:
             f.write(table_row(result) + "\n")
-        subprocess.run(["ray", "stop", "--force"], capture_output=True)  # nothing left on the card
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
 
 
 if __name__ == "__main__":

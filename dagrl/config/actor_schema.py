@@ -82,10 +82,12 @@ class MegatronConfig:
     overlap_cpu_optimizer_d2h_h2d: bool = False
     """With optimizer_cpu_offload: overlap the gradient D2H / weight H2D copies with the CPU step
     (one CPU optimizer per parameter, side CUDA streams)."""
-    use_precision_aware_optimizer: bool = False
+    use_precision_aware_optimizer: Optional[bool] = None
     """Let the optimizer keep the fp32 master weights (on the CPU with optimizer_cpu_offload, so the
-    device holds none: 12 bytes per parameter less); needs use_distributed_optimizer. Without CPU
-    offload it needs TransformerEngine's FusedAdam."""
+    device holds none: 4 bytes per parameter less); needs use_distributed_optimizer. Without CPU
+    offload it needs TransformerEngine's FusedAdam. null (auto): on exactly when the CPU optimizer
+    and the distributed optimizer are (else the distributed optimizer's fp32 main params stay on
+    the device while a colocated engine runs)."""
     recompute_granularity: Optional[RecomputeGranularity] = None
     """Activation recompute: full, selective, or None (off)."""
     recompute_method: Optional[RecomputeMethod] = None
