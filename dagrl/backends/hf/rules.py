@@ -16,3 +16,9 @@ def check_hf_rollout(cfg: DagrlConfig) -> None:
             r.tensor_model_parallel_size,
             "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)",
         )
+    if cfg.actor_rollout_ref.model.lora_rank > 0 and r.lora_sync.value == "adapter":
+        raise ConfigError(
+            "actor_rollout_ref.rollout.lora_sync",
+            "adapter",
+            "the hf rollout does not serve LoRA adapters: use merged (or auto), or rollout.name=vllm",
+        )

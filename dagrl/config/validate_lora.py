@@ -1,0 +1,41 @@
+"""LoRA's rules that need only the config (actor_rollout_ref.model.lora_*); the backends add
+theirs (torch: target names against the model's linear layers; megatron: refused; the rollout
+engines: what they can serve)."""
+
+from __future__ import annotations
+
+from dagrl.config.roles import ALL_LINEAR
+from dagrl.config.schema import DagrlConfig, LoraSync, ModelConfig
+from dagrl.errors import ConfigError
+
+M = "actor_rollout_ref.model"
+
+
+def check_lora(cfg: DagrlConfig) -> None:
+    """target_modules is a name or a list of names; LoRA's other keys need lora_rank > 0 (set
+    without it they would do nothing)."""
+    m = cfg.actor_rollout_ref.model
+    targets = m.target_modules
+    names = [targets] if isinstance(targets, str) else targets
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(t, str) and t for t in names):
+        raise ConfigError(
+            f"{M}.target_modules",
+            targets,
+            f"give {ALL_LINEAR} or a list of module names, e.g. [q_proj,v_proj]",
+        )
+    if m.lora_rank > 0:
+        return
+    defaults = ModelConfig()
+    changed = [
+        k for k in ("lora_alpha", "target_modules", "lora_dropout") if getattr(m, k) != getattr(defaults, k)
+    ]
+    if cfg.actor_rollout_ref.rollout.lora_sync != LoraSync.auto:
+        changed.append("rollout.lora_sync")
+    for key in changed:
+        full = f"actor_rollout_ref.{key}" if key.startswith("rollout.") else f"{M}.{key}"
+        value = (
+            cfg.actor_rollout_ref.rollout.lora_sync.value if key.startswith("rollout.") else getattr(m, key)
+        )
+        raise ConfigError(
+            full, value, f"LoRA is off ({M}.lora_rank = 0): set lora_rank > 0 (e.g. 8), or remove the key"
+        )
