@@ -34,6 +34,9 @@ A, R, REF, M = (
 )
 
 
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
+
+
 @dataclass(frozen=True)
 class Alias:
     target: str
@@ -212,9 +215,7 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     f"{M}.enable_activation_offload": Unsupported(
         f"use {M}.gradient_checkpointing (torch) or {A}.megatron.recompute_granularity"
     ),
-    f"{M}.lora": Unsupported(
-        f"dagrl's LoRA is {M}.lora_rank / lora_alpha / target_modules / lora_dropout (torch backend)"
-    ),
+    f"{M}.lora": Unsupported(f"LoRA is {M}.lora_rank, lora_alpha, target_modules, lora_dropout"),
     f"{M}.exclude_modules": Unsupported(f"list the layers that get adapters in {M}.target_modules"),
     f"{M}.lora_adapter_path": Unsupported(
         "LoRA runs start from fresh adapters on the base at model.path; merge a trained adapter into it first"
@@ -312,11 +313,7 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "teacher.vllm_tensor_parallel_size": Alias("teacher.tensor_model_parallel_size"),
     **{k: Alias(f"{A}.megatron.{k}") for k in _CPU_OPTIMIZER},  # Megatron-SWIFT's optimizer offload
     # ms-swift / PEFT LoRA names (tuner_type is resolved in swift_keys: it depends on lora_rank)
-    **{
-        f"{section}{k}": Alias(f"{M}.{k}")
-        for section in ("", "train.")
-        for k in ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
-    },
+    **{f"{section}{k}": Alias(f"{M}.{k}") for section in ("", "train.") for k in LORA_KEYS},
     "model": Alias(f"{M}.path"),  # the student's model, as ms-swift's `model`
     "torch_dtype": Alias(f"{M}.dtype"),
     "max_length": Alias("data.max_prompt_length"),  # ms-swift Ray: the prompt is capped at max_length
