@@ -38,6 +38,8 @@ MEGA = f"{A}.megatron"
 SETUPS = {
     "torch": (),  # the defaults: the plan picks recomputation, vLLM's pool, offload
     "torch-cpuopt": (f"{A}.optimizer_cpu_offload=true", f"{M}.gradient_checkpointing=true"),
+    # LoRA rank 64 on every linear layer: frozen bf16 base, fp32 adapters, adapter-only sync to vLLM
+    "torch-lora": (f"{M}.lora_rank=64", f"{M}.lora_alpha=128", f"{A}.optim.lr=1e-5"),
     "megatron": (f"{A}.strategy=megatron",),
     "megatron-cpuopt": (
         f"{A}.strategy=megatron",
