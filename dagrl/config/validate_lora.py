@@ -24,6 +24,7 @@ def check_lora(cfg: DagrlConfig) -> None:
             f"give {ALL_LINEAR} or a list of module names, e.g. [q_proj,v_proj]",
         )
     if m.lora_rank > 0:
+        _check_train_backend(cfg)
         return
     defaults = ModelConfig()
     changed = [
@@ -39,3 +40,20 @@ def check_lora(cfg: DagrlConfig) -> None:
         raise ConfigError(
             full, value, f"LoRA is off ({M}.lora_rank = 0): set lora_rank > 0 (e.g. 8), or remove the key"
         )
+
+
+def _check_train_backend(cfg: DagrlConfig) -> None:
+    """LoRA is built into the torch train backend; any other would train every weight instead."""
+    strategy = cfg.actor_rollout_ref.actor.strategy
+    if strategy == "torch":
+        return
+    why = (
+        "megatron's linear layers take no adapters here yet (TP-split adapters and their sync are not built)"
+        if strategy == "megatron"
+        else f"the {strategy} train backend does not apply LoRA"
+    )
+    raise ConfigError(
+        f"{M}.lora_rank",
+        cfg.actor_rollout_ref.model.lora_rank,
+        f"LoRA trains on the torch backend: {why}; use actor_rollout_ref.actor.strategy=torch",
+    )

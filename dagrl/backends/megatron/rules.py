@@ -113,13 +113,6 @@ def logprob_kernel_override() -> str | None:
 
 def check_megatron(cfg: DagrlConfig) -> None:
     """Rules of strategy=megatron that need the config and the model's config.json."""
-    if cfg.actor_rollout_ref.model.lora_rank > 0:
-        raise ConfigError(
-            "actor_rollout_ref.model.lora_rank",
-            cfg.actor_rollout_ref.model.lora_rank,
-            "LoRA trains on the torch backend for now (megatron's linear layers take no adapters here"
-            " yet: TP-split adapters and their sync are not built); use actor_rollout_ref.actor.strategy=torch",
-        )
     check_megatron_precision(cfg)
     logprob_kernel_override()
     hf = _hf_config(cfg)
