@@ -133,6 +133,7 @@ def main() -> None:
     steps = [round(r["timing_s/step"], 2) for r in rows if "timing_s/step" in r]
     last = rows[-1] if rows else {}
     keys = ("timing_s/", "perf/", "rollout/device", "teacher/device", "actor/grad_norm", "actor/pg_loss")
+    keys += ("weight_sync/bytes", "weight_sync/s", "rollout_corr/logprob_abs_diff")  # LoRA: adapter vs merged
     line = {
         "setup": args.setup,
         "shape": args.shape,
