@@ -29,7 +29,7 @@ R=actor_rollout_ref.rollout A=actor_rollout_ref.actor
 FAST="$R.name=vllm $R.gpu_memory_utilization=0.4 $R.free_cache_engine=false $A.offload=false \
 $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true"
 # LoRA as the TRL side-by-side takes it: LoraConfig(r=64, lora_alpha=128, target_modules="all-linear")
-LORA="$FAST actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=128 $A.optim.lr=1e-5"
+LORA="$FAST actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=128"
 # the memory-lean colocated form: engine asleep (level 2) while the trainer works, trainer offloaded
 LEAN="$R.name=vllm $R.gpu_memory_utilization=0.5 $R.free_cache_engine=true $R.sleep_level=2 \
 $A.offload=true $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true"
