@@ -17,6 +17,7 @@ from typing import Any
 from dagrl.config.schema import (
     ActorConfig,
     DagrlConfig,
+    LoraSync,
     MegatronConfig,
     RolloutConfig,
     SelfTeacher,
@@ -95,13 +96,13 @@ ALL_LINEAR = "all-linear"  # PEFT's name for every linear layer but the output l
 class LoraSettings:
     """LoRA of the policy (actor_rollout_ref.model.lora_*), set on the train and rollout roles'
     specs when lora_rank > 0. `sync`: what the weight sync carries, rollout.lora_sync resolved for
-    the configured engine: "adapter" (the adapters; the engine serves LoRA) or "merged"."""
+    the configured engine: adapter (the adapters; the engine serves LoRA) or merged."""
 
     rank: int
     alpha: float
     target_modules: tuple[str, ...] | str = ALL_LINEAR
     dropout: float = 0.0
-    sync: str = "merged"
+    sync: LoraSync = LoraSync.merged
 
 
 @dataclass(frozen=True)
@@ -227,9 +228,9 @@ def policy_lora(cfg: DagrlConfig) -> LoraSettings | None:
     targets = m.target_modules
     if isinstance(targets, str) and targets != ALL_LINEAR:
         targets = [t.strip() for t in targets.split(",") if t.strip()]
-    sync = _dtype_name(r.lora_sync)
-    if sync == "auto":  # vLLM serves LoRA; the hf engine would run the adapters unmerged per token
-        sync = "adapter" if r.name == "vllm" else "merged"
+    sync = r.lora_sync
+    if sync == LoraSync.auto:  # vLLM serves LoRA; the hf engine would run the adapters unmerged per token
+        sync = LoraSync.adapter if r.name == "vllm" else LoraSync.merged
     return LoraSettings(
         rank=m.lora_rank,
         alpha=float(m.lora_alpha),

@@ -105,3 +105,19 @@ def test_memory_plan_counts_a_frozen_base_and_fp32_adapters():
     }
     full = state_bytes(shape, 2, trains=True)
     assert sum(parts.values()) / 2**30 < 18 < sum(full.values()) / 2**30  # 17.9 GiB against 122 GiB
+
+
+def test_vllm_engine_is_started_for_the_adapter_it_will_get():
+    from dagrl.backends.vllm.engine_args import adapter_peft_config, llm_kwargs
+
+    spec = build_role_specs(typed(f"{M}.lora_rank=40", f"{R}.name=vllm"), ["rollout"])["rollout"]
+    kwargs = llm_kwargs(spec, "/m")
+    assert (kwargs["enable_lora"], kwargs["max_loras"], kwargs["max_lora_rank"]) == (True, 1, 64)
+    assert adapter_peft_config(spec.lora) == {
+        "r": 40,
+        "lora_alpha": 16.0,
+        "target_modules": "all-linear",
+        "bias": "none",
+    }
+    merged = typed(f"{M}.lora_rank=40", f"{R}.name=vllm", f"{R}.lora_sync=merged")
+    assert "enable_lora" not in llm_kwargs(build_role_specs(merged, ["rollout"])["rollout"], "/m")

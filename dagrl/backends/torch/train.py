@@ -38,7 +38,7 @@ from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, 
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import Role, RoleSpec, role_spec
-from dagrl.config.schema import DagrlConfig
+from dagrl.config.schema import DagrlConfig, LoraSync
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import micro_batches
 from dagrl.core.packing import PaddingStats, sequence_lengths
@@ -352,7 +352,7 @@ class TorchTrainBackend:
         limit = self.settings.weight_sync_bucket_mb * 2**20
         if self.lora is None:
             return weight_buckets(self.model.state_dict().items(), limit, to_cpu)
-        if self.lora.sync == "adapter":
+        if self.lora.sync == LoraSync.adapter:
             return weight_buckets(lora_layers.adapter_weights(self.model).items(), float("inf"), to_cpu)
         return weight_buckets(lora_layers.merged_weights(self.model), limit, to_cpu)
 

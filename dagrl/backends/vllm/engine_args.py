@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dagrl.config.enums import LoraSync
+
 R = "actor_rollout_ref.rollout"
 
 # vLLM engine arguments that dagrl sets from its own keys: passing them again through
@@ -90,7 +92,7 @@ def llm_kwargs(spec, model_path: str) -> dict[str, Any]:
         kwargs["max_num_batched_tokens"] = r.max_num_batched_tokens
     if r.max_num_seqs is not None:
         kwargs["max_num_seqs"] = r.max_num_seqs
-    if spec.lora is not None and spec.lora.sync == "adapter":  # the policy's adapter, sent each sync
+    if spec.lora is not None and spec.lora.sync == LoraSync.adapter:  # the policy's adapter, sent each sync
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(spec.lora.rank))
     kwargs.update(r.engine_kwargs.vllm)
     return kwargs

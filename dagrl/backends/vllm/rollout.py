@@ -30,6 +30,7 @@ from dagrl.backends.vllm.engine_args import llm_kwargs, sampling_kwargs
 from dagrl.backends.vllm.lora_adapter import PolicyAdapter
 from dagrl.backends.vllm.multi_turn import VLLMStepSampler
 from dagrl.config.roles import RoleSpec
+from dagrl.config.schema import LoraSync
 from dagrl.core.batch import Batch
 from dagrl.rollout.multi_turn import MultiTurnRollout, batch_rows
 
@@ -67,7 +68,9 @@ class VLLMRolloutBackend:
         self.synced = False  # weights loaded by a sync since the start (level 2 may drop them then)
         self.memory: dict[str, float] = {}  # phase -> free GiB, reported by the next generate
         lora = spec.lora
-        self.adapter = PolicyAdapter(self.llm, lora) if lora is not None and lora.sync == "adapter" else None
+        self.adapter = (
+            PolicyAdapter(self.llm, lora) if lora is not None and lora.sync == LoraSync.adapter else None
+        )
 
     # ---- placement -----------------------------------------------------------------------------
     def dp_info(self) -> tuple[int, int, bool]:

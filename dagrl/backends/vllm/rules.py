@@ -12,7 +12,7 @@ from dagrl.backends.vllm.engine_args import (
     VLLM_DEFAULT_MAX_LOGPROBS,
     teacher_max_model_len,
 )
-from dagrl.config.schema import DagrlConfig, TeacherPlacement
+from dagrl.config.schema import DagrlConfig, LoraSync, TeacherPlacement
 from dagrl.errors import ConfigError
 
 R = "actor_rollout_ref.rollout"
@@ -200,7 +200,7 @@ def _check_lora(cfg: DagrlConfig) -> None:
     from dagrl.config.roles import policy_lora
 
     lora, r = policy_lora(cfg), cfg.actor_rollout_ref.rollout
-    if lora is None or lora.sync != "adapter":
+    if lora is None or lora.sync != LoraSync.adapter:
         return
     if lora.rank > VLLM_LORA_RANKS[-1]:
         raise ConfigError(
