@@ -9,6 +9,7 @@ from dagrl.config.schema import DagrlConfig, LoraSync, ModelConfig
 from dagrl.errors import ConfigError
 
 M = "actor_rollout_ref.model"
+LORA_KEYS = ("lora_alpha", "target_modules", "lora_dropout")  # what a rank of 0 leaves unused
 
 
 def check_lora(cfg: DagrlConfig) -> None:
@@ -26,19 +27,13 @@ def check_lora(cfg: DagrlConfig) -> None:
     if m.lora_rank > 0:
         _check_train_backend(cfg)
         return
-    defaults = ModelConfig()
-    changed = [
-        k for k in ("lora_alpha", "target_modules", "lora_dropout") if getattr(m, k) != getattr(defaults, k)
-    ]
-    if cfg.actor_rollout_ref.rollout.lora_sync != LoraSync.auto:
-        changed.append("rollout.lora_sync")
-    for key in changed:
-        full = f"actor_rollout_ref.{key}" if key.startswith("rollout.") else f"{M}.{key}"
-        value = (
-            cfg.actor_rollout_ref.rollout.lora_sync.value if key.startswith("rollout.") else getattr(m, key)
-        )
+    defaults, r = ModelConfig(), cfg.actor_rollout_ref.rollout
+    given = {f"{M}.{k}": getattr(m, k) for k in LORA_KEYS if getattr(m, k) != getattr(defaults, k)}
+    if r.lora_sync != LoraSync.auto:
+        given["actor_rollout_ref.rollout.lora_sync"] = r.lora_sync.value
+    for key, value in given.items():
         raise ConfigError(
-            full, value, f"LoRA is off ({M}.lora_rank = 0): set lora_rank > 0 (e.g. 8), or remove the key"
+            key, value, f"LoRA is off ({M}.lora_rank = 0): set lora_rank > 0 (e.g. 8), or remove the key"
         )
 
 
