@@ -149,3 +149,12 @@ def test_save_hf_writes_a_merged_model_and_the_adapter(trained):
     for name in merged:
         assert torch.equal(merged[name], by_peft[name]), name
     assert dict(lora_layers.merged_weights(backend.model)).keys() == merged.keys()
+
+
+def test_bf16_base_stays_bf16_with_fp32_adapters_and_no_master_copy():
+    cfg = _config("actor_rollout_ref.model.dtype=bfloat16")
+    backend = TorchTrainBackend.from_config(cfg, CPU)
+    frozen = {p.dtype for p in backend.model.parameters() if not p.requires_grad}
+    trained = {p.dtype for p in backend.model.parameters() if p.requires_grad}
+    assert frozen == {torch.bfloat16} and trained == {torch.float32}
+    assert not backend.optimizer.copies  # AdamW steps the fp32 adapters themselves
