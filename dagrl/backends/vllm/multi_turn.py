@@ -48,9 +48,8 @@ class VLLMStepSampler:
         params = self._params(seed=seed, max_tokens=max_tokens, **self.kwargs)
         request_id = f"episode-{key}-turn-{turn}-{self.submitted}"
         self.submitted += 1
-        self.engine.add_request(
-            request_id, self._prompt(list(context)), params, lora_request=self.lora_request
-        )
+        lora = {} if self.lora_request is None else {"lora_request": self.lora_request}
+        self.engine.add_request(request_id, self._prompt(list(context)), params, **lora)
         self.in_engine[request_id] = key
 
     def in_flight(self) -> int:
