@@ -72,10 +72,11 @@ check)
     step tiny_vllm 300 python3 -m dagrl.main trainer.device=cuda $R.name=vllm $R.gpu_memory_utilization=0.3 \
         trainer.default_local_dir=/tmp/tiny_vllm trainer.progress_bar=false
     grep -E "^step|val" "$OUT/tiny_vllm.log" | tail -n 8
-    # LoRA: adapters synced from memory each step (lora_sync auto = adapter on vLLM); learns as on the CPU
+    # LoRA: adapters synced from memory each step (lora_sync auto = adapter on a bf16 vLLM engine)
     step lora_gpu_tests 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/vllm/test_lora_gpu.py
     step tiny_vllm_lora 300 python3 -m dagrl.main trainer.device=cuda $R.name=vllm $R.gpu_memory_utilization=0.3 \
         actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32 $A.optim.lr=1e-3 \
+        actor_rollout_ref.model.dtype=bfloat16 \
         trainer.default_local_dir=/tmp/tiny_vllm_lora trainer.progress_bar=false
     grep -E "^step|val" "$OUT/tiny_vllm_lora.log" | tail -n 8
     step rollout_vs_vllm 400 python3 bench/rollout_vs_vllm.py --model $M --data $D/train.parquet

@@ -90,6 +90,8 @@ class SequenceLimits:
 
 
 ALL_LINEAR = "all-linear"  # PEFT's name for every linear layer but the output layer
+# engine dtypes vLLM's LoRA kernels take (vllm/lora/ops/triton_ops: fp16 / bf16 inputs only)
+LORA_SERVING_DTYPES = ("bfloat16", "bf16", "float16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -229,8 +231,9 @@ def policy_lora(cfg: DagrlConfig) -> LoraSettings | None:
     if isinstance(targets, str) and targets != ALL_LINEAR:
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     sync = r.lora_sync
-    if sync == LoraSync.auto:  # vLLM serves LoRA; the hf engine would run the adapters unmerged per token
-        sync = LoraSync.adapter if r.name == "vllm" else LoraSync.merged
+    if sync == LoraSync.auto:  # vLLM serves LoRA (its kernels in 16-bit); hf would run it unmerged per token
+        serves = r.name == "vllm" and rollout_dtype(cfg) in LORA_SERVING_DTYPES
+        sync = LoraSync.adapter if serves else LoraSync.merged
     return LoraSettings(
         rank=m.lora_rank,
         alpha=float(m.lora_alpha),

@@ -142,7 +142,8 @@ class RolloutConfig:
     lora_sync: LoraSync = LoraSync.auto
     """With actor_rollout_ref.model.lora_rank > 0: what the weight sync sends. adapter: the
     adapters only, served by the engine's LoRA support (vllm); merged: the base with the adapters
-    folded in, under the base's names (any engine). auto: adapter on vllm, merged on hf."""
+    folded in, under the base's names (any engine). auto: adapter on a bf16/fp16 vllm engine (its
+    LoRA kernels take 16-bit inputs), merged otherwise (hf, an fp32 engine)."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling of validation."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)

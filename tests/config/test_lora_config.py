@@ -12,6 +12,7 @@ from dagrl.errors import ConfigError
 from dagrl.main import compose
 
 M, R = "actor_rollout_ref.model", "actor_rollout_ref.rollout"
+BF16 = "actor_rollout_ref.model.dtype=bfloat16"
 
 
 def typed(*overrides: str):
@@ -36,8 +37,11 @@ def test_verl_keys_give_the_train_and_rollout_specs_their_lora():
     assert role_aliases(cfg) == {"ref": "train"}
     own_group = typed(f"{M}.lora_rank=16", "placement.colocate_groups=[[train,rollout]]")
     assert role_aliases(own_group) == {}
-    vllm = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm"), ["train"])["train"]
-    assert vllm.lora.sync == "adapter" and vllm.lora.target_modules == "all-linear"
+    vllm = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm", f"{M}.dtype=bfloat16"), ["train"])
+    assert vllm["train"].lora.sync == "adapter" and vllm["train"].lora.target_modules == "all-linear"
+    # vLLM's LoRA kernels take 16-bit inputs only: an fp32 engine gets merged weights
+    fp32 = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm"), ["train"])["train"]
+    assert fp32.lora.sync == "merged"
 
 
 @pytest.mark.parametrize(
@@ -69,8 +73,13 @@ def test_ms_swift_tuner_type_and_lora_names(overrides, want):
             "torch backend",
         ),
         ((f"{M}.lora_rank=8", f"{R}.lora_sync=adapter"), f"{R}.lora_sync", "hf rollout does not serve"),
-        ((f"{M}.lora_rank=1024", f"{R}.name=vllm"), f"{M}.lora_rank", "up to rank 512"),
-        ((f"{M}.lora_rank=8", f"{R}.name=vllm", f"{R}.sleep_level=2"), f"{R}.sleep_level", "base weights"),
+        ((f"{M}.lora_rank=1024", f"{R}.name=vllm", BF16), f"{M}.lora_rank", "up to rank 512"),
+        (
+            (f"{M}.lora_rank=8", f"{R}.name=vllm", BF16, f"{R}.sleep_level=2"),
+            f"{R}.sleep_level",
+            "base weights",
+        ),
+        ((f"{M}.lora_rank=8", f"{R}.name=vllm", f"{R}.lora_sync=adapter"), f"{R}.lora_sync", "bf16/fp16"),
     ],
 )
 def test_refused_before_ray_naming_the_key(overrides, key, says):
@@ -110,7 +119,7 @@ def test_memory_plan_counts_a_frozen_base_and_fp32_adapters():
 def test_vllm_engine_is_started_for_the_adapter_it_will_get():
     from dagrl.backends.vllm.engine_args import adapter_peft_config, llm_kwargs
 
-    spec = build_role_specs(typed(f"{M}.lora_rank=40", f"{R}.name=vllm"), ["rollout"])["rollout"]
+    spec = build_role_specs(typed(f"{M}.lora_rank=40", f"{R}.name=vllm", BF16), ["rollout"])["rollout"]
     kwargs = llm_kwargs(spec, "/m")
     assert (kwargs["enable_lora"], kwargs["max_loras"], kwargs["max_lora_rank"]) == (True, 1, 64)
     assert adapter_peft_config(spec.lora) == {
@@ -119,5 +128,5 @@ def test_vllm_engine_is_started_for_the_adapter_it_will_get():
         "target_modules": "all-linear",
         "bias": "none",
     }
-    merged = typed(f"{M}.lora_rank=40", f"{R}.name=vllm", f"{R}.lora_sync=merged")
+    merged = typed(f"{M}.lora_rank=40", f"{R}.name=vllm", BF16, f"{R}.lora_sync=merged")
     assert "enable_lora" not in llm_kwargs(build_role_specs(merged, ["rollout"])["rollout"], "/m")

@@ -194,14 +194,22 @@ def _check_positions(cfg: DagrlConfig, context: int) -> None:
 
 
 def _check_lora(cfg: DagrlConfig) -> None:
-    """An adapter sync (lora_sync adapter, or auto on vLLM) needs a rank vLLM's LoRA kernels take
-    and the base kept across sleeps: the sync never sends it again."""
+    """An adapter sync (lora_sync adapter, or auto on a 16-bit vLLM engine) needs an engine dtype
+    and a rank vLLM's LoRA kernels take, and the base kept across sleeps: the sync never sends it
+    again."""
     from dagrl.backends.vllm.engine_args import VLLM_LORA_RANKS
-    from dagrl.config.roles import policy_lora
+    from dagrl.config.roles import LORA_SERVING_DTYPES, policy_lora, rollout_dtype
 
     lora, r = policy_lora(cfg), cfg.actor_rollout_ref.rollout
     if lora is None or lora.sync != LoraSync.adapter:
         return
+    if rollout_dtype(cfg) not in LORA_SERVING_DTYPES:
+        raise ConfigError(
+            f"{R}.lora_sync",
+            "adapter",
+            f"vLLM's LoRA kernels take bf16/fp16 and the engine runs in {rollout_dtype(cfg)}: set"
+            f" {R}.dtype=bfloat16 (or actor_rollout_ref.model.dtype), or {R}.lora_sync=merged",
+        )
     if lora.rank > VLLM_LORA_RANKS[-1]:
         raise ConfigError(
             "actor_rollout_ref.model.lora_rank",

@@ -104,7 +104,7 @@ def base_model():
 
 
 def test_adapter_sync_sends_the_adapters_only(trained):
-    cfg = _config("actor_rollout_ref.rollout.name=vllm", "trainer.dry_run=true")
+    cfg = _config("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16")
     spec = role_spec(cfg, "train")
     assert spec.lora.sync == "adapter" and role_spec(cfg, "rollout").lora.sync == "adapter"
     backend = trained[1]
