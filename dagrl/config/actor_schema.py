@@ -4,7 +4,7 @@ and `.ref.*`. Part of the typed schema; import the types from dagrl.config.schem
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from dagrl.algos.losses import KLEstimator, LossAggMode
 from dagrl.config.enums import LayerSpec, ModelDtype, RecomputeGranularity, RecomputeMethod
@@ -25,6 +25,18 @@ class ModelConfig:
     says which was chosen; dagrl/trainer/memory_plan.py)."""
     use_remove_padding: bool = False
     """Pack sequences without padding in the train and log-prob passes (docs/packing.md)."""
+    lora_rank: int = ranged(0, ge=0, hint="0 = train all weights; 8-64 is usual for LoRA")
+    """LoRA rank (verl's key; ms-swift's and PEFT's `lora_rank`/`r`): > 0 trains low-rank adapters
+    on `target_modules` and freezes the base in its dtype (torch backend, PEFT; docs/lora.md).
+    0 = full-parameter training."""
+    lora_alpha: float = ranged(16.0, gt=0)
+    """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_rank."""
+    target_modules: Any = "all-linear"
+    """Linear layers that get adapters: `all-linear` (every linear layer of the decoder, not the
+    output layer) or a list of module names (e.g. [q_proj, v_proj]); names are checked against the
+    model's linear layers before the run starts."""
+    lora_dropout: float = ranged(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input during the update (PEFT's lora_dropout)."""
 
 
 @dataclass

@@ -34,6 +34,9 @@ A, R, REF, M = (
 )
 
 
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
+
+
 @dataclass(frozen=True)
 class Alias:
     target: str
@@ -212,8 +215,12 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     f"{M}.enable_activation_offload": Unsupported(
         f"use {M}.gradient_checkpointing (torch) or {A}.megatron.recompute_granularity"
     ),
-    f"{M}.lora_rank": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    f"{M}.lora": Unsupported("dagrl trains all weights (no LoRA yet)"),
+    f"{M}.lora": Unsupported(f"LoRA is {M}.lora_rank, lora_alpha, target_modules, lora_dropout"),
+    f"{M}.exclude_modules": Unsupported(f"list the layers that get adapters in {M}.target_modules"),
+    f"{M}.lora_adapter_path": Unsupported(
+        "LoRA runs start from fresh adapters on the base at model.path; merge a trained adapter into it first"
+    ),
+    f"{M}.layered_summon": NoEffect("dagrl's weight sync streams bounded buckets already"),
     f"{M}.external_lib": Unsupported("list the module in external_plugins"),
     f"{M}.override_config": Unsupported("model settings come from the HF config.json at the model path"),
     f"{R}.mode": Unsupported(
@@ -305,6 +312,8 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "rollout.vllm_max_model_len": Alias(f"{R}.max_model_len"),
     "teacher.vllm_tensor_parallel_size": Alias("teacher.tensor_model_parallel_size"),
     **{k: Alias(f"{A}.megatron.{k}") for k in _CPU_OPTIMIZER},  # Megatron-SWIFT's optimizer offload
+    # ms-swift / PEFT LoRA names (tuner_type is resolved in swift_keys: it depends on lora_rank)
+    **{f"{section}{k}": Alias(f"{M}.{k}") for section in ("", "train.") for k in LORA_KEYS},
     "model": Alias(f"{M}.path"),  # the student's model, as ms-swift's `model`
     "torch_dtype": Alias(f"{M}.dtype"),
     "max_length": Alias("data.max_prompt_length"),  # ms-swift Ray: the prompt is capped at max_length
@@ -340,8 +349,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "advantage_estimator": OnlyValue(("grpo",), "algorithm=grpo|dr_grpo|gspo pick the estimator and loss"),
     "importance_sampling_level": OnlyValue(("token",), "sequence-level ratios are algorithm=gspo"),
     "overlong_filter": OnlyValue((False,), "truncated responses are trained on like any other"),
-    "tuner_type": OnlyValue(("full",), "dagrl trains all weights (no LoRA yet)"),
-    "train.tuner_type": OnlyValue(("full",), "dagrl trains all weights (no LoRA yet)"),
     # ---- ms-swift: no effect on results here
     "dataset_num_proc": NoEffect("rows are tokenized once, in the driver"),
     "load_from_cache_file": NoEffect("rows are tokenized once per run; nothing is cached"),
@@ -364,10 +371,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "seq-mean-token-mean, seq-mean-token-sum-norm)"
     ),
     "min_lr": Unsupported("dagrl's learning rate is constant after warm-up: remove min_lr"),
-    "lora_rank": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    "lora_alpha": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    "train.lora_rank": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    "train.lora_alpha": Unsupported("dagrl trains all weights (no LoRA yet)"),
     "generation_batch_size": Unsupported(
         "give global_batch_size and steps_per_generation (rollout prompts = their product / num_generations)"
     ),

@@ -35,6 +35,7 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     Device,
     LayerSpec,
     LoggerName,
+    LoraSync,
     ModelDtype,
     RecomputeGranularity,
     RecomputeMethod,

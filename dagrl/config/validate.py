@@ -18,6 +18,7 @@ from dagrl.config.schema import (
     TeacherPlacement,
     parse_resume_mode,
 )
+from dagrl.config.validate_lora import check_lora
 from dagrl.config.validate_multi_turn import check_multi_turn
 from dagrl.config.validate_rollout import (
     check_engine_keys,
@@ -72,6 +73,7 @@ def validate(cfg: DagrlConfig) -> None:
     check_names(cfg)
     _check_data(cfg)
     _check_actor(cfg)
+    check_lora(cfg)
     _check_rollout(cfg)
     OBJECTIVES.get(cfg.algorithm.name).validate(cfg)  # the chosen objective's own rules
     _check_trainer(cfg)
