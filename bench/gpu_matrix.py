@@ -114,7 +114,13 @@ def run_row(out: str, name: str, timeout: int) -> dict:
     ):
         seen = [r[key] for r in rows[1:] if key in r]
         if seen:
-            handover[key] = {"min": round(min(seen), 2), "max": round(max(seen), 2)}
+            point = key[: -len("in_use_gib")]  # with the allocator's view: what holds the memory
+            handover[key] = {
+                "min": round(min(seen), 2),
+                "max": round(max(seen), 2),
+                "allocated": round(max(r.get(point + "allocated_gib", 0.0) for r in rows[1:]), 2),
+                "reserved": round(max(r.get(point + "reserved_gib", 0.0) for r in rows[1:]), 2),
+            }
     tail = open(log).read().strip().splitlines()[-3:] if rc else []
     result = {
         "row": name,

@@ -54,7 +54,8 @@ def classify_text(text: str) -> str | None:
     """The same from a traceback's text (the driver's view of a worker's error)."""
     if any(m in text for m in _VLLM_MEMORY):
         return VLLM_MEMORY
-    if "OutOfMemoryError" in text or "CUDA out of memory" in text:
+    # torch's allocator, or vLLM's cuMem allocator mapping its pool at a wake (cumem_allocator.cpp)
+    if "OutOfMemoryError" in text or "CUDA out of memory" in text or "CUDA Error: out of memory" in text:
         return CUDA_OOM
     if _NCCL.search(text):
         return NCCL
@@ -117,6 +118,10 @@ class DeviceError(DagrlError):
         return line + (f"; full traceback in {self.log_path}" if self.log_path else "")
 
 
+# the calls in which a sleeping engine wakes (the colocated weight refresh, a generate's onload)
+WAKE_PHASES = ("_copy_local", "begin_weight_update", "finish_weight_update", "onload")
+
+
 def device_error(fault: DeviceFault, cfg, where: str) -> DeviceError:
     return DeviceError(fault, where, levers(fault.kind, fault.phase, fault.role, cfg))
 
@@ -151,6 +156,15 @@ def levers(kind: str, phase: str, role: str, cfg) -> str:
             "lower actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
             f" (now {r.log_prob_micro_batch_size_per_gpu}), actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
             f" or teacher.log_prob_micro_batch_size_per_gpu, set teacher.offload=true, or lower {util}"
+        )
+    if phase in WAKE_PHASES:
+        return (
+            "the engine could not map its weights or KV cache back when it woke: what the colocated"
+            f" trainer keeps on the device (the plan's idle figure) and the engine's pool exceed the card;"
+            f" lower {util}, offload the trainer while the engine runs (actor.offload=true, now"
+            f" {'auto' if a.offload is None else a.offload}; megatron: actor.megatron.param_offload /"
+            " optimizer_offload / optimizer_cpu_offload), or give the rollout its own devices"
+            " (placement=separate)"
         )
     if phase == "generate":
         return (

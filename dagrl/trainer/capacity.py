@@ -272,6 +272,11 @@ _FAULT_PHASES = {
     "generate": "rollout",
     "teacher_topk": "teacher",
     "teacher_hidden": "teacher",
+    # an engine waking (the colocated refresh, a generate's onload): the rollout phase's figures
+    "_copy_local": "rollout",
+    "begin_weight_update": "rollout",
+    "finish_weight_update": "rollout",
+    "onload": "rollout",
 }
 
 

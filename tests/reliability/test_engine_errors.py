@@ -27,6 +27,9 @@ def test_classify_by_type_and_text():
     assert classify(torch.OutOfMemoryError(OOM)) == CUDA_OOM
     assert classify(ValueError(VLLM)) == VLLM_MEMORY
     assert classify(ValueError("No available memory for the cache blocks. Try increasing")) == VLLM_MEMORY
+    # vLLM's cuMem allocator mapping its KV cache at a wake (the 0.6B default's step-2 failure)
+    wake = "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:163"
+    assert classify(RuntimeError(wake)) == CUDA_OOM
     assert classify(RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error")) == NCCL
     assert classify(RuntimeError("[Rank 1] Watchdog caught collective operation timeout")) == NCCL
     assert classify(ValueError("gpu_memory_utilization must be in (0, 1]")) is None
@@ -154,6 +157,12 @@ LEVERS = [
             "placement=separate",
             "max_model_len",
         ],
+    ),
+    (
+        CUDA_OOM,
+        "_copy_local",
+        "train+rollout",
+        ["could not map its weights or KV cache", "gpu_memory_utilization (now 0.6)", "placement=separate"],
     ),
     (NCCL, "train_step", "train", ["another rank", "NCCL_DEBUG=INFO"]),
     (NCCL, "setup (joining the process group)", "train+rollout", ["NCCL_SOCKET_IFNAME"]),

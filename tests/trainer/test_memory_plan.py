@@ -218,6 +218,11 @@ def test_out_of_memory_line_quotes_the_plan(small):
     assert f"{M}.gradient_checkpointing=true" in line.split("the memory plan")[1]
     other = DeviceFault("nccl", "train", 0, "train_step", "timeout", "")
     assert fault_plan_hint(prepared.memory, prepared.plan, other) == ""
+    # vLLM's wake failing in the colocated refresh quotes the rollout phase: the pool and what the
+    # trainer leaves on the device beside it
+    wake = DeviceFault(CUDA_OOM, "train+rollout", 0, "_copy_local", "CUDA Error: out of memory", "")
+    hint = fault_plan_hint(prepared.memory, prepared.plan, wake)
+    assert hint.startswith("planned") and "rollout: pool" in hint and "train idle" in hint
 
 
 def test_offload_auto_keeps_the_trainer_resident_only_where_it_fits(small):

@@ -28,7 +28,8 @@ def changed_optimizer_knobs(m: MegatronConfig) -> list[str]:
     return [
         k
         for k in MEGATRON_OPTIMIZER_KNOBS
-        if getattr(m, k) != getattr(default, k) and not (getattr(default, k) is None and getattr(m, k) is False)
+        if getattr(m, k) != getattr(default, k)
+        and not (getattr(default, k) is None and getattr(m, k) is False)
     ]
 
 
