@@ -6,6 +6,7 @@
 #   bash bench/acceptance_gpu.sh OUT tests_a      # multi-turn log-probs, the contract's vllm case, megatron
 #   bash bench/acceptance_gpu.sh OUT tests_b      # offload, mixed precision, engine errors, vllm, teacher, judge
 #   bash bench/acceptance_gpu.sh OUT tests_c      # LoRA on vLLM (adapter sync)
+#   bash bench/acceptance_gpu.sh OUT handover     # 0.6B, 32x8x256, 20 steps: hand-overs flat within 1 GiB
 #   bash bench/acceptance_gpu.sh OUT matrix ROW.. # bench/gpu_matrix.py rows: 0.6b-32x8x256 (20 steps, the
 #                                                 #   hand-over flatness), 0.6b-64x8x512, 1.7b-torch, 4b-torch,
 #                                                 #   4b-megatron; 8b-megatron on one H200
@@ -57,6 +58,9 @@ tests_b)
     ;;
 tests_c)
     tests tests_c tests/backends/vllm/test_lora_gpu.py
+    ;;
+handover)  # the README's configuration, 20 steps: flat hand-overs asserted; also its matrix row
+    GPU_MATRIX_ROWS=$OUT/rows.md FILE_TIMEOUT=580 tests handover tests/trainer/test_handover_gpu.py
     ;;
 matrix)
     shift 2
