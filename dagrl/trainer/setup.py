@@ -186,26 +186,16 @@ def load_data(cfg: DagrlConfig, model_path: str):
         response_key=d.response_key,
     )
     if d.train_files is None:
-        from dagrl.data import builtin, builtin_calculator
-
-        generate_rows = (
-            builtin_calculator if d.builtin_task.value == "calculator" else builtin
-        ).generate_rows
+        from dagrl.data.builtin_tasks import builtin_rows
 
         privileged = cfg.algorithm.name == "opsd"  # under gkd, rows with one would be OPSD
-
-        train = PromptDataset.from_rows(
-            generate_rows("train", d.builtin_train_rows, d.seed, privileged),
-            tokenizer,
-            source="built-in task (train)",
-            **common,
-        )
+        rows = {
+            s: builtin_rows(d.builtin_task, s, n, d.seed, privileged)
+            for s, n in (("train", d.builtin_train_rows), ("test", d.builtin_val_rows))
+        }
+        train = PromptDataset.from_rows(rows["train"], tokenizer, source="built-in task (train)", **common)
         val = PromptDataset.from_rows(
-            generate_rows("test", d.builtin_val_rows, d.seed, privileged),
-            tokenizer,
-            source="built-in task (test)",
-            key="data.val_files",
-            **common,
+            rows["test"], tokenizer, source="built-in task (test)", key="data.val_files", **common
         )
     else:
         train = PromptDataset(data_files(d.train_files), tokenizer, **common)
