@@ -19,7 +19,7 @@ ONE_STEP = [
     "trainer.total_training_steps=1",
     "trainer.val_before_train=false",
     "trainer.test_freq=1",
-    "data.builtin_val_rows=2",
+    "data.builtin_val_rows=1",
     "trainer.progress_bar=false",
     "trainer.logger=[console]",
 ]
@@ -34,7 +34,9 @@ CPU_COMMANDS = {
     # a tool call, its observation and the answer: two assistant turns
     "python -m dagrl.main experiment=multi_turn/calculator": [
         *ONE_STEP,
-        *SMALL_BATCH,
+        "data.train_batch_size=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
         "actor_rollout_ref.rollout.multi_turn.max_user_turns=1",
     ],
