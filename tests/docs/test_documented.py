@@ -78,6 +78,20 @@ MODES = {
 }
 
 
+# each launch script and preprocessing script -> a test that runs it (on a small local fixture)
+SCRIPTS = {
+    "run_scripts/run_qwen3-8b-megatron.sh": "tests/config/test_megatron_config.py::test_script_dry_run_plans_tp2_pp4",
+    "run_scripts/run_qwen3-0.6b-vllm.sh": (
+        "tests/e2e/test_documented_commands.py::test_vllm_script_plans_from_any_directory"
+    ),
+    "run_scripts/gkd/run.sh": "tests/config/test_config_file.py::test_run_sh_runs_the_users_file_not_the_preset_of_that_name",
+    "examples/data_preprocess/gsm8k.py": "tests/data_preprocess/test_scripts.py::test_gsm8k_skips_bad_rows_and_reports_them",
+    "examples/data_preprocess/math_dataset.py": "tests/data_preprocess/test_scripts.py::test_math_answers_and_report",
+    "examples/data_preprocess/deepscaler.py": "tests/data_preprocess/test_scripts.py::test_deepscaler_holdout_and_answers",
+    "examples/data_preprocess/builtin_arith.py": "tests/data_preprocess/test_scripts.py::test_builtin_arith_export",
+}
+
+
 @cache
 def _functions(path: str) -> set[str]:
     return {n.name for n in ast.walk(ast.parse((ROOT / path).read_text())) if isinstance(n, ast.FunctionDef)}
@@ -149,6 +163,17 @@ def test_every_shipped_preset_and_dag_has_a_test_that_runs_it():
         f"gone: {sorted(set(PRESETS) - shipped_presets())}"
     )
     assert not missing_tests(PRESETS)
+
+
+def test_every_script_has_a_test_that_runs_it():
+    scripts = {str(p.relative_to(ROOT)) for p in (ROOT / "run_scripts").rglob("*.sh")}
+    scripts |= {
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "examples" / "data_preprocess").glob("*.py")
+        if p.stem != "common"
+    }
+    assert scripts == set(SCRIPTS), f"without a test: {sorted(scripts - set(SCRIPTS))}"
+    assert not missing_tests(SCRIPTS)
 
 
 def test_every_documented_mode_has_a_test_that_runs_it():

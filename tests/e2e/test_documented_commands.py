@@ -168,3 +168,34 @@ def test_gpu_command_plans(stand_ins, tmp_path, monkeypatch, capsys, isolated_pl
     assert "dry run: plan printed" in out and " GPU" in out, (
         f"{command!r} plans no GPU run: run it end to end (CPU_COMMANDS) or name its test (ELSEWHERE)"
     )
+
+
+def test_vllm_script_plans_from_any_directory(stand_ins, tmp_path):
+    """run_scripts/run_qwen3-0.6b-vllm.sh with DRY_RUN=1 (its header's command): the one-GPU vLLM
+    plan for a Qwen3-0.6B-shape model on gsm8k parquet."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3 = this venv's
+        "MODEL_PATH": str(stand_ins / "model"),
+        "TRAIN_FILE": str(stand_ins / "gsm8k" / "train.parquet"),
+        "VAL_FILE": str(stand_ins / "gsm8k" / "test.parquet"),
+        "DRY_RUN": "1",
+    }
+    script = ROOT / "run_scripts" / "run_qwen3-0.6b-vllm.sh"
+    proc = subprocess.run(
+        ["bash", str(script), f"trainer.default_local_dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "cluster: 1 node(s) × 1 GPU(s), 1 used" in out and "rollout engine vllm" in out, out
+    assert "dry run: plan printed, no workers started" in out
