@@ -17,7 +17,7 @@ import re
 import traceback
 from contextlib import contextmanager
 
-from dagrl.core.device_faults import DeviceError
+from dagrl.core.device_faults import DeviceError, first_line
 from dagrl.errors import DagrlError, WorkerDiedError
 
 # what to change when the traceback points at no plugin of the user's
@@ -65,12 +65,6 @@ class RunFailure(DagrlError):
         return FIXES[self.phase.split()[0] if self.phase else "setup"]
 
 
-def summary_of(exc: BaseException) -> str:
-    """`Type: first line of the message`."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
-
-
 def as_failure(exc: Exception, where: str = "", phase: str = "") -> DagrlError:
     """`exc` as a one-line error: dagrl's own errors unchanged, a RunFailure given the `where` and
     `phase` it lacks, anything else wrapped."""
@@ -79,7 +73,7 @@ def as_failure(exc: Exception, where: str = "", phase: str = "") -> DagrlError:
         return exc
     if isinstance(exc, DagrlError):
         return exc
-    return RunFailure(summary_of(exc), where=where, phase=phase)
+    return RunFailure(first_line(exc), where=where, phase=phase)
 
 
 def at_node(exc: Exception, node: str) -> DagrlError:
@@ -120,7 +114,7 @@ def from_worker(exc: Exception, roles: str, rank: int | None) -> DagrlError:
     )
     text = getattr(exc, "traceback_str", "") or str(exc)
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    summary = summary_of(cause) if isinstance(cause, BaseException) else (lines[-1] if lines else "?")
+    summary = first_line(cause) if isinstance(cause, BaseException) else (lines[-1] if lines else "?")
     return RunFailure(summary, details=text, where=where)
 
 
