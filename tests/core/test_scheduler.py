@@ -181,7 +181,7 @@ def test_node_error_propagates(tmp_path):
     from dagrl.core.failures import RunFailure
 
     try:
-        with pytest.raises(RunFailure, match="ValueError: failed on purpose") as raised:
+        with pytest.raises(RunFailure, match="ValueError: schedtest node failed on purpose") as raised:
             scheduler.run(data_batch(), step=1)
     finally:
         scheduler.close()
