@@ -14,6 +14,9 @@ class ConfigError(DagrlError):
         self.key, self.value, self.fix = key, value, fix
         super().__init__(f"config key '{key}' = {value!r}: {fix}")
 
+    def __reduce__(self):  # raised in a worker, it crosses Ray by pickle
+        return (ConfigError, (self.key, self.value, self.fix))
+
 
 class DataError(DagrlError):
     """A data file or row is wrong: the message names the file and row."""
@@ -46,3 +49,6 @@ class Interrupted(DagrlError):
     def __init__(self, message: str, exit_code: int):
         self.exit_code = exit_code
         super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.exit_code))

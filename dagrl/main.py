@@ -22,6 +22,7 @@ from dagrl.config import compat, keys, override_values, swift_keys
 from dagrl.config.config_file import check_group_option, file_overrides
 from dagrl.config.placement import format_plan
 from dagrl.config.schema import DagrlConfig, register_configs
+from dagrl.core.failures import RunFailure, as_failure, phase
 from dagrl.errors import ConfigError, DagrlError, Interrupted
 from dagrl.trainer import interrupt
 from dagrl.trainer.logger import log
@@ -34,7 +35,10 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     """Prepare (no Ray), then launch and train. Returns the last step's metrics."""
     from dagrl.trainer.setup import launch, load_data, prepare, rewarder_for
 
-    prepared = prepare(cfg)
+    with phase(
+        "setup", mark_own=False
+    ):  # any error from here on is one line naming its phase (core/failures.py)
+        prepared = prepare(cfg)
     log(format_plan(prepared.plan))
     if prepared.memory is not None:
         from dagrl.trainer.memory_plan import format_memory_plan
@@ -48,18 +52,28 @@ def run(cfg: DagrlConfig) -> dict[str, float]:
     from dagrl.sample.runner import is_sampling_job, run_job
 
     if is_sampling_job(prepared):  # pipeline=sample: shards of scored samples, no training
-        return run_job(cfg, prepared)
-    tokenizer, loader, val = load_data(cfg, prepared.model_path)
+        with phase("sampling"):
+            return run_job(cfg, prepared)
+    with phase("data", _data_source(cfg), mark_own=False):
+        tokenizer, loader, val = load_data(cfg, prepared.model_path)
     rewarder = rewarder_for(cfg)
     start = time.perf_counter()
     with (
         interrupt.stop_signals(),
         _planned(prepared),
     ):  # Ctrl-C / SIGTERM: finish the step, save, exit 130 / 143
-        runtime, pools, bundles = launch(prepared, tokenizer, rewarder)
+        with phase("setup", "starting the workers", mark_own=False):
+            runtime, pools, bundles = launch(prepared, tokenizer, rewarder)
         interrupt.install()  # ray.init put its own SIGTERM handler in place
         log(f"workers ready in {time.perf_counter() - start:.1f}s")
         return _train(cfg, prepared, runtime, pools, bundles, loader, val)
+
+
+def _data_source(cfg: DagrlConfig) -> str:
+    d = cfg.data
+    if d.train_files is None:
+        return f"the built-in task {d.builtin_task.value} (data.builtin_task)"
+    return f"data.train_files={d.train_files}, data.val_files={d.val_files}"
 
 
 @contextlib.contextmanager
@@ -224,12 +238,33 @@ def main(argv: list[str] | None = None) -> None:
         log("stopped by SIGINT before training started")
         sys.exit(130)
     except DagrlError as exc:
-        if getattr(exc, "details", None) and cfg is not None:  # a worker's traceback: to the log file
-            from dagrl.trainer.run_log import write_failure
+        _fail(exc, cfg)
+    except Exception as exc:  # noqa: BLE001 - not one of ours: still one line, the traceback logged
+        failure = as_failure(exc)
+        failure.__cause__ = exc
+        _fail(failure, cfg)
 
-            exc.log_path = write_failure(cfg.trainer.default_local_dir, exc)
-        log(f"error: {exc}")
-        sys.exit(2)
+
+def _fail(exc: DagrlError, cfg: DagrlConfig | None) -> None:
+    """Print `exc` as one line and exit 2. The tracebacks go to the run's dagrl.log: always for a
+    worker's error or one that is not dagrl's own (the temp dir when the run's is not writable),
+    for dagrl's own errors once the run has started (`during` names the phase; not for a typo)."""
+    import tempfile
+
+    from dagrl.trainer.run_log import write_failure
+
+    out_dir = os.path.expanduser(cfg.trainer.default_local_dir) if cfg is not None else None
+    during = getattr(exc, "during", None)
+    line = str(exc)
+    if getattr(exc, "details", None) or isinstance(exc, RunFailure):  # their line names the log
+        exc.log_path = (out_dir and write_failure(out_dir, exc)) or write_failure(tempfile.gettempdir(), exc)
+        line = str(exc)
+    elif out_dir and (during or os.path.isdir(out_dir)):
+        path = write_failure(out_dir, exc)
+        if during:
+            line += f" (during {during})" + (f"; full traceback in {path}" if path else "")
+    log(f"error: {line}")
+    sys.exit(2)
 
 
 if __name__ == "__main__":

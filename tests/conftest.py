@@ -84,6 +84,23 @@ def ray_local():
     return start_local_ray()
 
 
+@pytest.fixture
+def isolated_plugins():
+    """Row transforms a test's plugins register stay in that test: the registry is restored after
+    it, and the shipped plugin modules (dagrl.plugins.*) are forgotten so that the next import
+    registers them again."""
+    import sys
+
+    from dagrl.data import transforms
+
+    before, modules = list(transforms._TRANSFORMS), set(sys.modules)
+    yield
+    transforms._TRANSFORMS[:] = before
+    for name in set(sys.modules) - modules:
+        if name.startswith("dagrl.plugins."):
+            del sys.modules[name]
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that start a Ray of their own (`own_ray`) run last: each shuts the shared local Ray
     down, and starting it again costs 10-20 s of a 2-core machine."""

@@ -183,7 +183,7 @@ def from_task_error(exc: Exception, pool) -> DeviceError | None:
     """The DeviceError for a RayTaskError from a call into `pool`, or None when it is not an
     engine/device failure. The worker's DeviceFault when it sent one; else Ray's traceback text."""
     cause = getattr(exc, "cause", None)
-    rank = _rank_of(exc, pool)
+    rank = rank_of(exc, pool)
     if isinstance(cause, DeviceFault):
         fault = cause
     else:
@@ -203,7 +203,7 @@ def from_task_error(exc: Exception, pool) -> DeviceError | None:
     return device_error(fault, pool.cfg, where)
 
 
-def _rank_of(exc: Exception, pool) -> int | None:
+def rank_of(exc: Exception, pool) -> int | None:
     actor_id = getattr(exc, "actor_id", None)
     for rank, actor in enumerate(pool.actors):
         if actor_id is not None and actor._actor_id.hex() == actor_id:

@@ -12,6 +12,12 @@ from dagrl.errors import ConfigError
 LOADED: dict[str, object] = {}  # entry -> module, in load order (rewards are looked up in them by name)
 
 
+def absolute_plugin_paths(modules: list[str]) -> list[str]:
+    """The entries with each .py path made absolute: the workers import them too, and their working
+    directory is not the driver's (a joined cluster, a session's Ray started elsewhere)."""
+    return [os.path.abspath(os.path.expanduser(m)) if m.endswith(".py") else m for m in modules]
+
+
 def load_plugins(modules: list[str]) -> None:
     """Each entry is a module name (`my_pkg.rewards`) or a path to a .py file."""
     for i, entry in enumerate(modules):

@@ -21,7 +21,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from dagrl.config.placement import GroupPlan, Plan
 from dagrl.core.batch import Batch
 from dagrl.core.calls import Collect, Dispatch, Execute, call_spec, collect_results, dispatch_shards
-from dagrl.core.device_faults import from_task_error
+from dagrl.core.device_faults import from_task_error, rank_of
+from dagrl.core.failures import from_worker
 from dagrl.core.residency import HeldSource, Keep, StepData, tensor_bytes
 from dagrl.core.worker_death import worker_died
 from dagrl.errors import PlacementError
@@ -156,8 +157,8 @@ class WorkerPool:
             raise worker_died(exc, [self]) from exc
         except ray.exceptions.RayTaskError as exc:  # vLLM start refusal, CUDA OOM, NCCL: one line
             error = from_task_error(exc, self)
-            if error is None:
-                raise
+            if error is None:  # not an engine/device fault: still one line, the traceback logged
+                raise from_worker(exc, "+".join(self.roles), rank_of(exc, self)) from None
             # the other ranks' copies of the same failure would print as "unhandled errors"
             os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
             raise error from None

@@ -35,6 +35,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dagrl.core.batch import Batch
 from dagrl.core.dag import Dag
 from dagrl.core.device_faults import DeviceError
+from dagrl.core.failures import at_node
 from dagrl.core.node import NodeResult, node_kinds
 from dagrl.core.residency import Keep, StepData, plan_residency
 from dagrl.core.runtime import Runtime
@@ -120,6 +121,12 @@ class Scheduler:
         except DeviceError as exc:  # an engine/device failure: name the node it happened in
             exc.node = exc.node or f"{name} (kind {spec.kind})"
             raise
+        except Exception as exc:  # noqa: BLE001 - a plugin's or a backend's: one line naming the node
+            role = f", role {spec.role}" if spec.role else ", on the driver"
+            failure = at_node(exc, f"{name} (kind {spec.kind}{role})")
+            if failure is exc:
+                raise
+            raise failure from exc
         produced, declared = result.batch.keys(), set(spec.outputs)
         assert produced == declared, f"node {name} produced {sorted(produced)}, declared {sorted(declared)}"
         return result, time.perf_counter() - start

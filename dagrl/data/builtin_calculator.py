@@ -57,8 +57,10 @@ def sample_problems(split: str, num_rows: int, seed: int) -> list[tuple[int, int
     return out
 
 
-def generate_rows(split: str, num_rows: int, seed: int) -> list[dict]:
-    """Rows in the verl/siiRL parquet layout; the reward reads the answer after the last tool call."""
+def generate_rows(split: str, num_rows: int, seed: int, teacher_prompts: bool = True) -> list[dict]:
+    """Rows in the verl/siiRL parquet layout; the reward reads the answer after the last tool call.
+    ``teacher_prompts``: each row carries OPSD's privileged prompt (the question with its answer),
+    as the arith task's rows do (dagrl/data/builtin_tasks.py: one signature for every task)."""
     rows = []
     for index, (a, b) in enumerate(sample_problems(split, num_rows, seed)):
         question, answer = f"{a}+{b}=", str(a + b)
@@ -71,4 +73,7 @@ def generate_rows(split: str, num_rows: int, seed: int) -> list[dict]:
                 "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
             }
         )
+        if teacher_prompts:
+            privileged = f"{question}? The answer is {answer}. {question}"
+            rows[-1]["teacher_prompt"] = [{"role": "user", "content": privileged}]
     return rows

@@ -4,7 +4,7 @@ A module named in `external_plugins` registers a function `row -> row`; every tr
 validation row (parquet files and the built-in task alike) passes through the registered
 functions in registration order, and the result is validated like any row (docs/data.md). E.g.
 an OPSD plugin adds a `teacher_prompt` built from the row's reference solution
-(examples/opsd/opsd_plugin.py):
+(dagrl/plugins/opsd_reference_prompt.py):
 
     from dagrl.data.transforms import register_row_transform
 

@@ -76,7 +76,9 @@ class GKDObjective:
         if self.full_vocab:
             # entropy would cost another pass over [tokens, V]: the divergence is the metric; the
             # sampled tokens' log-probs only for the SFT term
-            full = FullVocabRequest(HIDDEN_KEY, teacher_model_path(cfg) or "", g.beta, g.temperature)
+            # a `self` teacher of the default run has no path of its own: the shipped tiny student's
+            teacher = os.path.expanduser(teacher_model_path(cfg) or _student_path(cfg))
+            full = FullVocabRequest(HIDDEN_KEY, teacher, g.beta, g.temperature)
             self.request = TokenRequest(logprobs=bool(self.sft_alpha), full_vocab=full)
             return
         # the sampled tokens' log-probs only for the SFT term; entropy is a cheap metric

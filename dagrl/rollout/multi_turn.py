@@ -30,7 +30,7 @@ def load_tools(path: str | None) -> dict[str, Tool]:
     if path is None:
         return {}
     key = f"{MT}.tool_config_path"
-    path = _shipped(path)
+    path = tool_config_file(path)
     try:
         with open(path) as f:
             doc = yaml.safe_load(f) or {}
@@ -54,11 +54,12 @@ def load_tools(path: str | None) -> dict[str, Tool]:
     return tools
 
 
-def _shipped(path: str) -> str:
+def tool_config_file(path: str) -> str:
     """A relative path missing from the working directory is looked up in the dagrl package, so
-    the presets' `conf/tools/*.yaml` work from anywhere."""
+    the presets' `conf/tools/*.yaml` work from anywhere; absolute when found."""
+    path = os.path.expanduser(path)
     if os.path.isabs(path) or os.path.exists(path):
-        return path
+        return os.path.abspath(path)
     shipped = Path(__file__).resolve().parents[1] / path  # dagrl/conf/tools/*.yaml
     return str(shipped) if shipped.exists() else path
 

@@ -160,7 +160,7 @@ def run_job(cfg: DagrlConfig, prepared) -> dict[str, float]:
     from dagrl.config.roles import Role
     from dagrl.config.validate import data_files
     from dagrl.core.scheduler import Scheduler
-    from dagrl.data.builtin import generate_rows
+    from dagrl.data.builtin_tasks import builtin_rows
     from dagrl.data.parquet import PromptDataset, read_rows
     from dagrl.trainer.setup import launch, rewarder_for
 
@@ -173,7 +173,7 @@ def run_job(cfg: DagrlConfig, prepared) -> dict[str, float]:
         filter_overlong=d.filter_overlong_prompts,
     )
     if d.train_files is None:
-        raw = generate_rows("train", d.builtin_train_rows, d.seed)
+        raw = builtin_rows(d.builtin_task, "train", d.builtin_train_rows, d.seed, teacher_prompts=True)
         dataset = PromptDataset.from_rows(raw, tokenizer, source="built-in task (train)", **common)
     else:
         raw = read_rows(data_files(d.train_files), prompt_key=d.prompt_key)

@@ -11,6 +11,7 @@ from dagrl.backends.handles import train_role
 from dagrl.backends.update_loop import NONFINITE_GRADS, NONFINITE_LOSSES
 from dagrl.config.roles import Role
 from dagrl.core.batch import Batch, left_pad, right_pad
+from dagrl.core.failures import phase
 from dagrl.errors import NonFiniteError
 from dagrl.rewards.composer import NONFINITE_REWARDS
 from dagrl.trainer import checkpoint, interrupt
@@ -87,7 +88,8 @@ class Trainer:
         )
         last: dict[str, float] = {}
         if t.val_before_train and self.step == 0 and self.val_dataset is not None:
-            last = self.validate()
+            with phase("validation"):
+                last = self.validate()
             self.metrics.write(0, last)
         bar = tqdm(
             total=self.total_steps, initial=self.step, disable=not t.progress_bar, desc="train", leave=False
@@ -95,19 +97,22 @@ class Trainer:
         while self.step < self.total_steps:
             interrupt.stop_if_requested(self)  # Ctrl-C / SIGTERM: stop here, between steps, saved
             self.step += 1
-            if self.ahead is None:
-                _, metrics = self.scheduler.run(self.next_batch(self.step), step=self.step)
-            else:
-                metrics = self.overlapped_step()
+            with phase(f"step {self.step}"):  # an error of any phase: one line naming it (failures.py)
+                if self.ahead is None:
+                    _, metrics = self.scheduler.run(self.next_batch(self.step), step=self.step)
+                else:
+                    metrics = self.overlapped_step()
             metrics["train/epoch"] = float(self.loader.epoch)
             for pool in {id(h.pool): h.pool for h in self.runtime.roles.values()}.values():
                 metrics.update(pool.memory_report())  # memory/to_<role>/...: flat from step 2 on
             self.count_skipped(metrics)  # before any save: a run of no-ops stops, unsaved
             is_last = self.step == self.total_steps
             if self.val_dataset is not None and t.test_freq > 0 and (self.step % t.test_freq == 0 or is_last):
-                metrics.update(self.validate())
+                with phase(f"validation after step {self.step}"):
+                    metrics.update(self.validate())
             if t.save_freq > 0 and (self.step % t.save_freq == 0 or is_last):
-                self.save()
+                with phase(f"saving step {self.step}", self.ckpt_root):
+                    self.save()
             bar.update(1)
             bar.clear()
             self.metrics.write(self.step, metrics)

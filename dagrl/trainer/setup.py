@@ -28,7 +28,7 @@ from dagrl.config.validate import (
 )
 from dagrl.config.validate_multi_turn import check_turn_rewards_dag
 from dagrl.core.dag import Dag, build_dag, check_node_rules, load_dag_specs, prune_disabled
-from dagrl.core.plugins import load_plugins
+from dagrl.core.plugins import absolute_plugin_paths, load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
 from dagrl.rewards import RewardComposer, RewardTerm
 from dagrl.trainer.capacity import check_dataset_size, device_memory_gib, plan_device_memory
@@ -50,6 +50,7 @@ class Prepared:
 
 
 def prepare(cfg: DagrlConfig) -> Prepared:
+    absolute_paths(cfg)
     load_plugins(list(cfg.external_plugins))
     resolve_defaults(cfg)
     check_models(cfg)
@@ -80,6 +81,17 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     warnings = (warning,) if warning else ()
     val_dags = validation_dags(set(plan.roles), validation_dag_name(cfg))
     return Prepared(cfg, device, plan, dag, model_path, val_dags, warnings, memory)
+
+
+def absolute_paths(cfg: DagrlConfig) -> None:
+    """Files the workers read (plugins, the tool config) named as the driver finds them: a worker's
+    working directory is not the driver's."""
+    cfg.external_plugins = absolute_plugin_paths(list(cfg.external_plugins))
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.tool_config_path is not None:
+        from dagrl.rollout.multi_turn import tool_config_file
+
+        mt.tool_config_path = tool_config_file(mt.tool_config_path)
 
 
 def check_models(cfg: DagrlConfig) -> None:
@@ -186,26 +198,16 @@ def load_data(cfg: DagrlConfig, model_path: str):
         response_key=d.response_key,
     )
     if d.train_files is None:
-        from dagrl.data import builtin, builtin_calculator
-
-        generate_rows = (
-            builtin_calculator if d.builtin_task.value == "calculator" else builtin
-        ).generate_rows
+        from dagrl.data.builtin_tasks import builtin_rows
 
         privileged = cfg.algorithm.name == "opsd"  # under gkd, rows with one would be OPSD
-
-        train = PromptDataset.from_rows(
-            generate_rows("train", d.builtin_train_rows, d.seed, privileged),
-            tokenizer,
-            source="built-in task (train)",
-            **common,
-        )
+        rows = {
+            s: builtin_rows(d.builtin_task, s, n, d.seed, privileged)
+            for s, n in (("train", d.builtin_train_rows), ("test", d.builtin_val_rows))
+        }
+        train = PromptDataset.from_rows(rows["train"], tokenizer, source="built-in task (train)", **common)
         val = PromptDataset.from_rows(
-            generate_rows("test", d.builtin_val_rows, d.seed, privileged),
-            tokenizer,
-            source="built-in task (test)",
-            key="data.val_files",
-            **common,
+            rows["test"], tokenizer, source="built-in task (test)", key="data.val_files", **common
         )
     else:
         train = PromptDataset(data_files(d.train_files), tokenizer, **common)

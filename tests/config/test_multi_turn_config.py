@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dagrl.config.compat import translate
@@ -87,7 +89,7 @@ def test_distillation_dags_give_the_teacher_the_whole_episode(algorithm, topk):
     assert "response_attention_mask" in dag.node("actor_update").inputs
 
 
-def test_python_math_preset_plans_a_vllm_run_on_gsm8k(tmp_path, monkeypatch):
+def test_python_math_preset_plans_a_vllm_run_on_gsm8k(tmp_path, monkeypatch, isolated_plugins):
     """experiment=multi_turn/python_math on gsm8k parquet written by examples/data_preprocess/
     gsm8k.py (the fixture rows, repeated to fill the batch of 64) and a Qwen3-1.7B-shape
     model directory (config only): it composes, its rules pass, and the dry run plans vLLM on one
@@ -117,10 +119,8 @@ def test_python_math_preset_plans_a_vllm_run_on_gsm8k(tmp_path, monkeypatch):
         tie_word_embeddings=True,
     ).save_pretrained(model)
 
-    from dagrl.data import transforms
-
-    # the preset's plugin registers a row transform: it must not reach other tests' datasets
-    monkeypatch.setattr(transforms, "_TRANSFORMS", list(transforms._TRANSFORMS))
+    # the preset's plugin registers a row transform: isolated_plugins keeps it from other tests' datasets
+    monkeypatch.chdir(tmp_path)  # the preset names its plugin and tools by module and package file
     prepared = prepare(
         compose_config(
             "experiment=multi_turn/python_math",
@@ -133,10 +133,15 @@ def test_python_math_preset_plans_a_vllm_run_on_gsm8k(tmp_path, monkeypatch):
     cfg, plan = prepared.cfg, prepared.plan
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     assert cfg.actor_rollout_ref.rollout.name == "vllm" and plan.device == "cuda" and plan.total_slots == 1
-    assert (mt.enable, mt.format, mt.tool_config_path) == (True, "hermes", "conf/tools/python.yaml")
+    assert (mt.enable, mt.format) == (True, "hermes")
+    assert mt.tool_config_path == str(
+        Path(__file__).resolve().parents[2] / "dagrl" / "conf" / "tools" / "python.yaml"
+    )  # the package's
     assert cfg.data.train_batch_size == 64 and prepared.dag.name == "grpo_multi_turn"
     text = format_plan(plan)
     assert "vllm" in text and "GiB/device" in text
     row = {"prompt": [{"role": "user", "content": "2+2?"}]}  # the plugin's system message first
+    from dagrl.data import transforms
+
     (shown,) = transforms.apply_row_transforms([row])
     assert shown["prompt"][0]["role"] == "system" and '"python"' in shown["prompt"][0]["content"]

@@ -18,6 +18,7 @@ from dagrl.backends import build_role_backend
 from dagrl.config.placement import make_plan
 from dagrl.core.batch import Batch
 from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled
+from dagrl.core.failures import RunFailure
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.core.pools import RoleHandle, WorkerPool, allocate
 from dagrl.core.residency import Keep, WorkerStore, plan_residency
@@ -198,7 +199,8 @@ def test_driver_reader_fetches_and_a_failed_step_frees(tmp_path, hid_pool):
         """,
     )
     try:
-        with pytest.raises(RuntimeError, match="failed on purpose"):
+        # one line naming the node (dagrl/core/failures.py), the error it carries
+        with pytest.raises(RunFailure, match="DAG node boom .*RuntimeError: restest node failed on purpose"):
             failing.run(prompts_batch(), step=2)
     finally:
         failing.close()

@@ -178,11 +178,15 @@ def test_node_error_propagates(tmp_path):
             inputs: [prompts]
     """,
     )
+    from dagrl.core.failures import RunFailure
+
     try:
-        with pytest.raises(ValueError, match="failed on purpose"):
+        with pytest.raises(RunFailure, match="ValueError: schedtest node failed on purpose") as raised:
             scheduler.run(data_batch(), step=1)
     finally:
         scheduler.close()
+    assert raised.value.where == "DAG node boom (kind schedtest_fail, on the driver)"
+    assert isinstance(raised.value.__cause__, ValueError)  # the traceback main logs
 
 
 def test_undeclared_output_asserts(tmp_path):

@@ -29,8 +29,11 @@ def test_default_gkd_run_learns(ray_local, tmp_path):
 
 
 def test_gkd_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
-    """4 steps == 2 steps + resume + 2 steps, teacher role included."""
-    rows = resume_matches(tmp_path, "algorithm=gkd")
+    """4 steps == 2 steps + resume + 2 steps, teacher role included; the teacher named by its path
+    (`teacher.model=<path>`, the shipped teacher that algorithm=gkd picks when none is given)."""
+    from dagrl.data.builtin import tiny_teacher_path
+
+    rows = resume_matches(tmp_path, "algorithm=gkd", f"teacher.model={tiny_teacher_path()}")
     assert all(r["distill/divergence"] > 0 for r in rows)
 
 

@@ -7,16 +7,15 @@ import glob
 import json
 import os
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import main_in_process
 
-REPO = Path(__file__).resolve().parents[2]
-
+# docs/compat.md's TRL reward and its command, `python -m dagrl.main 'external_plugins=[my_rewards.py]'
+# 'reward.functions=[{name: exact_answer}]'`, run where the reader saved the file (a relative path)
 TRL_REWARD = """
-def sum_is_right(completions, prompts, ground_truth, **kwargs):
+def exact_answer(completions, prompts, ground_truth, **kwargs):
     assert len(prompts) == len(completions) and "+" in prompts[0]
     return [float(c.strip() == g) for c, g in zip(completions, ground_truth)]
 """
@@ -26,8 +25,7 @@ def test_two_steps_with_wandb_offline_and_a_trl_reward(tmp_path, monkeypatch, ca
     """The command line's `main(argv)` in this process on the session's Ray (a fresh interpreter
     and a Ray of its own cost ~25 s a run on 2 cores; what the command prints is the same)."""
     pytest.importorskip("wandb")
-    plugin = tmp_path / "trl_reward.py"
-    plugin.write_text(textwrap.dedent(TRL_REWARD))
+    (tmp_path / "my_rewards.py").write_text(textwrap.dedent(TRL_REWARD))
     out = tmp_path / "run"
     argv = [
         "data.train_batch_size=4",
@@ -38,13 +36,13 @@ def test_two_steps_with_wandb_offline_and_a_trl_reward(tmp_path, monkeypatch, ca
         "trainer.test_freq=-1",
         "trainer.progress_bar=false",
         "trainer.logger=[console,wandb]",
-        f"external_plugins=[{plugin}]",
-        "reward.functions=[{name: sum_is_right}]",
+        "external_plugins=[my_rewards.py]",  # relative: the workers import it too
+        "reward.functions=[{name: exact_answer}]",
         f"trainer.default_local_dir={out}",
     ]
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.chdir(REPO)
+    monkeypatch.chdir(tmp_path)  # outside the checkout
     for _ in range(2):  # the same command twice
         code, printed = main_in_process(capsys, *argv)
         assert code == 0, printed[-3000:]

@@ -219,3 +219,20 @@ def test_off_policy_needs_a_response_column_and_names_it(tmp_path):
         validate(opsd_config(*data, f"{G}.lmbda=0.5"))
     assert err.value.key == f"{G}.lmbda" and "'response'" in str(err.value)
     validate(opsd_config(*data, f"{G}.lmbda=0.5", "data.response_key=extra_info.answer"))  # the fix
+
+
+def test_self_teacher_reads_the_students_output_layer():
+    """`teacher.model=self` (full vocabulary): the update recomputes the teacher's logits with the
+    output layer of the student's initial checkpoint; it was handed an empty path."""
+    from dagrl.backends.hf_model import load_causal_lm, resolve_model_path
+    from dagrl.backends.torch.distill import load_output_layer, output_layer
+
+    cfg = opsd_config("teacher.model=self")
+    resolve_defaults(cfg)
+    validate(cfg)
+    path = build_objective(cfg).request.full_vocab.teacher_model
+    student = resolve_model_path(cfg.actor_rollout_ref.model.path)
+    assert path == student
+    weight, bias = load_output_layer(path)
+    expected, _ = output_layer(load_causal_lm(student, "float32", torch.device("cpu")))
+    assert torch.equal(weight, expected.detach()) and bias is None

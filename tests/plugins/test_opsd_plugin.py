@@ -3,8 +3,6 @@ privileged teacher prompt, and its preset feeds them to the standalone teacher's
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from dagrl.backends.hf_model import load_tokenizer, resolve_model_path
@@ -17,16 +15,12 @@ from dagrl.trainer.loop import collate
 from dagrl.trainer.setup import prepare
 from tests.conftest import compose_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLUGIN = os.path.join(ROOT, "examples/opsd/opsd_plugin.py")
+PLUGIN = "dagrl.plugins.opsd_reference_prompt"
 
 
 @pytest.fixture
-def plugin():
-    before = list(transforms._TRANSFORMS)
-    load_plugins([PLUGIN])
-    yield
-    transforms._TRANSFORMS[:] = before  # the transform must not reach other tests' datasets
+def plugin(isolated_plugins):
+    load_plugins([PLUGIN])  # the transform must not reach other tests' datasets: isolated_plugins
 
 
 def test_plugin_adds_a_teacher_prompt_with_the_reference(plugin):
@@ -57,17 +51,13 @@ def test_plugin_output_is_validated_like_any_row(plugin):
         PromptDataset.from_rows(generate_rows("train", 2, 1), tok, max_prompt_length=32, source="test")
 
 
-def test_opsd_preset_feeds_teacher_prompts_to_the_standalone_teacher(monkeypatch):
-    monkeypatch.chdir(ROOT)  # the preset names the plugin and its DAG relative to the repo root
+def test_opsd_preset_feeds_teacher_prompts_to_the_standalone_teacher(monkeypatch, tmp_path, isolated_plugins):
+    monkeypatch.chdir(tmp_path)  # the preset names its plugin by module: any directory works
     # the preset's lengths are a real model's; the tiny model stands in with 64 positions
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
-    before = list(transforms._TRANSFORMS)
-    try:
-        prepared = prepare(
-            compose_config("experiment=gkd/opsd_plugin_teacher_standalone", "trainer.dry_run=true")
-        )
-    finally:
-        transforms._TRANSFORMS[:] = before
+    prepared = prepare(
+        compose_config("experiment=gkd/opsd_plugin_teacher_standalone", "trainer.dry_run=true")
+    )
     assert {"teacher_prompts", "teacher_prompt_mask"} <= set(prepared.dag.source)
     node = prepared.dag.node("teacher_logprob")
     assert "teacher_prompts" in node.inputs

@@ -1,4 +1,4 @@
-"""OPSD example plugin: every row gets a privileged `teacher_prompt` built from its reference solution.
+"""OPSD plugin: every row gets a privileged `teacher_prompt` built from its reference solution.
 
 On-policy self-distillation (OPSD): the student answers the plain prompt; the teacher (often the
 same model) reads the problem *with* a reference solution and scores the student's response token
@@ -8,10 +8,9 @@ adds one to every row that carries `extra_info.answer` (gsm8k, MATH, DeepScaleR 
 row's own messages, with the reference appended to the last user message. Rows without a
 reference keep their teacher prompt (the built-in task ships one) or get none.
 
-    python -m dagrl.main experiment=gkd/opsd_plugin_teacher_standalone \
-        external_plugins=[examples/opsd/opsd_plugin.py] ...
+    python -m dagrl.main experiment=gkd/opsd_plugin_teacher_standalone ...
 
-(the preset names this file; run from the repo root, or give its absolute path).
+(the preset names this module: `external_plugins=[dagrl.plugins.opsd_reference_prompt]`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Row transform for tool-calling runs (external_plugins): puts a system message describing the
-sandboxed `python` tool in front of every row's prompt, with its JSON schema and the Hermes call
-format the `hermes` parser reads. Used by conf/experiment/multi_turn/python_math.yaml.
+"""Row transform for tool-calling runs (`external_plugins=[dagrl.plugins.python_tool_prompt]`):
+puts a system message describing the sandboxed `python` tool in front of every row's prompt, with
+its JSON schema and the Hermes call format the `hermes` parser reads. Used by
+conf/experiment/multi_turn/python_math.yaml.
 
 dagrl renders prompts with the model's chat template once, in the data layer; a template that
 takes `tools=` (Qwen2.5, Qwen3) would render the schema itself, but the message below works with
