@@ -84,6 +84,8 @@ ELSEWHERE = {
     "python -m dagrl.main 'external_plugins=[my_rewards.py]' 'reward.functions=[{name: exact_answer}]'": (
         "tests/e2e/test_loggers_run.py::test_two_steps_with_wandb_offline_and_a_trl_reward"
     ),
+    "python -m dagrl.main actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32"
+    " actor_rollout_ref.actor.optim.lr=1e-3": "tests/e2e/test_lora_run.py::test_lora_run_takes_its_reference_from_the_base",
     "python -m dagrl.main actor_rollout_ref.model.use_remove_padding=true": (
         "tests/e2e/test_packing_run.py::test_packed_run_follows_the_padded_run"
     ),
