@@ -74,7 +74,12 @@ class AlgorithmConfig:
     """Registered objective of the actor update (dagrl/objectives, or a plugin's): choose a built-in
     with the preset `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys it relies on too."""
     adv_estimator: str = "grpo"
-    """Registered advantage estimator; grpo: each response against its prompt's group."""
+    """Registered advantage estimator: grpo (each response against its group's mean and std),
+    rloo (against the mean of the rest of its group), reinforce_plus_plus (discounted token returns
+    whitened over the batch, no group), reinforce_plus_plus_baseline (group mean removed, then
+    whitened over the batch); dagrl/algos/advantages.py."""
+    gamma: float = ranged(1.0, ge=0, le=1)
+    """Discount per policy token of reinforce_plus_plus's returns (verl's algorithm.gamma)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide group-relative advantages by the group's std (GRPO); false subtracts only the group
     mean (Dr. GRPO: the std up-weights prompts that are nearly always or never solved)."""

@@ -337,7 +337,11 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "finetune": OnlyValue((True,), "dagrl starts every run from the HF weights at the model path"),
     "logging_steps": OnlyValue((1,), "dagrl logs every step"),
     "split_dataset_ratio": OnlyValue((0, 0.0), "validation rows come from data.val_files"),
-    "advantage_estimator": OnlyValue(("grpo",), "algorithm=grpo|dr_grpo|gspo pick the estimator and loss"),
+    "advantage_estimator": OnlyValue(
+        ("grpo",),
+        "dagrl's estimators keep verl's names: algorithm.adv_estimator=grpo|rloo|reinforce_plus_plus|"
+        "reinforce_plus_plus_baseline (presets algorithm=rloo|reinforce_plus_plus)",
+    ),
     "importance_sampling_level": OnlyValue(("token",), "sequence-level ratios are algorithm=gspo"),
     "overlong_filter": OnlyValue((False,), "truncated responses are trained on like any other"),
     "tuner_type": OnlyValue(("full",), "dagrl trains all weights (no LoRA yet)"),
