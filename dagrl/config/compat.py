@@ -136,7 +136,8 @@ _CPU_OPTIMIZER = (
     "overlap_cpu_optimizer_d2h_h2d",
     "use_precision_aware_optimizer",
 )
-_NO_CRITIC = "dagrl has no critic (its algorithms, GRPO, Dr. GRPO, GSPO and GKD, need none); remove the key"
+_NO_CRITIC = "dagrl has no critic (its algorithms, GRPO, Dr. GRPO, GSPO, DAPO, RLOO, REINFORCE and GKD, need none); remove the key"
+_ESTIMATORS = "grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline (presets of the first three)"
 _PROFILER = "dagrl has no built-in profiler hooks; per-node seconds are the timing_s/<node> metrics"
 
 TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
@@ -248,6 +249,8 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "sequence-classification model on role rm); rule rewards are reward.functions"
     ),
     # ---- verl: reward model as a role (reward.model.*, dagrl/backends/reward_model.py)
+    "reward_model.overlong_buffer": Alias("reward.overlong_buffer"),  # DAPO's recipe
+    "reward_model.reward_kwargs.overlong_buffer_cfg": Alias("reward.overlong_buffer"),  # verl >= 0.5
     "reward_model.enable": Alias("reward.model.enable"),
     "reward_model.model.path": Alias("reward.model.path"),
     "reward_model.micro_batch_size_per_gpu": Alias("reward.model.micro_batch_size_per_gpu"),
@@ -337,11 +340,7 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "finetune": OnlyValue((True,), "dagrl starts every run from the HF weights at the model path"),
     "logging_steps": OnlyValue((1,), "dagrl logs every step"),
     "split_dataset_ratio": OnlyValue((0, 0.0), "validation rows come from data.val_files"),
-    "advantage_estimator": OnlyValue(
-        ("grpo",),
-        "dagrl's estimators keep verl's names: algorithm.adv_estimator=grpo|rloo|reinforce_plus_plus|"
-        "reinforce_plus_plus_baseline (presets algorithm=rloo|reinforce_plus_plus)",
-    ),
+    "advantage_estimator": OnlyValue(("grpo",), f"verl's names: algorithm.adv_estimator={_ESTIMATORS}"),
     "importance_sampling_level": OnlyValue(("token",), "sequence-level ratios are algorithm=gspo"),
     "overlong_filter": OnlyValue((False,), "truncated responses are trained on like any other"),
     "tuner_type": OnlyValue(("full",), "dagrl trains all weights (no LoRA yet)"),

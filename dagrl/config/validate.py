@@ -18,6 +18,7 @@ from dagrl.config.schema import (
     TeacherPlacement,
     parse_resume_mode,
 )
+from dagrl.config.validate_dapo import check_dapo
 from dagrl.config.validate_multi_turn import check_multi_turn
 from dagrl.config.validate_rollout import (
     check_engine_keys,
@@ -58,6 +59,9 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
 
         # ms-swift's groups say how many GPUs a node has: no need to repeat it as n_gpus_per_node
         cfg.trainer.n_gpus_per_node = declared_nproc(cfg.placement.device_groups) or 1
+    overlong = cfg.reward.overlong_buffer
+    if overlong.len is None:  # DAPO's 4096 of 20480 tokens
+        overlong.len = max(1, cfg.data.max_response_length // 5)
     uses_teacher = cfg.algorithm.name in ("gkd", "opsd") or cfg.algorithm.distill_reward.coef
     if uses_teacher and cfg.actor_rollout_ref.model.path is None and cfg.teacher.model is None:
         from dagrl.data.builtin import tiny_teacher_path
@@ -74,6 +78,7 @@ def validate(cfg: DagrlConfig) -> None:
     _check_actor(cfg)
     _check_rollout(cfg)
     OBJECTIVES.get(cfg.algorithm.name).validate(cfg)  # the chosen objective's own rules
+    check_dapo(cfg)  # dynamic sampling and the overlong penalty
     _check_trainer(cfg)
     _check_teacher(cfg)
     _backend_rules(cfg, role_spec(cfg, Role.train))  # the train backend's own rules (megatron's splits)

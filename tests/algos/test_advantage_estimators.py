@@ -73,3 +73,18 @@ def test_group_estimators_refuse_one_sample(estimator):
     with pytest.raises(ConfigError, match=r"actor_rollout_ref\.rollout\.n.*reinforce_plus_plus"):
         lookup(estimator).validate(cfg)
     lookup("reinforce_plus_plus").validate(cfg)  # no group needed
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_reinforce_plus_plus_plans_without_groups(n):
+    # its advantage node reads no group_ids (the DAG passes them: optional), KL in the reward
+    # makes the reference's and the old log-probs required
+    from dagrl.trainer.setup import prepare
+    from tests.conftest import compose_config
+
+    cfg = compose_config(
+        "algorithm=reinforce_plus_plus", f"actor_rollout_ref.rollout.n={n}", "trainer.dry_run=true"
+    )
+    node = prepare(cfg).dag.node("advantage")
+    assert {"old_logprobs", "ref_logprobs"} <= set(node.required_inputs)
+    assert "group_ids" not in node.required_inputs

@@ -30,8 +30,9 @@ def test_every_preset_and_estimator_is_registered():
     from dagrl.registry import ESTIMATORS, OBJECTIVES
 
     presets = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "algorithm")) if f.endswith(".yaml"))
-    assert presets == ["dr_grpo", "gkd", "grpo", "gspo", "opsd", "reinforce_plus_plus", "rloo", "sft"]
-    assert OBJECTIVES.names() == ["dr_grpo", "gkd", "grpo", "gspo", "opsd", "sft"]
+    expected = ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "reinforce_plus_plus", "rloo", "sft"]
+    assert presets == expected
+    assert OBJECTIVES.names() == ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "sft"]
     for preset in presets:  # each preset names a registered objective and estimator
         cfg = compose_config(f"algorithm={preset}")
         assert objective_entry(cfg.algorithm.name).build is not None
