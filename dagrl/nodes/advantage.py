@@ -3,7 +3,8 @@ the estimator of `algorithm.adv_estimator`, plus, with algorithm.distill_reward.
 per-token reverse KL to a teacher as an advantage term (dagrl/algos/distillation.py
 ``reverse_kl_advantages``: on-policy distillation as a reward), and, with
 actor_rollout_ref.rollout.multi_turn.turn_reward_mode=turn, the environment's per-turn rewards as
-a reward-to-go term (``compute_turn_advantages``) × multi_turn.env_reward_weight. With
+a reward-to-go term (``compute_turn_advantages``) × multi_turn.env_reward_weight, or, for an
+estimator of discounted token returns (reinforce_plus_plus), inside its token rewards. With
 reward.overlong_buffer.enable, DAPO's overlong penalty joins the scores first (training only:
 validation reports the task reward)."""
 
@@ -112,6 +113,12 @@ class AdvantageNode:
             )
             rewards = rewards - self.algo.kl_ctrl.kl_coef * kl * mask
             metrics["critic/kl_in_reward"] = float(masked_mean(kl, mask))
+        turn_credit_beside = self.turn_weight is not None and not self.estimator.token_level
+        if self.turn_weight is not None and self.estimator.token_level:
+            # inside the estimator's returns: a turn's reward reaches its tokens and, discounted by
+            # algorithm.gamma, every earlier turn's
+            placed = place_turn_rewards(batch["turn_rewards"], batch["turn_ids"], mask)
+            rewards = rewards + self.turn_weight * placed
         advantages = self.estimator.estimate(rewards, batch, self.algo)
         if self.algo.distill_reward.coef:
             student, teacher = batch[self.student_key], batch["teacher_logprobs"]
@@ -119,7 +126,7 @@ class AdvantageNode:
                 student, teacher, mask, self.algo.distill_reward.coef
             )
             metrics["distill/reverse_kl"] = float(masked_mean(student - teacher, mask))
-        if self.turn_weight is not None:  # the environment's rewards, turn by turn (not in `scores`)
+        if turn_credit_beside:  # the environment's rewards, turn by turn (not in `scores`)
             advantages, rewards = self._turn_credit(batch, mask, advantages, rewards, metrics)
         metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask))
         metrics["critic/advantages/max"] = float(advantages.max())

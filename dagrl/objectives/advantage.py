@@ -30,11 +30,18 @@ Estimate = Callable[[Tensor, Batch, AlgorithmConfig], Tensor]
 Estimator = EstimatorEntry
 
 
-def register_estimator(name: str, required_keys: tuple[str, ...], validate: Callable[[DagrlConfig], None]):
-    """Register `estimate` under `name` (the value of `algorithm.adv_estimator`)."""
+def register_estimator(
+    name: str,
+    required_keys: tuple[str, ...],
+    validate: Callable[[DagrlConfig], None],
+    token_level: bool = False,
+):
+    """Register `estimate` under `name` (the value of `algorithm.adv_estimator`). `token_level`:
+    it reads the rewards token by token (returns), so a multi-turn episode's per-turn rewards are
+    put into the token rewards for it (turn_reward_mode=turn) rather than credited beside it."""
 
     def wrap(estimate: Estimate) -> Estimate:
-        entry = EstimatorEntry(estimate, tuple(required_keys), validate)
+        entry = EstimatorEntry(estimate, tuple(required_keys), validate, token_level)
         ESTIMATORS.register(name, entry, same=lambda a, b: a.estimate is b.estimate)
         return estimate
 
@@ -79,7 +86,7 @@ def rloo_advantages(token_rewards: Tensor, batch: Batch, algo: AlgorithmConfig) 
     return compute_rloo_advantages(token_rewards.sum(1), batch["group_ids"], batch["response_mask"].float())
 
 
-@register_estimator("reinforce_plus_plus", required_keys=(), validate=_no_rules)
+@register_estimator("reinforce_plus_plus", required_keys=(), validate=_no_rules, token_level=True)
 def reinforce_plus_plus_advantages(token_rewards: Tensor, batch: Batch, algo: AlgorithmConfig) -> Tensor:
     """Discounted token returns (algorithm.gamma), whitened over the batch; no group needed."""
     return compute_reinforce_plus_plus_advantages(token_rewards, batch["response_mask"].float(), algo.gamma)
