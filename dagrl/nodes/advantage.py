@@ -100,7 +100,27 @@ class AdvantageNode:
 
     def run(self, runtime, batch):
         mask = batch["response_mask"].float()
-        scores, metrics = batch["scores"].float(), {}
+        metrics: dict[str, float] = {}
+        rewards = self._token_rewards(batch, mask, metrics)
+        advantages = self.estimator.estimate(rewards, batch, self.algo)
+        if self.algo.distill_reward.coef:
+            student, teacher = batch[self.student_key], batch["teacher_logprobs"]
+            advantages = advantages + reverse_kl_advantages(
+                student, teacher, mask, self.algo.distill_reward.coef
+            )
+            metrics["distill/reverse_kl"] = float(masked_mean(student - teacher, mask))
+        if self.turn_weight is not None and not self.estimator.token_level:
+            # the environment's rewards, turn by turn (not in `scores`), beside the estimator's
+            advantages, rewards = self._turn_credit(batch, mask, advantages, rewards, metrics)
+        metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask))
+        metrics["critic/advantages/max"] = float(advantages.max())
+        return NodeResult(Batch({"token_rewards": rewards, "advantages": advantages}), metrics)
+
+    def _token_rewards(self, batch, mask, metrics) -> torch.Tensor:
+        """[B, R] what the estimator reads: the score (with DAPO's overlong penalty) on the last
+        policy token, minus the per-token KL when it is in the reward, plus, for an estimator of
+        token returns, each turn's reward on its turn's last policy token."""
+        scores = batch["scores"].float()
         if self.overlong.enable:
             penalty = shaped_length_penalty(self.overlong, self.max_response, mask)
             scores = scores + penalty
@@ -113,24 +133,12 @@ class AdvantageNode:
             )
             rewards = rewards - self.algo.kl_ctrl.kl_coef * kl * mask
             metrics["critic/kl_in_reward"] = float(masked_mean(kl, mask))
-        turn_credit_beside = self.turn_weight is not None and not self.estimator.token_level
         if self.turn_weight is not None and self.estimator.token_level:
-            # inside the estimator's returns: a turn's reward reaches its tokens and, discounted by
+            # inside the returns: a turn's reward reaches its own tokens and, discounted by
             # algorithm.gamma, every earlier turn's
             placed = place_turn_rewards(batch["turn_rewards"], batch["turn_ids"], mask)
             rewards = rewards + self.turn_weight * placed
-        advantages = self.estimator.estimate(rewards, batch, self.algo)
-        if self.algo.distill_reward.coef:
-            student, teacher = batch[self.student_key], batch["teacher_logprobs"]
-            advantages = advantages + reverse_kl_advantages(
-                student, teacher, mask, self.algo.distill_reward.coef
-            )
-            metrics["distill/reverse_kl"] = float(masked_mean(student - teacher, mask))
-        if turn_credit_beside:  # the environment's rewards, turn by turn (not in `scores`)
-            advantages, rewards = self._turn_credit(batch, mask, advantages, rewards, metrics)
-        metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask))
-        metrics["critic/advantages/max"] = float(advantages.max())
-        return NodeResult(Batch({"token_rewards": rewards, "advantages": advantages}), metrics)
+        return rewards
 
     def _turn_credit(self, batch, mask, advantages, rewards, metrics):
         """The per-turn term × env_reward_weight added to the advantages; each turn's reward placed
