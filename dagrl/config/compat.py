@@ -240,6 +240,7 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     ),
     "data.tokenizer": Unsupported("the tokenizer is the model's own (actor_rollout_ref.model.path)"),
     "data.dataloader_num_workers": Unsupported("rows are tokenized once at start; remove the key"),
+    "data.gen_batch_size": Unsupported("each dynamic-sampling round samples data.train_batch_size prompts"),
     "data.custom_cls": Unsupported("data rows are parquet in verl's layout (docs/data.md)"),
     "trainer.critic_warmup": Unsupported(_NO_CRITIC),
     "critic": Unsupported(_NO_CRITIC),
