@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 
 from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_model_path
 from dagrl.backends.registry import check_backends
@@ -190,20 +191,19 @@ def load_data(cfg: DagrlConfig, model_path: str):
     if d.train_files is None:
         from dagrl.data import builtin, builtin_calculator
 
-        generate_rows = (
-            builtin_calculator if d.builtin_task.value == "calculator" else builtin
-        ).generate_rows
-
-        privileged = cfg.algorithm.name == "opsd"  # under gkd, rows with one would be OPSD
+        if d.builtin_task.value == "calculator":
+            generate_rows = builtin_calculator.generate_rows  # its rows have no privileged prompt
+        else:  # under gkd, rows with a privileged prompt would be OPSD: only algorithm=opsd gets them
+            generate_rows = partial(builtin.generate_rows, teacher_prompts=cfg.algorithm.name == "opsd")
 
         train = PromptDataset.from_rows(
-            generate_rows("train", d.builtin_train_rows, d.seed, privileged),
+            generate_rows("train", d.builtin_train_rows, d.seed),
             tokenizer,
             source="built-in task (train)",
             **common,
         )
         val = PromptDataset.from_rows(
-            generate_rows("test", d.builtin_val_rows, d.seed, privileged),
+            generate_rows("test", d.builtin_val_rows, d.seed),
             tokenizer,
             source="built-in task (test)",
             key="data.val_files",
