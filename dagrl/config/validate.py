@@ -113,6 +113,13 @@ def check_names(cfg: DagrlConfig) -> None:
     """The parts the config names by string are registered (built-ins register when their package
     is imported, plugins from external_plugins): a ConfigError naming the nearest otherwise."""
     OBJECTIVES.lookup(cfg.algorithm.name, "algorithm.name")
+    if cfg.algorithm.adv_estimator == "gae" and "gae" not in ESTIMATORS:  # a plugin may register it
+        raise ConfigError(
+            "algorithm.adv_estimator",
+            "gae",
+            "GAE needs a value model (a critic), which dagrl does not have yet: use grpo, rloo,"
+            " reinforce_plus_plus or reinforce_plus_plus_baseline (no critic; algorithm=rloo|reinforce_plus_plus)",
+        )
     ESTIMATORS.lookup(cfg.algorithm.adv_estimator, "algorithm.adv_estimator")
     BACKENDS.lookup(Role.train, cfg.actor_rollout_ref.actor.strategy, f"{A}.strategy")
     BACKENDS.lookup(Role.rollout, cfg.actor_rollout_ref.rollout.name, f"{R}.name")

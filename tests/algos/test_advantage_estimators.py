@@ -88,3 +88,13 @@ def test_reinforce_plus_plus_plans_without_groups(n):
     node = prepare(cfg).dag.node("advantage")
     assert {"old_logprobs", "ref_logprobs"} <= set(node.required_inputs)
     assert "group_ids" not in node.required_inputs
+
+
+def test_gae_is_refused_naming_the_missing_critic():
+    from dagrl.errors import ConfigError
+    from dagrl.trainer.setup import prepare
+    from tests.conftest import compose_config
+
+    with pytest.raises(ConfigError, match="needs a value model") as err:
+        prepare(compose_config("algorithm.adv_estimator=gae", "trainer.dry_run=true"))
+    assert err.value.key == "algorithm.adv_estimator"
