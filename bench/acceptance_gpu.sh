@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
-# The GPU runs the open acceptance items still need, one group per call (each under 10 minutes on
-# one H100; the 8B run on one H200), from the repo root with ../shared/gpu's packages in /root/site:
+# The GPU acceptance, one group per call (each under 10 minutes on one H100), from the repo root
+# with ../shared/gpu's packages in /root/site. Every group appends its rows to OUT/rows.md in the
+# columns of docs/gpu_acceptance.md; `python bench/acceptance_record.py OUT...` writes that page.
 #
 #   bash bench/acceptance_gpu.sh OUT tests_a      # multi-turn log-probs, the contract's vllm case, megatron
 #   bash bench/acceptance_gpu.sh OUT tests_b      # offload, mixed precision, engine errors, vllm, teacher, judge
+#   bash bench/acceptance_gpu.sh OUT tests_c      # LoRA on vLLM (adapter sync)
+#   bash bench/acceptance_gpu.sh OUT matrix ROW.. # bench/gpu_matrix.py rows: 0.6b-32x8x256 (20 steps, the
+#                                                 #   hand-over flatness), 0.6b-64x8x512, 1.7b-torch, 4b-torch,
+#                                                 #   4b-megatron; 8b-megatron on one H200
 #   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl defaults / fast, and fast at BEFORE (same call)
-#   bash bench/acceptance_gpu.sh OUT real 4b megatron   # Qwen3-4B shape GRPO with the defaults (H100);
-#   bash bench/acceptance_gpu.sh OUT real 4b torch      #   also 1.7b, and 8b megatron on one H200
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
 #
-# Each prints its summary lines; logs stay in OUT. BEFORE (for side) = a checkout of the code to
-# compare with (default .base, the issue's starting point).
+# Each test file runs in a pytest process of its own: no test sees what an earlier one left on the
+# card (an in-process engine keeps its pool until its process exits).
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?tests_a, tests_b, side, real, memory or throughput}
+WHAT=${2:?tests_a, tests_b, tests_c, matrix, side, memory or throughput}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
   RAY_AUTH_MODE=disabled
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+echo "$DEVICE"
 
-tests() {  # tests NAME FILES...
-    local name=$1
+tests() {  # tests NAME FILES...: one pytest process per file, one row for the group
+    local name=$1 passed=0 total=0 rc=0 file log line p f e
     shift
-    timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=0 "$@" >"$OUT/$name.log" 2>&1
-    echo "== $name rc=$?"
-    grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/$name.log" | tail -n 12
+    for file in "$@"; do
+        log="$OUT/$name.$(basename "$file" .py).log"
+        timeout "${FILE_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 "$file" >"$log" 2>&1
+        local code=$?
+        [ $code -ne 0 ] && [ $code -ne 5 ] && rc=$code  # 5: nothing collected
+        line=$(grep -E "[0-9]+ (passed|failed|error)" "$log" | tail -n 1)
+        p=$(echo "$line" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+"); f=$(echo "$line" | grep -oE "[0-9]+ failed" | grep -oE "[0-9]+")
+        e=$(echo "$line" | grep -oE "[0-9]+ error" | grep -oE "[0-9]+")
+        passed=$((passed + ${p:-0})); total=$((total + ${p:-0} + ${f:-0} + ${e:-0}))
+        echo "== $file rc=$code: ${line:-no summary}"
+        grep -E "^(FAILED|ERROR)" "$log" | cut -c1-300
+        python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+    done
+    echo "| $name | $DEVICE | $rc | $passed/$total | | | |" >>"$OUT/rows.md"
 }
 
 case $WHAT in
@@ -40,12 +55,16 @@ tests_b)
         tests/reliability/test_engine_errors_gpu.py tests/backends/vllm/test_vllm_gpu.py \
         tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py
     ;;
+tests_c)
+    tests tests_c tests/backends/vllm/test_lora_gpu.py
+    ;;
+matrix)
+    shift 2
+    ROW_TIMEOUT=${ROW_TIMEOUT:-420} python3 bench/gpu_matrix.py "$OUT" "$@" 2>&1 | grep -E "^ROW|rror" | cut -c1-2000
+    ;;
 side)  # fast at BEFORE first, then now: the order on the machine is part of the comparison
     BEFORE=${BEFORE:-$(pwd)/.base} bash bench/vllm_gpu.sh side "$OUT/side" trl fast_before fast default \
         | grep -E "^==|SIDE" | cut -c1-600
-    ;;
-real)  # real SHAPE SETUP: the model is built first (a minute at 4B), then the run has the rest
-    python3 bench/real_size_gpu.py --shape "${3:?shape}" --timeout 420 "${4:?setup}" | tee -a "$OUT/real.log" | cut -c1-1500
     ;;
 memory)
     timeout 560 python3 bench/memory_plan_gpu.py --only 1.7b-megatron 0.6b-torch-teacher 0.6b-megatron-teacher \
@@ -62,3 +81,5 @@ throughput)
     ;;
 *) echo "unknown: $WHAT" ;;
 esac
+python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+nvidia-smi --query-gpu=memory.used --format=csv,noheader

@@ -38,6 +38,8 @@ MEGA = f"{A}.megatron"
 SETUPS = {
     "torch": (),  # the defaults: the plan picks recomputation, vLLM's pool, offload
     "torch-cpuopt": (f"{A}.optimizer_cpu_offload=true", f"{M}.gradient_checkpointing=true"),
+    # LoRA rank 64 on every linear layer: frozen bf16 base, fp32 adapters, adapter-only sync to vLLM
+    "torch-lora": (f"{M}.lora_rank=64", f"{M}.lora_alpha=128", f"{A}.optim.lr=1e-5"),
     "megatron": (f"{A}.strategy=megatron",),
     "megatron-cpuopt": (
         f"{A}.strategy=megatron",
@@ -131,6 +133,7 @@ def main() -> None:
     steps = [round(r["timing_s/step"], 2) for r in rows if "timing_s/step" in r]
     last = rows[-1] if rows else {}
     keys = ("timing_s/", "perf/", "rollout/device", "teacher/device", "actor/grad_norm", "actor/pg_loss")
+    keys += ("weight_sync/bytes", "weight_sync/s", "rollout_corr/logprob_abs_diff")  # LoRA: adapter vs merged
     line = {
         "setup": args.setup,
         "shape": args.shape,

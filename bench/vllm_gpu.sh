@@ -3,11 +3,13 @@
 # on a GPU machine with ../shared/gpu's parts installed in /root/site (vLLM 0.26.0) and the anchors
 # copied to .anchors/ (../shared/anchors/README.md).
 #
-#   bash bench/vllm_gpu.sh check OUT   # 1 GPU: gpu tests, the default tiny job on vLLM,
-#                                      #   bench/rollout_vs_vllm.py on the side-by-side model
-#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf] [default] [dapo] [fast_before]   # 1 GPU: the
-#                                      #   side-by-side, TRL and the chosen dagrl presets (default: trl
-#                                      #   fast lean), one command; fast_before runs `fast` from BEFORE=DIR
+#   bash bench/vllm_gpu.sh check OUT   # 1 GPU: gpu tests, the default tiny job on vLLM (and with
+#                                      #   LoRA), bench/rollout_vs_vllm.py on the side-by-side model
+#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf] [default] [dapo] [fast_before] [lora] [lora_merged]
+#                                      #   1 GPU: the side-by-side, TRL and the chosen dagrl presets (default:
+#                                      #   trl fast lean), one command; fast_before runs `fast` from BEFORE=DIR;
+#                                      #   lora / lora_merged: `fast` with LoRA (adapter / merged sync), for
+#                                      #   TRL run with the same peft_config (LORA_* below)
 #   bash bench/vllm_gpu.sh two OUT [sync] [loader] [overlap] [tp2]   # 2 GPUs: separate placement
 #                                      #   (direct weight sync; `loader`: through vLLM's load_weights),
 #                                      #   with overlap, rollout TP=2 colocated with a TP=2 megatron trainer
@@ -26,6 +28,8 @@ R=actor_rollout_ref.rollout A=actor_rollout_ref.actor
 # sleep, no offload: everything fits), the on-policy update's old log-probs from its own forward
 FAST="$R.name=vllm $R.gpu_memory_utilization=0.4 $R.free_cache_engine=false $A.offload=false \
 $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true"
+# LoRA as the TRL side-by-side takes it: LoraConfig(r=64, lora_alpha=128, target_modules="all-linear")
+LORA="$FAST actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=128"
 # the memory-lean colocated form: engine asleep (level 2) while the trainer works, trainer offloaded
 LEAN="$R.name=vllm $R.gpu_memory_utilization=0.5 $R.free_cache_engine=true $R.sleep_level=2 \
 $A.offload=true $A.recompute_old_logprobs=false $A.ppo_micro_batch_size_per_gpu=16 $R.ignore_eos=true"
@@ -68,6 +72,13 @@ check)
     step tiny_vllm 300 python3 -m dagrl.main trainer.device=cuda $R.name=vllm $R.gpu_memory_utilization=0.3 \
         trainer.default_local_dir=/tmp/tiny_vllm trainer.progress_bar=false
     grep -E "^step|val" "$OUT/tiny_vllm.log" | tail -n 8
+    # LoRA: adapters synced from memory each step (lora_sync auto = adapter on a bf16 vLLM engine)
+    step lora_gpu_tests 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/vllm/test_lora_gpu.py
+    step tiny_vllm_lora 300 python3 -m dagrl.main trainer.device=cuda $R.name=vllm $R.gpu_memory_utilization=0.3 \
+        actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32 $A.optim.lr=1e-3 \
+        actor_rollout_ref.model.dtype=bfloat16 \
+        trainer.default_local_dir=/tmp/tiny_vllm_lora trainer.progress_bar=false
+    grep -E "^step|val" "$OUT/tiny_vllm_lora.log" | tail -n 8
     step rollout_vs_vllm 400 python3 bench/rollout_vs_vllm.py --model $M --data $D/train.parquet
     ;;
 side)
@@ -84,6 +95,8 @@ side)
         fast_before) export DAGRL_ROOT=${BEFORE:?BEFORE=an older checkout}; side dagrl_fast_before $FAST; unset DAGRL_ROOT ;;
         lean) side dagrl_lean $LEAN ;;
         hf) side dagrl_hf ;;
+        lora) side dagrl_lora $LORA ;;
+        lora_merged) side dagrl_lora_merged $LORA $R.lora_sync=merged ;;
         *) echo "unknown side run $what" ;;
         esac
     done

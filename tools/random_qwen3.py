@@ -65,7 +65,13 @@ def build_random_qwen3(
         config.save_pretrained(out)
     else:
         torch.manual_seed(seed)
-        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(out)
+        # initialised on the GPU where there is one: a 4B shape takes minutes of CPU init otherwise
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.save_pretrained(out)
+        del model
+        if torch.cuda.is_available():  # the caller's later runs get the whole card back
+            torch.cuda.empty_cache()
     for name in TOKENIZER_FILES:
         shutil.copy(os.path.join(tiny_model_path(), name), os.path.join(out, name))
     return out

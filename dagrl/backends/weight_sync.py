@@ -118,6 +118,7 @@ def _join_broadcast_group(src: RoleHandle, dst: RoleHandle) -> float:
 def _copy_local(worker, src: str, dst: str) -> int:
     source = worker.activate(src)
     target = worker.backends[dst]
+    worker.settle()  # the update's cached blocks go back before the engine maps its weights
     target.begin_weight_update()  # a sleeping engine wakes its weights, not its KV cache
     nbytes = target.load_weights(source.export_weights())
     worker.release_others(dst)  # the source leaves the device ...

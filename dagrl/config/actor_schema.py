@@ -4,7 +4,7 @@ and `.ref.*`. Part of the typed schema; import the types from dagrl.config.schem
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from dagrl.algos.losses import KLEstimator, LossAggMode
 from dagrl.config.enums import LayerSpec, ModelDtype, RecomputeGranularity, RecomputeMethod
@@ -25,6 +25,18 @@ class ModelConfig:
     says which was chosen; dagrl/trainer/memory_plan.py)."""
     use_remove_padding: bool = False
     """Pack sequences without padding in the train and log-prob passes (docs/packing.md)."""
+    lora_rank: int = ranged(0, ge=0, hint="0 = train all weights; 8-64 is usual for LoRA")
+    """LoRA rank (verl's key; ms-swift's and PEFT's `lora_rank`/`r`): > 0 trains low-rank adapters
+    on `target_modules` and freezes the base in its dtype (torch backend, PEFT; docs/lora.md).
+    0 = full-parameter training."""
+    lora_alpha: float = ranged(16.0, gt=0)
+    """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_rank."""
+    target_modules: Any = "all-linear"
+    """Linear layers that get adapters: `all-linear` (every linear layer of the decoder, not the
+    output layer) or a list of module names (e.g. [q_proj, v_proj]); names are checked against the
+    model's linear layers before the run starts."""
+    lora_dropout: float = ranged(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input during the update (PEFT's lora_dropout)."""
 
 
 @dataclass
@@ -65,8 +77,10 @@ class MegatronConfig:
     """Weights dtype on the device: bfloat16, float16 or float32."""
     param_offload: bool = False
     """Keep weights in host memory while another role holds the device."""
-    grad_offload: bool = False
-    """Keep gradient buffers in host memory while another role holds the device."""
+    grad_offload: Optional[bool] = None
+    """Free the fp32 gradient buffers while another role holds the device (they are zeroed at the
+    next update's start, so nothing is copied). null (auto) = true: a colocated engine gets that
+    memory; false keeps them allocated (no re-allocation, less room for the engine)."""
     optimizer_offload: bool = False
     """Keep the optimizer state in host memory while another role holds the device."""
     optimizer_cpu_offload: Optional[bool] = None
@@ -80,10 +94,12 @@ class MegatronConfig:
     overlap_cpu_optimizer_d2h_h2d: bool = False
     """With optimizer_cpu_offload: overlap the gradient D2H / weight H2D copies with the CPU step
     (one CPU optimizer per parameter, side CUDA streams)."""
-    use_precision_aware_optimizer: bool = False
+    use_precision_aware_optimizer: Optional[bool] = None
     """Let the optimizer keep the fp32 master weights (on the CPU with optimizer_cpu_offload, so the
-    device holds none: 12 bytes per parameter less); needs use_distributed_optimizer. Without CPU
-    offload it needs TransformerEngine's FusedAdam."""
+    device holds none: 4 bytes per parameter less); needs use_distributed_optimizer. Without CPU
+    offload it needs TransformerEngine's FusedAdam. null (auto): on exactly when the CPU optimizer
+    and the distributed optimizer are (else the distributed optimizer's fp32 main params stay on
+    the device while a colocated engine runs)."""
     recompute_granularity: Optional[RecomputeGranularity] = None
     """Activation recompute: full, selective, or None (off)."""
     recompute_method: Optional[RecomputeMethod] = None

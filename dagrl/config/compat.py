@@ -20,10 +20,10 @@ Keys dagrl already has under the same name and meaning need no entry: they reach
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dagrl.config.override_text import render_key, render_value
 from dagrl.errors import ConfigError
 
 A, R, REF, M = (
@@ -32,6 +32,9 @@ A, R, REF, M = (
     "actor_rollout_ref.ref",
     "actor_rollout_ref.model",
 )
+
+
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
 
 
 @dataclass(frozen=True)
@@ -90,33 +93,6 @@ def _zero_warmup(value: object) -> str:
     if value not in (0, 0.0):
         raise ValueError("dagrl counts warm-up in steps: set actor_rollout_ref.actor.optim.lr_warmup_steps")
     return "0"
-
-
-def render_value(value: object) -> str:
-    """A parsed value written back in Hydra's override syntax (strings quoted, so `=`, `,`, `:` and
-    spaces inside them survive); the inverse of the override parser's `value()`."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        # Hydra unescapes only backslashes that precede a quote or end the string
-        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
-        return "'" + escaped.replace("'", "\\'") + "'"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(render_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{render_key(k)}:{render_value(v)}" for k, v in value.items()) + "}"
-    raise ValueError(f"cannot write a {type(value).__name__} as an override")
-
-
-def render_key(key: object) -> str:
-    text = str(key)
-    if not re.fullmatch(r"[A-Za-z_][\w\-]*", text):
-        raise ValueError(f"the mapping key {text!r} cannot be written as an override key")
-    return text
 
 
 _FSDP = (
@@ -213,8 +189,12 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     f"{M}.enable_activation_offload": Unsupported(
         f"use {M}.gradient_checkpointing (torch) or {A}.megatron.recompute_granularity"
     ),
-    f"{M}.lora_rank": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    f"{M}.lora": Unsupported("dagrl trains all weights (no LoRA yet)"),
+    f"{M}.lora": Unsupported(f"LoRA is {M}.lora_rank, lora_alpha, target_modules, lora_dropout"),
+    f"{M}.exclude_modules": Unsupported(f"list the layers that get adapters in {M}.target_modules"),
+    f"{M}.lora_adapter_path": Unsupported(
+        "LoRA runs start from fresh adapters on the base at model.path; merge a trained adapter into it first"
+    ),
+    f"{M}.layered_summon": NoEffect("dagrl's weight sync streams bounded buckets already"),
     f"{M}.external_lib": Unsupported("list the module in external_plugins"),
     f"{M}.override_config": Unsupported("model settings come from the HF config.json at the model path"),
     f"{R}.mode": Unsupported(
@@ -309,6 +289,8 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "rollout.vllm_max_model_len": Alias(f"{R}.max_model_len"),
     "teacher.vllm_tensor_parallel_size": Alias("teacher.tensor_model_parallel_size"),
     **{k: Alias(f"{A}.megatron.{k}") for k in _CPU_OPTIMIZER},  # Megatron-SWIFT's optimizer offload
+    # ms-swift / PEFT LoRA names (tuner_type is resolved in swift_keys: it depends on lora_rank)
+    **{f"{section}{k}": Alias(f"{M}.{k}") for section in ("", "train.") for k in LORA_KEYS},
     "model": Alias(f"{M}.path"),  # the student's model, as ms-swift's `model`
     "torch_dtype": Alias(f"{M}.dtype"),
     "max_length": Alias("data.max_prompt_length"),  # ms-swift Ray: the prompt is capped at max_length
@@ -344,8 +326,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "advantage_estimator": OnlyValue(("grpo",), f"verl's names: algorithm.adv_estimator={_ESTIMATORS}"),
     "importance_sampling_level": OnlyValue(("token",), "sequence-level ratios are algorithm=gspo"),
     "overlong_filter": OnlyValue((False,), "truncated responses are trained on like any other"),
-    "tuner_type": OnlyValue(("full",), "dagrl trains all weights (no LoRA yet)"),
-    "train.tuner_type": OnlyValue(("full",), "dagrl trains all weights (no LoRA yet)"),
     # ---- ms-swift: no effect on results here
     "dataset_num_proc": NoEffect("rows are tokenized once, in the driver"),
     "load_from_cache_file": NoEffect("rows are tokenized once per run; nothing is cached"),
@@ -368,10 +348,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "seq-mean-token-mean, seq-mean-token-sum-norm)"
     ),
     "min_lr": Unsupported("dagrl's learning rate is constant after warm-up: remove min_lr"),
-    "lora_rank": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    "lora_alpha": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    "train.lora_rank": Unsupported("dagrl trains all weights (no LoRA yet)"),
-    "train.lora_alpha": Unsupported("dagrl trains all weights (no LoRA yet)"),
     "generation_batch_size": Unsupported(
         "give global_batch_size and steps_per_generation (rollout prompts = their product / num_generations)"
     ),

@@ -119,3 +119,11 @@ class RolloutRSLevel(str, Enum):
     token = "token"
     sequence = "sequence"
     geometric = "geometric"
+
+
+class LoraSync(str, Enum):
+    """How a LoRA actor's weights reach the rollout engine (actor_rollout_ref.rollout.lora_sync)."""
+
+    auto = "auto"  # adapter where the engine serves LoRA (a bf16/fp16 vllm), merged otherwise (hf)
+    adapter = "adapter"  # the adapter tensors only; the engine applies them (vLLM's LoRA support)
+    merged = "merged"  # base + scale · B·A under the base's names: any engine, no LoRA kernels

@@ -17,6 +17,7 @@ from typing import Any
 from dagrl.config.schema import (
     ActorConfig,
     DagrlConfig,
+    LoraSync,
     MegatronConfig,
     RolloutConfig,
     SelfTeacher,
@@ -88,6 +89,24 @@ class SequenceLimits:
         return self.prompt + self.response
 
 
+ALL_LINEAR = "all-linear"  # PEFT's name for every linear layer but the output layer
+# engine dtypes vLLM's LoRA kernels take (vllm/lora/ops/triton_ops: fp16 / bf16 inputs only)
+LORA_SERVING_DTYPES = ("bfloat16", "bf16", "float16", "fp16")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA of the policy (actor_rollout_ref.model.lora_*), set on the train and rollout roles'
+    specs when lora_rank > 0. `sync`: what the weight sync carries, rollout.lora_sync resolved for
+    the configured engine: adapter (the adapters; the engine serves LoRA) or merged."""
+
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...] | str = ALL_LINEAR
+    dropout: float = 0.0
+    sync: LoraSync = LoraSync.merged
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """What a train backend (torch, megatron) reads besides its model: how its forward passes run
@@ -136,6 +155,7 @@ class RoleSpec:
     rollout: RolloutConfig | None = None  # a rollout engine's section: sampling, engine knobs, multi-turn
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # a standalone engine's extra arguments
     reward_model: Any = None  # role rm's section (reward.model.*: a judge's template, tokens, engine share)
+    lora: LoraSettings | None = None  # the policy's LoRA (train and rollout roles); None = full weights
 
     @property
     def builtin(self) -> bool:
@@ -177,10 +197,50 @@ def _dtype_name(dtype) -> str:
 
 def role_aliases(cfg: DagrlConfig) -> dict[str, str]:
     """Roles a DAG names that run on another role's workers under this config: a `self_current`
-    teacher is the train role's own model (no pool, no weights of its own)."""
+    teacher is the train role's own model (no pool, no weights of its own); the reference of a
+    LoRA actor colocated with it on the torch backend is the actor's base with the adapter
+    disabled (no second copy of the model)."""
+    aliases = {}
     if cfg.teacher.model == SelfTeacher.self_current.value:
-        return {Role.teacher.value: Role.train.value}
-    return {}
+        aliases[Role.teacher.value] = Role.train.value
+    if lora_reference_is_base(cfg):
+        aliases[Role.ref.value] = Role.train.value
+    return aliases
+
+
+def lora_reference_is_base(cfg: DagrlConfig) -> bool:
+    """LoRA on the torch backend with the ref role in the train role's colocate group."""
+    if policy_lora(cfg) is None or cfg.actor_rollout_ref.actor.strategy != "torch":
+        return False
+    if cfg.placement.device_groups is not None:
+        from dagrl.config.device_groups import _as_dict
+
+        raw = _as_dict(cfg.placement.device_groups)  # its shape is checked when the plan is made
+        groups = [list(g.get("workers", ())) for g in raw.values() if isinstance(g, dict)]
+    else:
+        groups = cfg.placement.colocate_groups
+    return any(Role.train in g and Role.ref in g for g in groups)
+
+
+def policy_lora(cfg: DagrlConfig) -> LoraSettings | None:
+    """The policy's LoRA settings, None when it trains all weights (lora_rank = 0)."""
+    m, r = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
+    if m.lora_rank <= 0:
+        return None
+    targets = m.target_modules
+    if isinstance(targets, str) and targets != ALL_LINEAR:
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    sync = r.lora_sync
+    if sync == LoraSync.auto:  # vLLM serves LoRA (its kernels in 16-bit); hf would run it unmerged per token
+        serves = r.name == "vllm" and rollout_dtype(cfg) in LORA_SERVING_DTYPES
+        sync = LoraSync.adapter if serves else LoraSync.merged
+    return LoraSettings(
+        rank=m.lora_rank,
+        alpha=float(m.lora_alpha),
+        target_modules=targets if isinstance(targets, str) else tuple(str(t) for t in targets),
+        dropout=float(m.lora_dropout),
+        sync=sync,
+    )
 
 
 def build_role_specs(cfg: DagrlConfig, roles: Iterable[str]) -> dict[str, RoleSpec]:
@@ -223,6 +283,7 @@ def _role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
             offload=_offload(cfg, mega),
             megatron=mega,
             train=_train_settings(cfg, trains),
+            lora=policy_lora(cfg) if trains else None,  # a separate reference is the base
         )
     if name == Role.rollout:
         r = arr.rollout
@@ -235,6 +296,7 @@ def _role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
             parallel=ParallelLayout(tp=r.tensor_model_parallel_size),
             micro_batch_size=r.micro_batch_size_per_gpu,
             rollout=r,
+            lora=policy_lora(cfg),
         )
     if name == Role.teacher:
         return _teacher_spec(cfg, actor_model)
@@ -411,4 +473,4 @@ def _offload(cfg: DagrlConfig, m: MegatronConfig | None) -> OffloadPolicy:
     if m is None:
         on = cfg.actor_rollout_ref.actor.offload is not False  # null (auto) until the plan says
         return OffloadPolicy(params=on, grads=on, optimizer=on)
-    return OffloadPolicy(m.param_offload, m.grad_offload, m.optimizer_offload)
+    return OffloadPolicy(m.param_offload, m.grad_offload is not False, m.optimizer_offload)

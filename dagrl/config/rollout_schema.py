@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dagrl.config.enums import ModelDtype, TruncateSide, TurnRewardMode
+from dagrl.config.enums import LoraSync, ModelDtype, TruncateSide, TurnRewardMode
 from dagrl.config.ranges import ranged
 
 
@@ -142,6 +142,11 @@ class RolloutConfig:
     """Separate placement: from the second sync on, send weights in the engine's own layout,
     copied straight into its parameters (the map is learnt and checked at the first sync, when
     possible: rollout TP=1); false keeps HF-named buckets through the engine's loader."""
+    lora_sync: LoraSync = LoraSync.auto
+    """With actor_rollout_ref.model.lora_rank > 0: what the weight sync sends. adapter: the
+    adapters only, served by the engine's LoRA support (vllm); merged: the base with the adapters
+    folded in, under the base's names (any engine). auto: adapter on a bf16/fp16 vllm engine (its
+    LoRA kernels take 16-bit inputs), merged otherwise (hf, an fp32 engine)."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling of validation."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)

@@ -37,6 +37,7 @@ from dagrl.config.enums import (  # noqa: F401  (re-exported: config users impor
     FilterMetric,
     LayerSpec,
     LoggerName,
+    LoraSync,
     ModelDtype,
     RecomputeGranularity,
     RecomputeMethod,

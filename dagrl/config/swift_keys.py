@@ -5,6 +5,8 @@
 `temperature` samples and, under GKD, also scales the divergence (ms-swift uses one temperature for
 both); `global_batch_size` counts completions per optimizer step, so the prompts per mini-batch are
 `global_batch_size / rollout.n` and a step samples `steps_per_generation` mini-batches.
+`tuner_type: lora` turns LoRA on with ms-swift's defaults (rank 8, alpha 32, dropout 0.05) where
+the LoRA keys are not given; `tuner_type: full` with a LoRA rank set is a contradiction, refused.
 
 A dagrl key given after one of these on the command line (or later in the file) wins over it.
 """
@@ -16,7 +18,11 @@ from omegaconf import DictConfig, OmegaConf
 from dagrl.errors import ConfigError
 
 A = "actor_rollout_ref.actor"
+M = "actor_rollout_ref.model"
+TUNER_KEYS = ("tuner_type", "train.tuner_type")
+SWIFT_LORA_DEFAULTS = {"lora_rank": 8, "lora_alpha": 32, "lora_dropout": 0.05}
 DEFERRED = (
+    *TUNER_KEYS,
     "offload_model",
     "offload_optimizer",
     "beta",
@@ -47,7 +53,10 @@ def apply_deferred(dcfg: DictConfig, deferred: list[tuple[int, str, object]], la
     set by the overrides from position i on (those win)."""
     given = {key: value for _, key, value in deferred}
     for position, key, value in deferred:
-        skip = later_keys(position)
+        # tuner_type fills ms-swift's LoRA defaults: a LoRA key given anywhere wins over them
+        skip = later_keys(0) if key in TUNER_KEYS else later_keys(position)
+        if key in TUNER_KEYS:
+            _check_tuner(dcfg, key, value, skip)
         for target, target_value in _targets(dcfg, key, value, given):
             if target not in skip:
                 OmegaConf.update(dcfg, target, target_value, merge=False)
@@ -56,6 +65,10 @@ def apply_deferred(dcfg: DictConfig, deferred: list[tuple[int, str, object]], la
 def _targets(dcfg: DictConfig, key: str, value: object, given: dict) -> list[tuple[str, object]]:
     megatron = _name(dcfg.actor_rollout_ref.actor.strategy) == "megatron"
     distill = _name(dcfg.algorithm.name) in ("gkd", "opsd")
+    if key in TUNER_KEYS:
+        if value == "full":
+            return []
+        return [(f"{M}.{k}", v) for k, v in SWIFT_LORA_DEFAULTS.items()]
     if key == "offload_model":
         if megatron:
             return [(f"{A}.megatron.param_offload", value), (f"{A}.megatron.grad_offload", value)]
@@ -100,6 +113,23 @@ def _batch_targets(dcfg: DictConfig, key: str, value: object, given: dict) -> li
             f" (actor_rollout_ref.rollout.n = {n})",
         )
     return [(f"{A}.ppo_mini_batch_size", value // n), ("data.train_batch_size", value // n * steps)]
+
+
+def _check_tuner(dcfg: DictConfig, key: str, value: object, given: set[str]) -> None:
+    """tuner_type is full or lora, and agrees with a LoRA rank given beside it."""
+    rank = int(dcfg.actor_rollout_ref.model.lora_rank)
+    if value not in ("full", "lora"):
+        raise ConfigError(key, value, "dagrl trains full or lora (LoRA adapters on the torch backend)")
+    if value == "full" and rank > 0:
+        raise ConfigError(
+            key,
+            value,
+            f"{M}.lora_rank = {rank} trains LoRA adapters: set tuner_type: lora, or remove lora_rank",
+        )
+    if value == "lora" and f"{M}.lora_rank" in given and rank <= 0:
+        raise ConfigError(
+            f"{M}.lora_rank", rank, "tuner_type: lora needs a rank > 0 (ms-swift's default is 8)"
+        )
 
 
 def _name(value: object) -> str:

@@ -19,6 +19,7 @@ from dagrl.config.schema import (
     parse_resume_mode,
 )
 from dagrl.config.validate_dapo import check_dapo
+from dagrl.config.validate_lora import check_lora
 from dagrl.config.validate_multi_turn import check_multi_turn
 from dagrl.config.validate_rollout import (
     check_engine_keys,
@@ -76,6 +77,7 @@ def validate(cfg: DagrlConfig) -> None:
     check_names(cfg)
     _check_data(cfg)
     _check_actor(cfg)
+    check_lora(cfg)
     _check_rollout(cfg)
     OBJECTIVES.get(cfg.algorithm.name).validate(cfg)  # the chosen objective's own rules
     check_dapo(cfg)  # dynamic sampling and the overlong penalty

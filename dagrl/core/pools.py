@@ -120,6 +120,7 @@ class WorkerPool:
         remote = ray.remote(cls)
         self.actors = []
         device = plan.device_of(group)
+        self.device = device
         cpus = 1 if group.device == "cpu" else bundles.cpus_per_slot
         for rank, slot in enumerate(group.slots):
             options = dict(scheduling_strategy=bundles.strategy(slot), num_cpus=cpus)
@@ -160,6 +161,14 @@ class WorkerPool:
             # the other ranks' copies of the same failure would print as "unhandled errors"
             os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
             raise error from None
+
+    def memory_report(self) -> dict[str, float]:
+        """Rank 0's device samples at each hand-over since the last report (Worker.settle): the
+        same points every step, so a leak shows as a climb. Empty off the GPU."""
+        if self.device != "cuda":
+            return {}
+        with self.lock:
+            return self.get(self.actors[0].memory_report.remote())
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Ask every worker to leave its process group, wait up to timeout_s for all of them

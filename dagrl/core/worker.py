@@ -10,6 +10,7 @@ weight sync in dagrl/backends/weight_sync.py). Outputs the driver asks it to kee
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
@@ -49,6 +50,8 @@ class Worker:
         self.active: str | None = None
         self.weight_group = None  # BroadcastGroup: train rank 0 and the workers of a separate rollout pool
         self.store = WorkerStore()  # outputs kept here for the rest of their run
+        self.takes_turns = False  # some role here has left the GPU for another: hand-overs settle it
+        self.memory: dict[str, float] = {}  # the device at each hand-over since the last report
         torch.set_num_threads(max(1, threads))
         from transformers.utils import logging as hf_logging
 
@@ -117,8 +120,10 @@ class Worker:
             with named_faults(role, self.rank, "setup (building its backend)"):
                 self.backends[role] = self.build(self.cfg, role, ctx)
             if hand_over and i < len(self.roles) - 1:
-                self.backends[role].offload()
+                self.takes_turns |= self.backends[role].offload() is not False
         self.active = self.roles[-1]
+        if hand_over:
+            self.settle()  # what loading left cached goes back before the first phase
 
     # ---- calls -------------------------------------------------------------------------------
     def dp_info(self, role: str) -> tuple[int, int, bool]:
@@ -172,14 +177,38 @@ class Worker:
         return self.backends[role]
 
     def release_others(self, role: str) -> None:
-        """Every role but `role` moves its state off the GPU (no-op on CPU or alone)."""
+        """Every role but `role` moves its state off the GPU (no-op on CPU or alone), then the
+        device is settled whatever they report (see `settle`)."""
         if self.device_kind != "cuda" or len(self.backends) == 1:
             return
-        # offload() returns False when the backend keeps its state resident (nothing was freed);
-        # then the cache stays too, and the next phase does not pay for fresh cudaMallocs
-        freed = [backend.offload() for other, backend in self.backends.items() if other != role]
-        if any(f is not False for f in freed):
+        for other, backend in self.backends.items():
+            if other != role:
+                self.takes_turns |= backend.offload() is not False
+        self.settle(f"to_{role}")
+
+    def settle(self, point: str | None = None) -> None:
+        """Finish a hand-over on a GPU where roles take turns: collect garbage and return torch's
+        cached blocks to the driver. An engine maps its pool through the driver (vLLM's cuMem
+        allocator), so blocks torch keeps cached for a phase that ended (activations, logits, a
+        sync's buckets) are memory the engine cannot get, whatever the backends kept; a role that
+        stays resident keeps its tensors, not its cache. Where every role stays resident (an
+        engine that never sleeps), nothing wakes, and the cache serves the next phase.
+        `point` names the device sample taken after it: allocated, reserved and in use (GiB)."""
+        if self.device_kind != "cuda":
+            return
+        if self.takes_turns:
+            gc.collect()
             torch.cuda.empty_cache()
+        if point is not None:
+            free, total = torch.cuda.mem_get_info()
+            self.memory[f"memory/{point}/allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+            self.memory[f"memory/{point}/reserved_gib"] = torch.cuda.memory_reserved() / 2**30
+            self.memory[f"memory/{point}/in_use_gib"] = (total - free) / 2**30
+
+    def memory_report(self) -> dict[str, float]:
+        """The hand-over samples since the last report (the driver asks once per step)."""
+        report, self.memory = self.memory, {}
+        return report
 
     def shutdown(self) -> None:
         for backend in self.backends.values():

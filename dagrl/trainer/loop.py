@@ -105,6 +105,8 @@ class Trainer:
             else:
                 metrics = self.overlapped_step()
             metrics["train/epoch"] = float(self.loader.epoch)
+            for pool in {id(h.pool): h.pool for h in self.runtime.roles.values()}.values():
+                metrics.update(pool.memory_report())  # memory/to_<role>/...: flat from step 2 on
             self.count_skipped(metrics)  # before any save: a run of no-ops stops, unsaved
             is_last = self.step == self.total_steps
             if self.val_dataset is not None and t.test_freq > 0 and (self.step % t.test_freq == 0 or is_last):

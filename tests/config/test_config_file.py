@@ -165,8 +165,8 @@ def test_every_key_a_file_cannot_honour_is_named_at_once(tmp_path):
     with pytest.raises(ConfigError) as info:
         parse_args(["--config", str(path)])
     text = str(info.value)
-    assert text.startswith(f"{path}: 5 setting(s) cannot be honoured")
-    for key in ("'dataset'", "'min_lr'", "'train.tuner_type'", "'train.lora_rank'", "'train.foo'"):
+    assert text.startswith(f"{path}: 3 setting(s) cannot be honoured")  # LoRA keys are dagrl's
+    for key in ("'dataset'", "'min_lr'", "'train.foo'"):
         assert key in text, key
     assert "dataset_num_proc" not in text  # no effect on results: a note, not a refusal
 

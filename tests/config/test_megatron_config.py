@@ -457,13 +457,22 @@ def estimate(model: str, *overrides: str):
 def test_memory_estimate_by_hand(model):
     params, gib = dense_params(DENSE), 2**30
     # TP 2 × PP 4, DP 1: bf16 weights 2 B + fp32 grads 4 B + fp32 master, m, v 12 B over 8 shards
-    plan = estimate(model, f"{TP}=2", f"{PP}=4")
+    plan = estimate(model, f"{TP}=2", f"{PP}=4", f"{M}.grad_offload=false")
     assert plan.memory_gib["train"] == pytest.approx(params / 8 * 18 / gib)
+    # by default the gradient buffers are freed while another role has the device
+    plan = estimate(model, f"{TP}=2", f"{PP}=4")
+    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 14 / gib)
+    assert plan.offloaded_gib["train"] == pytest.approx(params / 8 * 4 / gib)
     # TP 2 × PP 2, DP 2: the distributed optimizer halves the 12 B
-    plan = estimate(model, f"{TP}=2", f"{PP}=2")
+    plan = estimate(model, f"{TP}=2", f"{PP}=2", f"{M}.grad_offload=false")
     assert plan.memory_gib["train"] == pytest.approx(params / 4 * (2 + 4 + 6) / gib)
     plan = estimate(
-        model, f"{TP}=2", f"{PP}=2", f"{M}.use_distributed_optimizer=false", f"{M}.param_dtype=float32"
+        model,
+        f"{TP}=2",
+        f"{PP}=2",
+        f"{M}.use_distributed_optimizer=false",
+        f"{M}.param_dtype=float32",
+        f"{M}.grad_offload=false",
     )
     assert plan.memory_gib["train"] == pytest.approx(params / 4 * (4 + 4 + 8) / gib)
 
@@ -484,7 +493,7 @@ def test_offload_moves_memory_to_host_and_the_plan_says_so(model):
     plan = estimate(model, *sizes, f"{REF}.megatron.param_offload=true", f"{A}.use_kl_loss=true")
     assert plan.memory_gib["ref"] == 0
     assert plan.offloaded_gib["ref"] == pytest.approx(params / 8 * 2 / gib)
-    assert "train" not in plan.offloaded_gib
+    assert plan.offloaded_gib["train"] == pytest.approx(params / 8 * 4 / gib)  # its gradient buffers
 
 
 def test_memory_estimate_splits_experts_over_ep(tmp_path):
@@ -498,7 +507,9 @@ def test_memory_estimate_splits_experts_over_ep(tmp_path):
     dense = sum(p.numel() for _, p in named) - experts
     assert experts == 8 * 8 * 3 * 64 * 48  # layers × experts × (gate, up, down) × hidden × width
     # 8 devices, DP 8; experts over EP 8 (expert DP 1): weights + grads + (12 B / DP) each
-    plan = estimate(model, f"{EP}=8", "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=8")
+    plan = estimate(
+        model, f"{EP}=8", "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=8", f"{M}.grad_offload=false"
+    )
     expected = dense * (6 + 12 / 8) + experts / 8 * (6 + 12)
     assert plan.memory_gib["train"] == pytest.approx(expected / 2**30)
 

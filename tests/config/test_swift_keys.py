@@ -89,7 +89,7 @@ def test_engine_kwargs_given_as_json_on_the_command_line():
     [
         ("min_lr=1e-7", "constant after warm-up"),
         ("lr_warmup_fraction=0.05", "lr_warmup_steps"),
-        ("tuner_type=lora", "no LoRA"),
+        ("tuner_type=qlora", "full or lora"),
         ("dataset=AI-ModelScope/x#2000", "data.train_files"),
         ("logging_steps=5", "logs every step"),
     ],

@@ -3,7 +3,7 @@ when the rollout role uses it, before Ray starts."""
 
 from __future__ import annotations
 
-from dagrl.config.schema import DagrlConfig
+from dagrl.config.schema import DagrlConfig, LoraSync
 from dagrl.errors import ConfigError
 
 
@@ -15,4 +15,10 @@ def check_hf_rollout(cfg: DagrlConfig) -> None:
             "actor_rollout_ref.rollout.tensor_model_parallel_size",
             r.tensor_model_parallel_size,
             "the hf rollout runs one model per device; use 1 (or rollout.name=vllm)",
+        )
+    if cfg.actor_rollout_ref.model.lora_rank > 0 and r.lora_sync == LoraSync.adapter:
+        raise ConfigError(
+            "actor_rollout_ref.rollout.lora_sync",
+            "adapter",
+            "the hf rollout does not serve LoRA adapters: use merged (or auto), or rollout.name=vllm",
         )

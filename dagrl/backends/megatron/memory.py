@@ -4,8 +4,8 @@ State: dense weights split over TP×PP, expert weights over expert-TP×EP×PP, i
 gradient buffers (grad_reduce_in_fp32); Adam's m and v in fp32 plus fp32 master weights (unless
 the params are fp32), split over the data-parallel ranks by the distributed optimizer. With
 optimizer_cpu_offload a share (optimizer_offload_fraction) of that state and its step live on the
-host. param_offload / grad_offload / optimizer_offload move their part to host memory while a
-colocated role has the device; the role's own phases have everything back.
+host. param_offload / optimizer_offload move their part to host memory while a colocated role
+has the device, and grad_offload (on unless pinned false) frees the gradient buffers then; the role's own phases have everything back.
 
 Activations per token per layer (TE or sdpa layer spec, flash attention, w = bytes of
 param_dtype): the two norms' inputs and outputs 4w·h, q/k/v and their rotary copies
@@ -47,6 +47,14 @@ class MegatronLayout:
     sequence_parallel: bool = False
 
 
+def precision_aware(m) -> bool:
+    """megatron.use_precision_aware_optimizer resolved: null = on with the CPU optimizer and the
+    distributed optimizer (the fp32 masters then live in the CPU optimizer only)."""
+    if m.use_precision_aware_optimizer is not None:
+        return m.use_precision_aware_optimizer
+    return bool(m.optimizer_cpu_offload) and m.use_distributed_optimizer
+
+
 def state_bytes(
     shape: ModelShape,
     layout: MegatronLayout,
@@ -54,9 +62,12 @@ def state_bytes(
     trains: bool,
     distributed_optimizer: bool,
     optimizer_host_fraction: float = 0.0,
+    masters_on_host: bool = True,
 ) -> tuple[dict[str, float], float]:
     """(weights, grads, optimizer bytes on the device while the role runs; optimizer bytes the
-    CPU optimizer keeps on the host)."""
+    CPU optimizer keeps on the host). Without `masters_on_host` (precision-aware off) the
+    distributed optimizer keeps its fp32 main params on the device beside the CPU optimizer's
+    copy: 4 bytes per offloaded parameter more on the device."""
     dense, experts = shape.params - shape.expert_params, shape.expert_params
     local_dense = dense / (layout.tp * layout.pp)
     local_experts = experts / (layout.etp * layout.ep * layout.pp)
@@ -71,6 +82,8 @@ def state_bytes(
         local_experts /= max(1, layout.workers // (layout.etp * layout.ep * layout.pp))
     optimizer = adam * (local_dense + local_experts)
     parts["optimizer"] = optimizer * (1 - optimizer_host_fraction)
+    if optimizer_host_fraction and not masters_on_host and width != 4:
+        parts["main_params"] = 4.0 * (local_dense + local_experts) * optimizer_host_fraction
     return parts, optimizer * optimizer_host_fraction
 
 
@@ -138,7 +151,7 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     )
     fraction = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0  # on the host
     state, host = state_bytes(
-        shape, mlayout, m.param_dtype, spec.trains, m.use_distributed_optimizer, fraction
+        shape, mlayout, m.param_dtype, spec.trains, m.use_distributed_optimizer, fraction, precision_aware(m)
     )
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
     mem = RoleMemory(state, idle, host=host + parts_total(state) - parts_total(idle))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from dagrl.backends.megatron.memory import precision_aware as resolved_precision_aware
 from dagrl.backends.megatron.probes import transformer_engine_available
 from dagrl.config.schema import ActorConfig, MegatronConfig
 
@@ -36,7 +37,7 @@ def optimizer_config(actor: ActorConfig, m: MegatronConfig, dtype: torch.dtype):
             optimizer_offload_fraction=m.optimizer_offload_fraction,
             overlap_cpu_optimizer_d2h_h2d=m.overlap_cpu_optimizer_d2h_h2d,
         )
-    precision_aware = m.use_precision_aware_optimizer
+    precision_aware = resolved_precision_aware(m)
     # megatron-core 0.16.1's OptimizerConfig reads TransformerEngine's version whenever the optimizer
     # is precision-aware (TypeError without TE), only to choose store_param_remainders, which TE's
     # FusedAdam alone uses; the CPU optimizer returns right after. So without TE the config is built

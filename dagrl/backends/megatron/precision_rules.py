@@ -24,7 +24,12 @@ MEGATRON_OPTIMIZER_KNOBS = (
 
 def changed_optimizer_knobs(m: MegatronConfig) -> list[str]:
     default = MegatronConfig()
-    return [k for k in MEGATRON_OPTIMIZER_KNOBS if getattr(m, k) != getattr(default, k)]
+    # an auto knob (null) pinned off tunes nothing
+    return [
+        k
+        for k in MEGATRON_OPTIMIZER_KNOBS
+        if getattr(m, k) != getattr(default, k) and not (getattr(default, k) is None and getattr(m, k) is False)
+    ]
 
 
 def check_ref_has_no_optimizer(cfg: DagrlConfig) -> None:

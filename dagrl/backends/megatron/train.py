@@ -156,21 +156,25 @@ class MegatronTrainBackend:
         return dp_info()
 
     def offload(self) -> bool:
-        """Move what the offload policy names to CPU; the freed GiB is reported."""
-        if not any(vars(self.offload_policy).values()):
-            return False  # resident: the worker keeps the allocator's cache for the next phase
+        """Hand the device to a colocated role: what the offload policy names leaves it (weights and
+        optimizer state to host memory; the gradient buffers are freed, not copied: the next
+        update zeroes them anyway); the freed GiB is reported. False when nothing left."""
         if not self._resident:  # a second offload (another role's turn) keeps the first one's figure
             return True
+        cuda = self.ctx.device.type == "cuda"
+        grads = self.optimizer is not None and self.offload_policy.grads and cuda
+        if not (self.offload_policy.params or grads or self._offloads_optimizer()):
+            return False
         before = allocated_gib()
         if self.offload_policy.params:
             self._offload_params()
             self._move_teacher_head(torch.device("cpu"))
-        if self.optimizer is not None and self.offload_policy.grads:
-            for chunk in self.model:
-                chunk.offload_grad_buffers(synchronize=self.ctx.device.type == "cuda", empty_cache=False)
+        if grads:
+            for chunk in self.model:  # storage resized to 0; restore_grad_buffers re-allocates zeros
+                chunk.offload_grad_buffers(synchronize=True, empty_cache=False)
         if self._offloads_optimizer():
             self.optimizer.offload_to_cpu()
-        if self.ctx.device.type == "cuda":
+        if cuda:
             torch.cuda.empty_cache()
         self.offload_freed_gib = before - allocated_gib()
         self._resident = False
@@ -180,12 +184,13 @@ class MegatronTrainBackend:
         if self._resident:
             return
         self._resident = True
+        cuda = self.ctx.device.type == "cuda"
         if self.offload_policy.params:
             self._onload_params()
             self._move_teacher_head(self.ctx.device)
-        if self.optimizer is not None and self.offload_policy.grads:
+        if self.optimizer is not None and self.offload_policy.grads and cuda:
             for chunk in self.model:
-                chunk.restore_grad_buffers(synchronize=self.ctx.device.type == "cuda")
+                chunk.restore_grad_buffers(synchronize=True)
         if self._offloads_optimizer():
             self.optimizer.restore_from_cpu()
 
@@ -403,6 +408,8 @@ class MegatronTrainBackend:
         metrics.update(_padding_stats(self._step_micros).metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
             metrics["perf/peak_added_gib"] = device_memory.peak_added_gib(allocated)
+            # the update's own sample (its cache still holds its reserved peak), then the step's
+            metrics["update/device_memory_used_gib"] = device_memory.note_phase_end()
             metrics["perf/device_memory_used_gib"] = device_memory.take_peak_used_gib()
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
         return Batch(), metrics

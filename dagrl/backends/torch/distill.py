@@ -84,6 +84,8 @@ def final_hidden(
     model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
 ) -> Tensor:
     """``[B, S, H]`` hidden states after the final norm: what the output layer maps to logits."""
+    if hasattr(model, "get_base_model"):  # a PEFT model (LoRA): its adapters sit inside the HF model
+        model = model.get_base_model()
     out = model.base_model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     )

@@ -2,7 +2,9 @@
 
 State per parameter (w = bytes of the model dtype): weights w and gradients w; AdamW keeps m and v
 in fp32 (8 B) and, for bf16/fp16 weights, an fp32 master copy (4 B): 16 B per trained parameter in
-bf16, as megatron's mixed precision. With the optimizer step on the host (actor.optimizer_cpu_offload)
+bf16, as megatron's mixed precision. With LoRA (model.lora_rank > 0) the base is frozen (its
+weights only, no gradient, master or moments) and the fp32 adapters are what trains: 4 B of
+weights, 4 of gradients and 8 of Adam's moments each, no master. With the optimizer step on the host (actor.optimizer_cpu_offload)
 the device keeps weights and gradients only. `actor.offload` moves weights and optimizer state to
 host memory while a colocated role has the device; gradients stay (they live until the next
 update's zero_grad).
@@ -27,14 +29,22 @@ from dagrl.backends.memory import (
     update_workload,
 )
 from dagrl.backends.model_shape import ModelShape
+from dagrl.backends.torch.lora import adapter_params
 
 
 def state_bytes(
-    shape: ModelShape, width: int, trains: bool, optimizer_on_host: bool = False
+    shape: ModelShape, width: int, trains: bool, optimizer_on_host: bool = False, lora=None
 ) -> dict[str, float]:
-    """Weights, gradients and optimizer state on the device while the role runs."""
-    parts = {"weights": float(shape.params * width)}
+    """Weights, gradients and optimizer state on the device while the role runs; `lora` (the
+    spec's LoraSettings): a frozen base and fp32 adapters."""
+    adapters = adapter_params(shape, lora) if lora is not None else 0
+    parts = {"weights": float(shape.params * width + adapters * 4)}
     if not trains:
+        return parts
+    if lora is not None:
+        parts["grads"] = float(adapters * 4)
+        if not optimizer_on_host:
+            parts["optimizer"] = float(adapters * 8)
         return parts
     parts["grads"] = float(shape.params * width)
     if not optimizer_on_host:
@@ -43,12 +53,14 @@ def state_bytes(
     return parts
 
 
-def between_updates(state: dict[str, float], width: int, optimizer_on_host: bool) -> dict[str, float]:
+def between_updates(
+    state: dict[str, float], width: int, optimizer_on_host: bool, lora: bool = False
+) -> dict[str, float]:
     """What the role keeps outside its update: the compute-dtype gradients live only from the
     backward to the optimizer step when fp32 masters take them (bf16/fp16 weights) or the step
     runs on the host (both free them as they are read: mixed_precision.py); fp32 AdamW on the
-    weights themselves keeps them until the next update's zero_grad."""
-    if width < 4 or optimizer_on_host:
+    weights themselves keeps them until the next update's zero_grad (so do fp32 LoRA adapters)."""
+    if (width < 4 and not lora) or optimizer_on_host:
         return {k: v for k, v in state.items() if k != "grads"}
     return dict(state)
 
@@ -92,11 +104,12 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     """The torch backend's registered estimate: a role's footprint per device, per phase."""
     arr, width = cfg.actor_rollout_ref, param_width(spec.model.dtype)
     on_host = spec.trains and arr.actor.optimizer_cpu_offload  # the optimizer step on the host
-    state = state_bytes(shape, width, spec.trains, on_host)
-    kept = between_updates(state, width, on_host)
+    lora = spec.lora if spec.trains else None
+    state = state_bytes(shape, width, spec.trains, on_host, lora)
+    kept = between_updates(state, width, on_host, lora is not None)
     mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params))
-    if on_host:
-        mem.host = shape.params * 16.0  # fp32 master, its gradient, m, v
+    if on_host:  # fp32 master, its gradient, m, v of what trains
+        mem.host = (adapter_params(shape, lora) if lora is not None else shape.params) * 16.0
     elif spec.offload.params:
         mem.host = parts_total(kept) - kept.get("grads", 0.0)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():

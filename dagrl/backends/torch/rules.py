@@ -26,6 +26,26 @@ def check_torch(cfg: DagrlConfig) -> None:
             "the torch backend packs for models transformers implements itself; with"
             " trust_remote_code=true set use_remove_padding=false (or use actor.strategy=megatron)",
         )
+    if model.lora_rank > 0:
+        check_lora_targets(cfg)
+
+
+def check_lora_targets(cfg: DagrlConfig) -> None:
+    """Every LoRA target is a linear layer of the model (read from its config on the meta device)."""
+    from dagrl.backends.hf_model import resolve_model_path
+    from dagrl.backends.torch.lora import model_linear_names, unknown_targets
+    from dagrl.config.roles import policy_lora
+
+    model = cfg.actor_rollout_ref.model
+    names = model_linear_names(resolve_model_path(model.path), model.trust_remote_code)
+    unknown = unknown_targets(policy_lora(cfg).target_modules, names)
+    if unknown:
+        raise ConfigError(
+            "actor_rollout_ref.model.target_modules",
+            model.target_modules,
+            f"{unknown} are not linear layers of the model; its linear layers are {names} (or give"
+            " all-linear; the output layer takes no adapter)",
+        )
 
 
 def _check_precision(cfg: DagrlConfig) -> None:

@@ -2,7 +2,10 @@
 accumulation, DDP over gloo (CPU) or NCCL (GPU) when the pool has several workers.
 
 Used for the actor (train role) and, with forward_only=True, for the reference model and a
-colocated distillation teacher (which offloads per teacher.offload).
+colocated distillation teacher (which offloads per teacher.offload). With LoRA (the spec's
+`lora`) the model is wrapped by PEFT when it is built (lora.py): the optimizer sees the adapters
+only, weights leave merged or as adapters, checkpoints hold the adapters, and `ref_logprobs` are
+the base's (adapter disabled) when the reference runs on these workers.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dagrl.algos import entropy_from_logits, logprob_temperature, logprobs_from_
 from dagrl.backends import device_memory
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
+from dagrl.backends.torch import lora as lora_layers
 from dagrl.backends.torch.distill import (
     final_hidden,
     grid_logprobs_at,
@@ -34,7 +38,7 @@ from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, 
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import Role, RoleSpec, role_spec
-from dagrl.config.schema import DagrlConfig
+from dagrl.config.schema import DagrlConfig, LoraSync
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import micro_batches
 from dagrl.core.packing import PaddingStats, sequence_lengths
@@ -61,6 +65,9 @@ class TorchTrainBackend:
         self.path = resolve_model_path(spec.model.path)
         torch.manual_seed(spec.seed)
         self.model = load_causal_lm(self.path, spec.model.dtype, ctx.device, spec.model.trust_remote_code)
+        self.lora = spec.lora
+        if self.lora is not None:  # base frozen in its dtype, fp32 adapters: the only trained params
+            self.model = lora_layers.apply_lora(self.model, self.lora)
         self.temperature = logprob_temperature(settings.temperature)  # 0 (greedy) scores at 1
         self.packing = settings.packing
         self.padding = PaddingStats()  # token counts of this step's update, for the perf metrics
@@ -74,6 +81,8 @@ class TorchTrainBackend:
             return
         if settings.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if self.lora is not None:  # frozen embeddings: the recomputed segments need an input grad
+                self.model.enable_input_require_grads()
         self.objective = objective
         # bf16 weights compute, fp32 masters and Adam state update them (mixed_precision.py)
         update = settings.update
@@ -237,12 +246,17 @@ class TorchTrainBackend:
 
     @torch.no_grad()
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
+        """Log-probs of the responses under output_key. `ref_logprobs` are the reference's by the
+        batch's declaration: on a LoRA actor (the ref role runs here, config/roles.py:
+        role_aliases) that is the base, so the adapter is off for them."""
         self.model.eval()
         request = TokenRequest(logprobs=True)
-        out = [
-            self._token_outputs(self.model, mb, request).logprobs.cpu()
-            for mb in micro_batches(batch, self.micro, self.budget)
-        ]
+        reference = self.lora is not None and output_key == "ref_logprobs"
+        with lora_layers.base_only(self.model) if reference else contextlib.nullcontext():
+            out = [
+                self._token_outputs(self.model, mb, request).logprobs.cpu()
+                for mb in micro_batches(batch, self.micro, self.budget)
+            ]
         device_memory.note_phase_end()  # the log-prob pass's reserved peak, for the step's figure
         return Batch({output_key: torch.cat(out)}), {}
 
@@ -305,6 +319,8 @@ class TorchTrainBackend:
         metrics.update(self.padding.metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
             metrics["perf/peak_added_gib"] = device_memory.peak_added_gib(allocated)
+            # the update's own sample (its cache still holds its reserved peak), then the step's
+            metrics["update/device_memory_used_gib"] = device_memory.note_phase_end()
             metrics["perf/device_memory_used_gib"] = device_memory.take_peak_used_gib()
         return Batch(), metrics
 
@@ -333,13 +349,22 @@ class TorchTrainBackend:
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+        """HF-named buckets of the weights; with LoRA the merged weights under the base's names,
+        or (lora.sync = adapter) one bucket of the adapter tensors only."""
         limit = self.settings.weight_sync_bucket_mb * 2**20
-        return weight_buckets(self.model.state_dict().items(), limit, to_cpu)
+        if self.lora is None:
+            return weight_buckets(self.model.state_dict().items(), limit, to_cpu)
+        if self.lora.sync == LoraSync.adapter:
+            return weight_buckets(lora_layers.adapter_weights(self.model).items(), float("inf"), to_cpu)
+        return weight_buckets(lora_layers.merged_weights(self.model), limit, to_cpu)
 
     def save(self, path: str) -> None:
-        """Rank 0 writes the HF model; every rank its optimizer and RNG state."""
+        """Rank 0 writes the HF model (with LoRA: the PEFT adapter directory only, the base is
+        model.path's); every rank its optimizer and RNG state."""
         os.makedirs(path, exist_ok=True)
-        if self.ctx.rank == 0:
+        if self.ctx.rank == 0 and self.lora is not None:
+            self.model.save_pretrained(path, safe_serialization=True)
+        elif self.ctx.rank == 0:
             self.export_hf(path)
         state = {"rng": _rng_state(), "steps": self.steps}
         if self.optimizer is not None:
@@ -353,9 +378,14 @@ class TorchTrainBackend:
         state = {}
         for f in files:
             state.update(load_file(os.path.join(path, f)))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
-        assert not unexpected and set(missing) <= tied, f"checkpoint {path} mismatch: {missing} {unexpected}"
+        if self.lora is not None:  # the adapters; the frozen base is model.path's, as loaded
+            lora_layers.load_adapter_weights(self.model, state)
+        else:
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+            assert not unexpected and set(missing) <= tied, (
+                f"checkpoint {path} mismatch: {missing} {unexpected}"
+            )
         extra = torch.load(os.path.join(path, f"train_state_rank{self.ctx.rank}.pt"), weights_only=False)
         self.steps = extra["steps"]
         if self.optimizer is not None:
@@ -366,7 +396,10 @@ class TorchTrainBackend:
         if self.ctx.rank != 0:  # DDP replicas hold the same weights: one writer
             return
         os.makedirs(path, exist_ok=True)
-        self.model.save_pretrained(path, safe_serialization=True)
+        if self.lora is None:
+            self.model.save_pretrained(path, safe_serialization=True)
+        else:  # a merged HF model at path, the PEFT adapter directory under it
+            lora_layers.save_merged(self.model, path)
         load_tokenizer(self.path).save_pretrained(path)
 
 

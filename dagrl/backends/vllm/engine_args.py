@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dagrl.config.enums import LoraSync
+
 R = "actor_rollout_ref.rollout"
 
 # vLLM engine arguments that dagrl sets from its own keys: passing them again through
@@ -33,7 +35,14 @@ RESERVED_ENGINE_KWARGS: dict[str, str] = {
     "skip_tokenizer_init": "(set by dagrl: rollouts exchange token ids, never text)",
     "generation_config": "(set by dagrl: sampling comes from actor_rollout_ref.rollout.*)",
     "disable_custom_all_reduce": "(set by dagrl: each worker sees one GPU, so TP all-reduces go through NCCL)",
+    "enable_lora": "actor_rollout_ref.model.lora_rank with rollout.lora_sync=adapter",
+    "max_lora_rank": "actor_rollout_ref.model.lora_rank",
+    "max_loras": "(set by dagrl: one adapter, the policy's)",
 }
+
+# vLLM's accepted max_lora_rank values (vllm/config/lora.py: MaxLoRARanks); its LoRA kernels are
+# sized by this bound, so the smallest one at or above the rank is taken
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 _VLLM_DTYPES = {
     "float32": "float32",
@@ -83,8 +92,26 @@ def llm_kwargs(spec, model_path: str) -> dict[str, Any]:
         kwargs["max_num_batched_tokens"] = r.max_num_batched_tokens
     if r.max_num_seqs is not None:
         kwargs["max_num_seqs"] = r.max_num_seqs
+    if spec.lora is not None and spec.lora.sync == LoraSync.adapter:  # the policy's adapter, sent each sync
+        kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(spec.lora.rank))
     kwargs.update(r.engine_kwargs.vllm)
     return kwargs
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The engine's max_lora_rank for an adapter of `rank` (validate refuses ranks above 512)."""
+    return next(r for r in VLLM_LORA_RANKS if r >= rank)
+
+
+def adapter_peft_config(lora) -> dict[str, Any]:
+    """The PEFT config vLLM's PEFTHelper reads for the policy's adapter (LoraSettings)."""
+    targets = lora.target_modules
+    return {
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "target_modules": targets if isinstance(targets, str) else list(targets),
+        "bias": "none",
+    }
 
 
 def sampling_kwargs(spec, eos_ids: list[int], validate: bool) -> dict[str, Any]:

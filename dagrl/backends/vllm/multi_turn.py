@@ -27,7 +27,7 @@ MAX_TURN_SEEDS = 16  # seeds per episode; episode k, turn t uses base + 16k + t 
 class VLLMStepSampler:
     turn_synchronous = False
 
-    def __init__(self, llm, sampling_kwargs: dict[str, Any], seed_base: int):
+    def __init__(self, llm, sampling_kwargs: dict[str, Any], seed_base: int, lora_request=None):
         from vllm import SamplingParams
         from vllm.inputs import tokens_input
         from vllm.sampling_params import RequestOutputKind
@@ -39,6 +39,7 @@ class VLLMStepSampler:
         self.in_engine: dict[str, int] = {}  # request id -> episode
         self.turns: dict[int, int] = {}
         self.submitted = 0
+        self.lora_request = lora_request  # the policy's adapter (adapter sync), else None
 
     def submit(self, key: int, context: list[int], max_tokens: int) -> None:
         turn = self.turns.get(key, 0)
@@ -47,7 +48,8 @@ class VLLMStepSampler:
         params = self._params(seed=seed, max_tokens=max_tokens, **self.kwargs)
         request_id = f"episode-{key}-turn-{turn}-{self.submitted}"
         self.submitted += 1
-        self.engine.add_request(request_id, self._prompt(list(context)), params)
+        lora = {} if self.lora_request is None else {"lora_request": self.lora_request}
+        self.engine.add_request(request_id, self._prompt(list(context)), params, **lora)
         self.in_engine[request_id] = key
 
     def in_flight(self) -> int:

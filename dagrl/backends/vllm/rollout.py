@@ -9,6 +9,10 @@ Colocated with a trainer, the engine sleeps while the trainer works (`free_cache
 weight refresh wakes it in stages so old weights, new weights and the KV cache never sit on the
 GPU together (see `begin_weight_update` / `finish_weight_update`). Free GPU memory after each
 phase is reported as `memory/rollout_*_free_gib`.
+
+A LoRA policy synced as adapters (rollout.lora_sync adapter, auto's choice here) keeps the base
+the engine loaded and takes only the adapter tensors each sync: they are handed to vLLM's LoRA
+manager in memory (`lora_adapter.py`, no file written) and every request names the adapter.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from dagrl.backends.hf_model import eos_token_ids, load_generation_config, load_
 from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
 from dagrl.backends.vllm.engine import start_engine
 from dagrl.backends.vllm.engine_args import llm_kwargs, sampling_kwargs
+from dagrl.backends.vllm.lora_adapter import PolicyAdapter
 from dagrl.backends.vllm.multi_turn import VLLMStepSampler
 from dagrl.config.roles import RoleSpec
+from dagrl.config.schema import LoraSync
 from dagrl.core.batch import Batch
 from dagrl.rollout.multi_turn import MultiTurnRollout, batch_rows
 
@@ -61,6 +67,10 @@ class VLLMRolloutBackend:
         self.asleep = False
         self.synced = False  # weights loaded by a sync since the start (level 2 may drop them then)
         self.memory: dict[str, float] = {}  # phase -> free GiB, reported by the next generate
+        lora = spec.lora
+        self.adapter = (
+            PolicyAdapter(self.llm, lora) if lora is not None and lora.sync == LoraSync.adapter else None
+        )
 
     # ---- placement -----------------------------------------------------------------------------
     def dp_info(self) -> tuple[int, int, bool]:
@@ -95,7 +105,10 @@ class VLLMRolloutBackend:
 
     def engine_params(self) -> dict[str, torch.Tensor] | None:
         """vLLM's parameters, for a direct refresh (weight_layout.py); None with rollout TP > 1,
-        where a rank holds column slices that no row map describes."""
+        where a rank holds column slices that no row map describes, and with an adapter sync
+        (the adapter tensors are no parameters of the engine's module)."""
+        if self.adapter is not None:
+            return None
         return dict(self.model.named_parameters()) if self.tp == 1 else None
 
     def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]]) -> int:
@@ -103,7 +116,10 @@ class VLLMRolloutBackend:
         fuse q/k/v and gate/up and take each TP rank's slice."""
         nbytes = 0
         for bucket in buckets:
-            self.model.load_weights(bucket.items())
+            if self.adapter is not None:  # the adapter, one bucket (TorchTrainBackend.export_weights)
+                self.adapter.install(bucket)
+            else:
+                self.model.load_weights(bucket.items())
             nbytes += sum(t.numel() * t.element_size() for t in bucket.values())
         self.synced = True
         return nbytes
@@ -137,7 +153,8 @@ class VLLMRolloutBackend:
         base = request_seed_base(seed, self.ctx.rank // self.tp)
         params = [SamplingParams(seed=base + i, **kwargs) for i in range(len(prompts))]
         start = time.perf_counter()
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        lora_request = self.adapter.request if self.adapter is not None else None
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora_request)
         seconds = time.perf_counter() - start
         # the engine awake with its KV cache: the step's device_memory_used_gib includes this moment
         metrics = {"rollout/device_memory_used_gib": device_memory.note_phase_end()}
@@ -157,7 +174,8 @@ class VLLMRolloutBackend:
 
     def _episodes(self, batch: Batch, kwargs: dict, seed_base: int) -> tuple[Batch, dict]:
         """Multi-turn episodes (dagrl/rollout), each advancing on its own in the running engine."""
-        sampler = VLLMStepSampler(self.llm, kwargs, seed_base)
+        lora_request = self.adapter.request if self.adapter is not None else None
+        sampler = VLLMStepSampler(self.llm, kwargs, seed_base, lora_request)
         prompts = prompt_token_lists(batch["prompts"], batch["prompt_mask"])
         tensors, metrics = self.multi_turn.generate(sampler, prompts, batch_rows(batch, len(batch)))
         metrics.update(self.memory)

@@ -12,7 +12,7 @@ from dagrl.backends.vllm.engine_args import (
     VLLM_DEFAULT_MAX_LOGPROBS,
     teacher_max_model_len,
 )
-from dagrl.config.schema import DagrlConfig, TeacherPlacement
+from dagrl.config.schema import DagrlConfig, LoraSync, TeacherPlacement
 from dagrl.errors import ConfigError
 
 R = "actor_rollout_ref.rollout"
@@ -55,6 +55,7 @@ def check_vllm_rollout(cfg: DagrlConfig) -> None:
                 r.engine_kwargs.vllm[key],
                 f"dagrl sets this engine argument itself; use {RESERVED_ENGINE_KWARGS[key]}",
             )
+    _check_lora(cfg)
     if r.multi_turn.enable and r.tensor_model_parallel_size > 1:
         raise ConfigError(
             f"{R}.tensor_model_parallel_size",
@@ -189,4 +190,36 @@ def _check_positions(cfg: DagrlConfig, context: int) -> None:
             f"a context of {context} tokens (prompt + response, or rollout.max_model_len) exceed the model's max_position_embeddings ({positions})"
             f" that vLLM enforces: lower data.max_prompt_length / data.max_response_length, or export"
             " VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if the model's positions extrapolate (RoPE)",
+        )
+
+
+def _check_lora(cfg: DagrlConfig) -> None:
+    """An adapter sync (lora_sync adapter, or auto on a 16-bit vLLM engine) needs an engine dtype
+    and a rank vLLM's LoRA kernels take, and the base kept across sleeps: the sync never sends it
+    again."""
+    from dagrl.backends.vllm.engine_args import VLLM_LORA_RANKS
+    from dagrl.config.roles import LORA_SERVING_DTYPES, policy_lora, rollout_dtype
+
+    lora, r = policy_lora(cfg), cfg.actor_rollout_ref.rollout
+    if lora is None or lora.sync != LoraSync.adapter:
+        return
+    if rollout_dtype(cfg) not in LORA_SERVING_DTYPES:
+        raise ConfigError(
+            f"{R}.lora_sync",
+            "adapter",
+            f"vLLM's LoRA kernels take bf16/fp16 and the engine runs in {rollout_dtype(cfg)}: set"
+            f" {R}.dtype=bfloat16 (or actor_rollout_ref.model.dtype), or {R}.lora_sync=merged",
+        )
+    if lora.rank > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(
+            "actor_rollout_ref.model.lora_rank",
+            lora.rank,
+            f"vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}: lower it, or {R}.lora_sync=merged",
+        )
+    if r.free_cache_engine and r.sleep_level == 2:
+        raise ConfigError(
+            f"{R}.sleep_level",
+            2,
+            "level 2 drops the engine's base weights and an adapter sync never sends them again: use 1,"
+            f" or {R}.lora_sync=merged (the whole merged model every sync)",
         )

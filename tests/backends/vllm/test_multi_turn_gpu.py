@@ -22,7 +22,7 @@ from dagrl.backends.vllm.rollout import VLLMRolloutBackend  # noqa: E402
 from dagrl.config.roles import role_spec  # noqa: E402
 from dagrl.core.plugins import load_plugins  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
-from tests.conftest import compose_config  # noqa: E402
+from tests.conftest import validated_config  # noqa: E402
 
 DTYPE = os.environ.get("DAGRL_TEST_VLLM_DTYPE", "float32")
 # prompt 32 + response 48 is past the tiny model's 64 positions (RoPE: the trainer extrapolates the
@@ -34,7 +34,8 @@ MT = "actor_rollout_ref.rollout.multi_turn"
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = compose_config(
+    # validated: the defaults a run resolves (the learning rate among them) are set, as in a run
+    cfg = validated_config(
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.model.dtype={DTYPE}",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",

@@ -1,0 +1,54 @@
+"""LoRA's rules that need only the config (actor_rollout_ref.model.lora_*); the backends add
+theirs (torch: target names against the model's linear layers; megatron: refused; the rollout
+engines: what they can serve)."""
+
+from __future__ import annotations
+
+from dagrl.config.roles import ALL_LINEAR
+from dagrl.config.schema import DagrlConfig, LoraSync, ModelConfig
+from dagrl.errors import ConfigError
+
+M = "actor_rollout_ref.model"
+LORA_KEYS = ("lora_alpha", "target_modules", "lora_dropout")  # what a rank of 0 leaves unused
+
+
+def check_lora(cfg: DagrlConfig) -> None:
+    """target_modules is a name or a list of names; LoRA's other keys need lora_rank > 0 (set
+    without it they would do nothing)."""
+    m = cfg.actor_rollout_ref.model
+    targets = m.target_modules
+    names = [targets] if isinstance(targets, str) else targets
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(t, str) and t for t in names):
+        raise ConfigError(
+            f"{M}.target_modules",
+            targets,
+            f"give {ALL_LINEAR} or a list of module names, e.g. [q_proj,v_proj]",
+        )
+    if m.lora_rank > 0:
+        _check_train_backend(cfg)
+        return
+    defaults, r = ModelConfig(), cfg.actor_rollout_ref.rollout
+    given = {f"{M}.{k}": getattr(m, k) for k in LORA_KEYS if getattr(m, k) != getattr(defaults, k)}
+    if r.lora_sync != LoraSync.auto:
+        given["actor_rollout_ref.rollout.lora_sync"] = r.lora_sync.value
+    for key, value in given.items():
+        raise ConfigError(
+            key, value, f"LoRA is off ({M}.lora_rank = 0): set lora_rank > 0 (e.g. 8), or remove the key"
+        )
+
+
+def _check_train_backend(cfg: DagrlConfig) -> None:
+    """LoRA is built into the torch train backend; any other would train every weight instead."""
+    strategy = cfg.actor_rollout_ref.actor.strategy
+    if strategy == "torch":
+        return
+    why = (
+        "megatron's linear layers take no adapters here yet (TP-split adapters and their sync are not built)"
+        if strategy == "megatron"
+        else f"the {strategy} train backend does not apply LoRA"
+    )
+    raise ConfigError(
+        f"{M}.lora_rank",
+        cfg.actor_rollout_ref.model.lora_rank,
+        f"LoRA trains on the torch backend: {why}; use actor_rollout_ref.actor.strategy=torch",
+    )

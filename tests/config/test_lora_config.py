@@ -1,0 +1,132 @@
+"""LoRA's keys (verl's, ms-swift's, PEFT's), the specs they give, the reference that becomes the
+actor's base, and every refusal before Ray starts naming its key."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from dagrl.config.roles import build_role_specs, role_aliases
+from dagrl.config.validate import resolve_defaults, validate
+from dagrl.errors import ConfigError
+from dagrl.main import compose
+
+M, R = "actor_rollout_ref.model", "actor_rollout_ref.rollout"
+BF16 = "actor_rollout_ref.model.dtype=bfloat16"
+
+
+def typed(*overrides: str):
+    cfg = OmegaConf.to_object(compose(list(overrides)))
+    resolve_defaults(cfg)
+    return cfg
+
+
+def test_verl_keys_give_the_train_and_rollout_specs_their_lora():
+    cfg = typed(f"{M}.lora_rank=16", f"{M}.lora_alpha=32", f"{M}.target_modules=[q_proj,v_proj]")
+    validate(cfg)
+    specs = build_role_specs(cfg, ["train", "rollout", "ref"])
+    lora = specs["train"].lora
+    assert (lora.rank, lora.alpha, lora.target_modules, lora.sync) == (
+        16,
+        32.0,
+        ("q_proj", "v_proj"),
+        "merged",
+    )
+    assert specs["rollout"].lora == lora and specs["ref"].lora is None  # a separate reference is the base
+    # colocated on torch, the reference is the actor's base with the adapter off: no second model
+    assert role_aliases(cfg) == {"ref": "train"}
+    own_group = typed(f"{M}.lora_rank=16", "placement.colocate_groups=[[train,rollout]]")
+    assert role_aliases(own_group) == {}
+    vllm = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm", f"{M}.dtype=bfloat16"), ["train"])
+    assert vllm["train"].lora.sync == "adapter" and vllm["train"].lora.target_modules == "all-linear"
+    # vLLM's LoRA kernels take 16-bit inputs only: an fp32 engine gets merged weights
+    fp32 = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm"), ["train"])["train"]
+    assert fp32.lora.sync == "merged"
+
+
+@pytest.mark.parametrize(
+    "overrides,want",
+    [
+        (("tuner_type=lora",), (8, 32.0, 0.05)),  # ms-swift's defaults
+        (("lora_rank=16", "tuner_type=lora"), (16, 32.0, 0.05)),  # a given key wins, in any order
+        (("tuner_type=lora", "train.lora_alpha=64", "lora_dropout=0"), (8, 64.0, 0.0)),
+        (("tuner_type=full",), (0, 16.0, 0.0)),
+    ],
+)
+def test_ms_swift_tuner_type_and_lora_names(overrides, want):
+    m = typed(*overrides).actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha, m.lora_dropout) == want
+
+
+@pytest.mark.parametrize(
+    "overrides,key,says",
+    [
+        (("tuner_type=full", "lora_rank=4"), "tuner_type", "set tuner_type: lora"),
+        (("tuner_type=lora", "lora_rank=0"), f"{M}.lora_rank", "rank > 0"),
+        ((f"{M}.lora_rank=-1",), f"{M}.lora_rank", ">= 0"),
+        ((f"{M}.lora_alpha=8",), f"{M}.lora_alpha", "LoRA is off"),
+        ((f"{M}.lora_rank=8", f"{M}.target_modules=[q_proj,qkv_proj]"), f"{M}.target_modules", "'up_proj'"),
+        ((f"{M}.lora_rank=8", f"{M}.target_modules=[lm_head]"), f"{M}.target_modules", "output layer"),
+        (
+            (f"{M}.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron"),
+            f"{M}.lora_rank",
+            "torch backend",
+        ),
+        ((f"{M}.lora_rank=8", f"{R}.lora_sync=adapter"), f"{R}.lora_sync", "hf rollout does not serve"),
+        ((f"{M}.lora_rank=1024", f"{R}.name=vllm", BF16), f"{M}.lora_rank", "up to rank 512"),
+        (
+            (f"{M}.lora_rank=8", f"{R}.name=vllm", BF16, f"{R}.sleep_level=2"),
+            f"{R}.sleep_level",
+            "base weights",
+        ),
+        ((f"{M}.lora_rank=8", f"{R}.name=vllm", f"{R}.lora_sync=adapter"), f"{R}.lora_sync", "bf16/fp16"),
+    ],
+)
+def test_refused_before_ray_naming_the_key(overrides, key, says):
+    from dagrl.config.roles import Role, role_spec
+    from dagrl.config.validate import check_role_rules
+
+    with pytest.raises(ConfigError, match=says) as info:
+        cfg = typed(*overrides)
+        validate(cfg)
+        check_role_rules(cfg, [role_spec(cfg, Role.rollout)])
+    assert info.value.key == key
+
+
+def test_memory_plan_counts_a_frozen_base_and_fp32_adapters():
+    """Qwen3-8B's shape, rank 64 on every linear layer: 174.6M adapter parameters; bf16 base
+    weights only, adapters 4 + 4 + 8 bytes (weights, gradients, Adam's moments), no master."""
+    from dagrl.backends.model_shape import ModelShape
+    from dagrl.backends.torch.lora import adapter_params
+    from dagrl.backends.torch.memory import state_bytes
+    from dagrl.config.roles import LoraSettings
+
+    shape = ModelShape(4096, 36, 32, 8, 128, 12288, 151936, False, 8_190_735_360)
+    lora = LoraSettings(rank=64, alpha=128.0)
+    per_layer = (4096 + 4096) + 2 * (4096 + 1024) + (4096 + 4096) + 2 * (4096 + 12288) + (12288 + 4096)
+    assert adapter_params(shape, lora) == 64 * per_layer * 36 == 174_587_904
+    parts = state_bytes(shape, 2, trains=True, lora=lora)
+    adapters = 174_587_904
+    assert parts == {
+        "weights": shape.params * 2 + adapters * 4,
+        "grads": adapters * 4,
+        "optimizer": adapters * 8,
+    }
+    full = state_bytes(shape, 2, trains=True)
+    assert sum(parts.values()) / 2**30 < 18 < sum(full.values()) / 2**30  # 17.9 GiB against 122 GiB
+
+
+def test_vllm_engine_is_started_for_the_adapter_it_will_get():
+    from dagrl.backends.vllm.engine_args import adapter_peft_config, llm_kwargs
+
+    spec = build_role_specs(typed(f"{M}.lora_rank=40", f"{R}.name=vllm", BF16), ["rollout"])["rollout"]
+    kwargs = llm_kwargs(spec, "/m")
+    assert (kwargs["enable_lora"], kwargs["max_loras"], kwargs["max_lora_rank"]) == (True, 1, 64)
+    assert adapter_peft_config(spec.lora) == {
+        "r": 40,
+        "lora_alpha": 16.0,
+        "target_modules": "all-linear",
+        "bias": "none",
+    }
+    merged = typed(f"{M}.lora_rank=40", f"{R}.name=vllm", BF16, f"{R}.lora_sync=merged")
+    assert "enable_lora" not in llm_kwargs(build_role_specs(merged, ["rollout"])["rollout"], "/m")

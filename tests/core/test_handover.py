@@ -1,0 +1,103 @@
+"""The colocated hand-over on a GPU: the device is settled (garbage collected, torch's cache
+emptied) before a role takes it whenever roles take turns, whatever the backends report: vLLM's
+wake maps memory through the driver and cannot use blocks torch keeps cached (the 0.6B default
+died at step 2's KV-cache wake when a resident trainer's update cache was never returned).
+
+The CUDA calls are recorded in place of a device; the order of events is what is checked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dagrl.backends import weight_sync
+from dagrl.core.worker import Worker
+
+
+class Role:
+    def __init__(self, name: str, events: list, offload_returns):
+        self.name, self.events, self.returns = name, events, offload_returns
+
+    def offload(self):
+        self.events.append(f"{self.name}.offload")
+        return self.returns
+
+    def onload(self):
+        self.events.append(f"{self.name}.onload")
+
+    # rollout side of a colocated weight refresh
+    def begin_weight_update(self):
+        self.events.append(f"{self.name}.wake_weights")
+
+    def load_weights(self, buckets):
+        return sum(1 for _ in buckets)
+
+    def finish_weight_update(self):
+        self.events.append(f"{self.name}.wake_kv")
+
+    def export_weights(self):
+        return iter([{"w": torch.zeros(1)}])
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """torch.cuda's memory calls, recorded."""
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 5 * 2**30)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (70 * 2**30, 80 * 2**30))
+    return events
+
+
+def colocated(events: list, trainer_frees, engine_frees) -> Worker:
+    roles = {"rollout": Role("rollout", events, engine_frees), "train": Role("train", events, trainer_frees)}
+    worker = Worker(
+        None, list(roles), 0, 1, "cuda", torch.get_num_threads(), build=lambda cfg, role, ctx: roles[role]
+    )
+    worker.device = torch.device("cpu")
+    worker.build_roles(None, hand_over=True)  # the engine first, asleep before the trainer loads
+    events.clear()
+    return worker
+
+
+def test_a_resident_trainer_still_returns_its_cache_before_the_engine_wakes(device):
+    worker = colocated(device, trainer_frees=False, engine_frees=True)
+    worker.activate("rollout")
+    assert device == ["train.offload", "empty_cache", "rollout.onload"]
+    report = worker.memory_report()
+    assert report == {
+        "memory/to_rollout/allocated_gib": 3.0,
+        "memory/to_rollout/reserved_gib": 5.0,
+        "memory/to_rollout/in_use_gib": 10.0,
+    }
+    assert worker.memory_report() == {}  # once per report
+
+
+def test_the_refresh_settles_before_the_engine_maps_its_weights_and_again_before_its_kv_cache(device):
+    worker = colocated(device, trainer_frees=False, engine_frees=True)
+    assert weight_sync._copy_local(worker, "train", "rollout") == 1
+    assert device == [
+        "empty_cache",
+        "rollout.wake_weights",
+        "train.offload",
+        "empty_cache",
+        "rollout.wake_kv",
+    ]
+    assert worker.active == "rollout"
+
+
+def test_where_every_role_stays_resident_the_cache_serves_the_next_phase(device):
+    worker = colocated(device, trainer_frees=False, engine_frees=False)  # an engine that never sleeps
+    worker.activate("rollout")
+    worker.activate("train")
+    assert "empty_cache" not in device
+    assert set(worker.memory_report()) >= {"memory/to_train/in_use_gib", "memory/to_rollout/in_use_gib"}
+
+
+def test_building_the_roles_settles_the_device_once_they_are_all_loaded(device):
+    events: list[str] = []
+    roles = {"rollout": Role("rollout", events, True), "train": Role("train", events, False)}
+    worker = Worker(None, list(roles), 0, 1, "cuda", torch.get_num_threads(), build=lambda c, r, x: roles[r])
+    worker.build_roles(None, hand_over=True)
+    assert events == ["rollout.offload"] and device == ["empty_cache"]
