@@ -7,10 +7,12 @@
 #   bash bench/acceptance_gpu.sh OUT tests_b      # offload, mixed precision, engine errors, vllm, teacher, judge
 #   bash bench/acceptance_gpu.sh OUT tests_c      # LoRA on vLLM (adapter sync)
 #   bash bench/acceptance_gpu.sh OUT handover     # 0.6B, 32x8x256, 20 steps: hand-overs flat within 1 GiB
+#   bash bench/acceptance_gpu.sh OUT tests_d      # DAPO's refill rounds on vLLM colocated (sleep levels 1, 2)
 #   bash bench/acceptance_gpu.sh OUT matrix ROW.. # bench/gpu_matrix.py rows: 0.6b-32x8x256 (20 steps, the
 #                                                 #   hand-over flatness), 0.6b-64x8x512, 1.7b-torch, 4b-torch,
 #                                                 #   4b-megatron; 8b-megatron on one H200
 #   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl defaults / fast, and fast at BEFORE (same call)
+#   bash bench/acceptance_gpu.sh OUT side_dapo    # DAPO (2 rounds a step) beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
 #
@@ -18,7 +20,7 @@
 # card (an in-process engine keeps its pool until its process exits).
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?tests_a, tests_b, tests_c, matrix, side, memory or throughput}
+WHAT=${2:?tests_a, tests_b, tests_c, tests_d, matrix, side, side_dapo, memory or throughput}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
@@ -62,6 +64,9 @@ tests_c)
 handover)  # the README's configuration, 20 steps: flat hand-overs asserted; also its matrix row
     GPU_MATRIX_ROWS=$OUT/rows.md FILE_TIMEOUT=580 tests handover tests/trainer/test_handover_gpu.py
     ;;
+tests_d)
+    tests tests_d tests/e2e/test_dapo_gpu.py
+    ;;
 matrix)
     shift 2
     ROW_TIMEOUT=${ROW_TIMEOUT:-420} python3 bench/gpu_matrix.py "$OUT" "$@" 2>&1 | grep -E "^ROW|rror" | cut -c1-2000
@@ -69,6 +74,9 @@ matrix)
 side)  # fast at BEFORE first, then now: the order on the machine is part of the comparison
     BEFORE=${BEFORE:-$(pwd)/.base} bash bench/vllm_gpu.sh side "$OUT/side" trl fast_before fast default \
         | grep -E "^==|SIDE" | cut -c1-600
+    ;;
+side_dapo)  # GRPO's defaults first, then DAPO: compare their SIDE lines only with each other
+    bash bench/vllm_gpu.sh side "$OUT/side_dapo" default dapo | grep -E "^==|SIDE" | cut -c1-600
     ;;
 memory)
     timeout 560 python3 bench/memory_plan_gpu.py --only 1.7b-megatron 0.6b-torch-teacher 0.6b-megatron-teacher \

@@ -5,7 +5,7 @@
 #
 #   bash bench/vllm_gpu.sh check OUT   # 1 GPU: gpu tests, the default tiny job on vLLM (and with
 #                                      #   LoRA), bench/rollout_vs_vllm.py on the side-by-side model
-#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf] [default] [fast_before] [lora] [lora_merged]
+#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf] [default] [dapo] [fast_before] [lora] [lora_merged]
 #                                      #   1 GPU: the side-by-side, TRL and the chosen dagrl presets (default:
 #                                      #   trl fast lean), one command; fast_before runs `fast` from BEFORE=DIR;
 #                                      #   lora / lora_merged: `fast` with LoRA (adapter / merged sync), for
@@ -89,6 +89,9 @@ side)
         trl) mkdir -p "$OUT/trl"; step trl 420 env OUT="$OUT/trl" bash .anchors/side_by_side.sh trl ;;
         fast) side dagrl_fast $FAST ;;
         default) side dagrl_default $R.name=vllm ;;  # what a user gets with only the engine named
+        # DAPO beside `default`: the random model's groups all get one reward, so every step samples its
+        # 2 rounds (the cap) and refills: the refill path's cost, one extra rollout per step
+        dapo) side dagrl_dapo $R.name=vllm algorithm=dapo algorithm.filter_groups.max_num_gen_batches=2 ;;
         fast_before) export DAGRL_ROOT=${BEFORE:?BEFORE=an older checkout}; side dagrl_fast_before $FAST; unset DAGRL_ROOT ;;
         lean) side dagrl_lean $LEAN ;;
         hf) side dagrl_hf ;;

@@ -140,6 +140,9 @@ class EstimatorEntry:
     estimate: Callable  # (token_rewards [B, R], batch, algorithm config) -> advantages [B, R]
     required_keys: tuple[str, ...] = ()  # batch keys besides response_mask
     validate: Callable[[Any], None] = _no_rules  # its config rules, run when the DAG has an advantage node
+    # reads the rewards token by token (discounted returns): a multi-turn episode's per-turn rewards
+    # join token_rewards on each turn's last policy token (turn_reward_mode=turn)
+    token_level: bool = False
 
 
 @dataclass

@@ -113,3 +113,119 @@ def place_turn_rewards(turn_rewards: Tensor, turn_ids: Tensor, response_mask: Te
     b, k = (last >= 0).nonzero(as_tuple=True)
     out[b, last[b, k]] = turn_rewards.float()[b, k]
     return out
+
+
+def _group_means(values: Tensor, groups: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean of each value's group, size of that group), both ``[N]``. values, groups: ``[N]``."""
+    _, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
+    counts = counts.to(values.dtype)
+    sums = torch.zeros_like(counts).index_add_(0, inverse, values)
+    return (sums / counts)[inverse], counts[inverse]
+
+
+@torch.no_grad()
+def compute_rloo_advantages(scores: Tensor, group_ids: Tensor, response_mask: Tensor) -> Tensor:
+    """REINFORCE leave-one-out (RLOO; Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline
+    for Free!"; Ahmadian et al. 2024, "Back to Basics", arXiv 2402.14740, §3.2).
+
+    Each response's baseline is the mean reward of the *other* responses of its group:
+    ``adv_i = r_i - (Σ_g r - r_i) / (n - 1) = n / (n - 1) · (r_i - mean_g)``. Unlike GRPO there is
+    no division by the std, and the baseline does not contain the response itself, so the
+    estimate is unbiased. A group of one has no other response: its advantage is its raw reward
+    (verl's choice).
+
+    Args:
+        scores: ``[B]`` scalar reward per response.
+        group_ids: ``[B]`` long; equal ids mark responses to the same prompt.
+        response_mask: ``[B, T]`` 1 on the response tokens.
+
+    Returns:
+        ``[B, T]`` float32, the same on every token of a response, 0 where masked.
+    """
+    scores = scores.float()
+    means, counts = _group_means(scores, group_ids)
+    adv = torch.where(counts > 1, (scores - means) * counts / (counts - 1).clamp(min=1), scores)
+    return adv.unsqueeze(-1) * response_mask.to(adv.dtype)
+
+
+def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """``(v - mean) / sqrt(var + eps)`` with the mean and the unbiased (n - 1) variance taken over
+    every masked entry of the batch (as verl's ``masked_whiten``); 0 where masked.
+    values, mask: ``[B, T]``."""
+    mask = mask.to(values.dtype)
+    count = mask.sum()
+    mean = (values * mask).sum() / count.clamp(min=1)
+    var = (((values - mean) ** 2) * mask).sum() / (count - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
+@torch.no_grad()
+def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float) -> Tensor:
+    """Return-to-go of every policy token, ``G_t = r_t + γ · G_{t'}`` with ``t'`` the next policy
+    token of the row: masked tokens (padding, a multi-turn row's observations) are skipped, carrying
+    the return through unchanged, so a final reward reaches every earlier turn. On single-turn rows
+    this equals verl's REINFORCE++ returns (which reset at the first masked token).
+
+    Args:
+        token_rewards: ``[B, T]`` reward of each token (the score on the last policy token, minus a
+            per-token KL penalty when it is in the reward).
+        response_mask: ``[B, T]`` 1 on the policy's tokens.
+        gamma: discount per policy token (1.0: every token gets the rest of the row's reward).
+
+    Returns:
+        ``[B, T]`` float32, 0 where masked.
+    """
+    mask = response_mask.float()
+    rewards = token_rewards.float() * mask
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
+    for t in reversed(range(rewards.shape[1])):
+        step = rewards[:, t] + gamma * running
+        running = torch.where(mask[:, t] > 0, step, running)
+        returns[:, t] = running
+    return returns * mask
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_advantages(
+    token_rewards: Tensor, response_mask: Tensor, gamma: float
+) -> Tensor:
+    """REINFORCE++ (Hu et al. 2025, "REINFORCE++: An Efficient RLHF Algorithm with Robustness to
+    Both Prompt and Reward Models", arXiv 2501.03262, §3): the discounted return of every token
+    (``discounted_returns``; the paper puts the per-token KL to the reference into the token
+    rewards), whitened over the whole batch (global advantage normalisation): no critic and no
+    group, so it also runs with rollout.n = 1.
+
+    Args:
+        token_rewards: ``[B, T]`` per-token rewards.
+        response_mask: ``[B, T]`` 1 on the policy's tokens.
+        gamma: discount per policy token.
+
+    Returns:
+        ``[B, T]`` float32, mean 0 and (unbiased) variance 1 over the masked tokens, 0 elsewhere.
+    """
+    return masked_whiten(discounted_returns(token_rewards, response_mask, gamma), response_mask)
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_advantages(
+    scores: Tensor, group_ids: Tensor, response_mask: Tensor
+) -> Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262, §3.2): each response's reward
+    minus its group's mean (a group of one keeps its reward), put on every token and then whitened
+    over the whole batch, as verl's ``reinforce_plus_plus_baseline``: GRPO's baseline without
+    GRPO's per-group std, whose small values blow up nearly-solved prompts.
+
+    Args:
+        scores: ``[B]`` scalar reward per response (with KL in the reward: its sum over tokens).
+        group_ids: ``[B]`` long; equal ids mark responses to the same prompt.
+        response_mask: ``[B, T]`` 1 on the response tokens.
+
+    Returns:
+        ``[B, T]`` float32, whitened over the masked tokens, 0 elsewhere.
+    """
+    scores = scores.float()
+    means, counts = _group_means(scores, group_ids)
+    centred = torch.where(counts > 1, scores - means, scores)
+    mask = response_mask.float()
+    return masked_whiten(centred.unsqueeze(-1) * mask, mask)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from dagrl.algos.losses import KLEstimator
-from dagrl.config.enums import RolloutISLevel, RolloutRSLevel
+from dagrl.config.enums import FilterMetric, RolloutISLevel, RolloutRSLevel
 from dagrl.config.ranges import ranged
 
 
@@ -69,12 +69,35 @@ class DistillRewardConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's algorithm.filter_groups; dagrl/trainer/dynamic_sampling.py):
+    groups whose responses all got the same metric are dropped and more prompts are sampled until
+    data.train_batch_size groups are left."""
+
+    enable: bool = False
+    """Drop groups of equal metric and refill the batch with more sampled prompts."""
+    metric: FilterMetric = FilterMetric.acc
+    """What is compared within a group: acc or score (the task reward), seq_reward (with the
+    overlong penalty, reward.overlong_buffer), seq_final_reward (the same here; KL in the reward
+    is computed after the filter, so it is refused with algorithm.use_kl_in_reward)."""
+    max_num_gen_batches: int = ranged(0, ge=0, hint="0 = no cap")
+    """Most rounds of data.train_batch_size prompts sampled for one step; 0 = no cap. A step that
+    reaches the cap short of groups is filled with dropped ones (advantage 0), with a warning:
+    verl stops the run there."""
+
+
+@dataclass
 class AlgorithmConfig:
     name: str = "grpo"
     """Registered objective of the actor update (dagrl/objectives, or a plugin's): choose a built-in
     with the preset `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys it relies on too."""
     adv_estimator: str = "grpo"
-    """Registered advantage estimator; grpo: each response against its prompt's group."""
+    """Registered advantage estimator: grpo (each response against its group's mean and std),
+    rloo (against the mean of the rest of its group), reinforce_plus_plus (discounted token returns
+    whitened over the batch, no group), reinforce_plus_plus_baseline (group mean removed, then
+    whitened over the batch); dagrl/algos/advantages.py."""
+    gamma: float = ranged(1.0, ge=0, le=1)
+    """Discount per policy token of reinforce_plus_plus's returns (verl's algorithm.gamma)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide group-relative advantages by the group's std (GRPO); false subtracts only the group
     mean (Dr. GRPO: the std up-weights prompts that are nearly always or never solved)."""
@@ -87,6 +110,8 @@ class AlgorithmConfig:
     """Fixed KL coefficient of the in-reward penalty."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Importance weights / rejection for the rollout-vs-trainer mismatch (verl's names)."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling: groups of equal reward dropped, the batch refilled (verl's names)."""
     gkd: GKDConfig = field(default_factory=GKDConfig)
     """Distillation settings of algorithm.name=gkd and opsd (presets `algorithm=gkd|opsd`)."""
     distill_reward: DistillRewardConfig = field(default_factory=DistillRewardConfig)

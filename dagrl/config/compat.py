@@ -20,10 +20,10 @@ Keys dagrl already has under the same name and meaning need no entry: they reach
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dagrl.config.override_text import render_key, render_value
 from dagrl.errors import ConfigError
 
 A, R, REF, M = (
@@ -95,33 +95,6 @@ def _zero_warmup(value: object) -> str:
     return "0"
 
 
-def render_value(value: object) -> str:
-    """A parsed value written back in Hydra's override syntax (strings quoted, so `=`, `,`, `:` and
-    spaces inside them survive); the inverse of the override parser's `value()`."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        # Hydra unescapes only backslashes that precede a quote or end the string
-        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
-        return "'" + escaped.replace("'", "\\'") + "'"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(render_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{render_key(k)}:{render_value(v)}" for k, v in value.items()) + "}"
-    raise ValueError(f"cannot write a {type(value).__name__} as an override")
-
-
-def render_key(key: object) -> str:
-    text = str(key)
-    if not re.fullmatch(r"[A-Za-z_][\w\-]*", text):
-        raise ValueError(f"the mapping key {text!r} cannot be written as an override key")
-    return text
-
-
 _FSDP = (
     "dagrl's torch backend is data-parallel (DDP), not FSDP: offload is "
     f"{A}.offload (weights and optimizer state leave the GPU while other roles run) and "
@@ -139,7 +112,8 @@ _CPU_OPTIMIZER = (
     "overlap_cpu_optimizer_d2h_h2d",
     "use_precision_aware_optimizer",
 )
-_NO_CRITIC = "dagrl has no critic (its algorithms, GRPO, Dr. GRPO, GSPO and GKD, need none); remove the key"
+_NO_CRITIC = "dagrl has no critic (its algorithms, GRPO, Dr. GRPO, GSPO, DAPO, RLOO, REINFORCE and GKD, need none); remove the key"
+_ESTIMATORS = "grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline (presets of the first three)"
 _PROFILER = "dagrl has no built-in profiler hooks; per-node seconds are the timing_s/<node> metrics"
 
 TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
@@ -246,6 +220,7 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     ),
     "data.tokenizer": Unsupported("the tokenizer is the model's own (actor_rollout_ref.model.path)"),
     "data.dataloader_num_workers": Unsupported("rows are tokenized once at start; remove the key"),
+    "data.gen_batch_size": Unsupported("each dynamic-sampling round samples data.train_batch_size prompts"),
     "data.custom_cls": Unsupported("data rows are parquet in verl's layout (docs/data.md)"),
     "trainer.critic_warmup": Unsupported(_NO_CRITIC),
     "critic": Unsupported(_NO_CRITIC),
@@ -255,6 +230,8 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "sequence-classification model on role rm); rule rewards are reward.functions"
     ),
     # ---- verl: reward model as a role (reward.model.*, dagrl/backends/reward_model.py)
+    "reward_model.overlong_buffer": Alias("reward.overlong_buffer"),  # DAPO's recipe
+    "reward_model.reward_kwargs.overlong_buffer_cfg": Alias("reward.overlong_buffer"),  # verl >= 0.5
     "reward_model.enable": Alias("reward.model.enable"),
     "reward_model.model.path": Alias("reward.model.path"),
     "reward_model.micro_batch_size_per_gpu": Alias("reward.model.micro_batch_size_per_gpu"),
@@ -346,7 +323,7 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "finetune": OnlyValue((True,), "dagrl starts every run from the HF weights at the model path"),
     "logging_steps": OnlyValue((1,), "dagrl logs every step"),
     "split_dataset_ratio": OnlyValue((0, 0.0), "validation rows come from data.val_files"),
-    "advantage_estimator": OnlyValue(("grpo",), "algorithm=grpo|dr_grpo|gspo pick the estimator and loss"),
+    "advantage_estimator": OnlyValue(("grpo",), f"verl's names: algorithm.adv_estimator={_ESTIMATORS}"),
     "importance_sampling_level": OnlyValue(("token",), "sequence-level ratios are algorithm=gspo"),
     "overlong_filter": OnlyValue((False,), "truncated responses are trained on like any other"),
     # ---- ms-swift: no effect on results here

@@ -28,6 +28,15 @@ class TurnRewardMode(str, Enum):
     turn = "turn"  # each turn's reward credited to that turn and the ones before it (GRPO)
 
 
+class FilterMetric(str, Enum):
+    """What dynamic sampling compares within a group (verl's algorithm.filter_groups.metric)."""
+
+    acc = "acc"  # the task reward (`scores`): dagrl's reward functions report no separate accuracy
+    score = "score"  # the task reward (`scores`), before DAPO's overlong penalty
+    seq_reward = "seq_reward"  # the task reward plus the overlong penalty
+    seq_final_reward = "seq_final_reward"  # seq_reward; verl adds KL in the reward too (refused with it)
+
+
 class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"

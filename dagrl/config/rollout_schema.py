@@ -74,7 +74,10 @@ class MultiTurnConfig:
     """trajectory: the environment's step rewards are summed into the episode's score (one
     advantage per episode); turn: each step reward is placed on the last policy token of its turn,
     normalised over the group's turns and summed from each token's turn on (reward-to-go, GRPO's
-    process supervision, DeepSeekMath §4.1.3), added to the score's advantage × env_reward_weight."""
+    process supervision, DeepSeekMath §4.1.3), added to the score's advantage × env_reward_weight;
+    with algorithm.adv_estimator=reinforce_plus_plus the placed rewards × env_reward_weight join
+    the token rewards instead, so each turn gets the discounted (algorithm.gamma) return of its own
+    and the later turns' rewards."""
 
 
 @dataclass

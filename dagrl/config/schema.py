@@ -26,6 +26,7 @@ from dagrl.config.actor_schema import (  # noqa: F401  (re-exported)
 from dagrl.config.algorithm_schema import (  # noqa: F401  (re-exported)
     AlgorithmConfig,
     DistillRewardConfig,
+    FilterGroupsConfig,
     GKDConfig,
     KLCtrlConfig,
     RolloutCorrectionConfig,
@@ -33,6 +34,7 @@ from dagrl.config.algorithm_schema import (  # noqa: F401  (re-exported)
 from dagrl.config.enums import (  # noqa: F401  (re-exported: config users import them from here)
     BuiltinTask,
     Device,
+    FilterMetric,
     LayerSpec,
     LoggerName,
     LoraSync,
@@ -115,11 +117,28 @@ class RewardTermConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment (verl's reward_model.overlong_buffer; dagrl/algos/dapo.py):
+    a training response longer than data.max_response_length - len loses up to penalty_factor,
+    linearly, at the limit. Validation reports the task reward without it."""
+
+    enable: bool = False
+    """Add the overlong penalty to the training rewards."""
+    len: Optional[int] = ranged(None, ge=1, hint="or null = a fifth of data.max_response_length")
+    """Tokens before data.max_response_length over which the penalty grows from 0 (DAPO: 4096 of
+    20480); must be below data.max_response_length. None = a fifth of it (at least 1)."""
+    penalty_factor: float = ranged(1.0, ge=0)
+    """The penalty at data.max_response_length."""
+
+
+@dataclass
 class RewardConfig:
     functions: list[RewardTermConfig] = field(default_factory=list)
     """Weighted reward functions; empty = pick the reward by each row's data_source (gsm8k, math, arith)."""
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """A reward model served as role `rm` (verl's reward_model.*), added to the rule rewards by weight."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's soft overlong punishment on the training rewards (verl's reward_model.overlong_buffer)."""
 
 
 @dataclass

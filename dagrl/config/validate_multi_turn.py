@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dagrl.config.schema import DagrlConfig, TurnRewardMode
 from dagrl.errors import ConfigError
+from dagrl.registry import ESTIMATORS
 
 MT = "actor_rollout_ref.rollout.multi_turn"
 TEMPLATE_ALLOWANCE = 8  # delimiter tokens of an observation turn (Qwen: 5), checked at start
@@ -77,15 +78,17 @@ def check_turn_rewards_dag(cfg: DagrlConfig, node_kinds: set[str]) -> None:
 
 
 def check_turn_rewards(cfg: DagrlConfig) -> None:
-    """turn_reward_mode=turn is GRPO's group normalisation per turn: the estimator must be GRPO's
+    """turn_reward_mode=turn is GRPO's group normalisation per turn, or, for an estimator that reads
+    rewards token by token (reinforce_plus_plus), the turns' rewards inside its discounted returns
     (the DAG's part of the rule: check_turn_rewards_dag)."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if mt.turn_reward_mode != TurnRewardMode.turn:
         return
-    if cfg.algorithm.adv_estimator != "grpo":
+    name = cfg.algorithm.adv_estimator
+    if name != "grpo" and not ESTIMATORS.get(name).token_level:
         raise ConfigError(
             f"{MT}.turn_reward_mode",
             mt.turn_reward_mode.value,
-            f"per-turn credit is group-normalised (GRPO); algorithm.adv_estimator={cfg.algorithm.adv_estimator} "
-            "has no such form: use trajectory",
+            f"per-turn credit is group-normalised (grpo) or discounted token returns (reinforce_plus_plus);"
+            f" algorithm.adv_estimator={name} has neither form: use trajectory, or one of those estimators",
         )

@@ -16,12 +16,14 @@ class Runtime:
     tokenizer: object = None
     rewarder: object = None  # RewardComposer
     step: int = 0  # set per step by `at_step`; the shared runtime is never changed
+    sample_round: int = 0  # dynamic sampling: which of the step's rollouts this is (its seed)
     data: object = None  # residency.StepData of the run in progress (at_node)
     node: str | None = None  # the node this view runs (at_node)
 
-    def at_step(self, step: int) -> Runtime:
-        """The view nodes of one step see: the same roles and services, that step's number."""
-        return replace(self, step=step)
+    def at_step(self, step: int, sample_round: int = 0) -> Runtime:
+        """The view nodes of one step see: the same roles and services, that step's number (and,
+        when dynamic sampling draws more prompts for it, the round)."""
+        return replace(self, step=step, sample_round=sample_round)
 
     def at_node(self, node: str, data) -> Runtime:
         """The view node `node` of a run sees: its calls count driver bytes and keep what the

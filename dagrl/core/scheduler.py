@@ -57,14 +57,17 @@ class Scheduler:
         # per set of nodes run together: which outputs stay on the workers (residency.plan_residency)
         self.plans: dict[frozenset[str], dict[str, tuple[frozenset[str], frozenset[str]]]] = {}
 
-    def run(self, batch: Batch, step: int, only: set[str] | None = None) -> tuple[Batch, dict[str, float]]:
+    def run(
+        self, batch: Batch, step: int, only: set[str] | None = None, sample_round: int = 0
+    ) -> tuple[Batch, dict[str, float]]:
         """Run every node once for `step` (or those named in `only`: the others count as done, their
         outputs already in `batch`); returns the batch with all outputs (but those that stayed on
-        the workers: freed with the run) and the merged metrics."""
+        the workers: freed with the run) and the merged metrics. `sample_round` > 0: a further
+        rollout of the same step (dynamic sampling), sampled with a seed of its own."""
         names = {s.name for s in self.dag.nodes if only is None or s.name in only}
         data = self._step_data(step, names)
         try:
-            batch, metrics = self._run(batch, step, names, data)
+            batch, metrics = self._run(batch, step, names, data, sample_round)
         except BaseException:
             data.free(wait=False)
             raise
@@ -81,9 +84,9 @@ class Scheduler:
         return data
 
     def _run(
-        self, batch: Batch, step: int, names: set[str], data: StepData
+        self, batch: Batch, step: int, names: set[str], data: StepData, sample_round: int = 0
     ) -> tuple[Batch, dict[str, float]]:
-        runtime = self.runtime.at_step(step)
+        runtime = self.runtime.at_step(step, sample_round)
         metrics: dict[str, float] = {}
         done: set[str] = {s.name for s in self.dag.nodes if s.name not in names}
         running: dict[Future, str] = {}

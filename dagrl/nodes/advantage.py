@@ -3,7 +3,10 @@ the estimator of `algorithm.adv_estimator`, plus, with algorithm.distill_reward.
 per-token reverse KL to a teacher as an advantage term (dagrl/algos/distillation.py
 ``reverse_kl_advantages``: on-policy distillation as a reward), and, with
 actor_rollout_ref.rollout.multi_turn.turn_reward_mode=turn, the environment's per-turn rewards as
-a reward-to-go term (``compute_turn_advantages``) × multi_turn.env_reward_weight."""
+a reward-to-go term (``compute_turn_advantages``) × multi_turn.env_reward_weight, or, for an
+estimator of discounted token returns (reinforce_plus_plus), inside its token rewards. With
+reward.overlong_buffer.enable, DAPO's overlong penalty joins the scores first (training only:
+validation reports the task reward)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import torch
 
 from dagrl.algos import KLEstimator, kl_penalty, masked_mean
 from dagrl.algos.advantages import compute_turn_advantages, place_turn_rewards
+from dagrl.algos.dapo import overlong_penalty
 from dagrl.algos.distillation import reverse_kl_advantages
 from dagrl.config.schema import TurnRewardMode
 from dagrl.config.validate_rollout import old_logprob_pass
@@ -45,6 +49,13 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> to
     return rewards * response_mask
 
 
+def shaped_length_penalty(overlong, max_response_length: int, response_mask: torch.Tensor) -> torch.Tensor:
+    """[B] DAPO's overlong penalty of each row (reward.overlong_buffer), on the policy's tokens
+    (a multi-turn row's observations do not count)."""
+    lengths = response_mask.sum(1)
+    return overlong_penalty(lengths, max_response_length, overlong.len, overlong.penalty_factor)
+
+
 @register_node_kind("advantage")
 class AdvantageNode:
     # without a config: GRPO's; inputs_for asks the configured estimator
@@ -55,6 +66,7 @@ class AdvantageNode:
 
     def __init__(self, spec, cfg):
         self.spec, self.algo = spec, cfg.algorithm
+        self.overlong, self.max_response = cfg.reward.overlong_buffer, cfg.data.max_response_length
         self.estimator = estimator(cfg.algorithm.adv_estimator)
         self.student_key = distill_student_key(cfg)
         self.turn_weight = (
@@ -81,19 +93,15 @@ class AdvantageNode:
         if turn_credit(cfg):
             required = (*required, *_TURN_INPUTS)
         required = tuple(dict.fromkeys(required))
-        optional = tuple(k for k in (*_KL_INPUTS, *_DISTILL_INPUTS, *_TURN_INPUTS[:2]) if k not in required)
+        # group_ids: the DAG passes it; an estimator without groups (reinforce_plus_plus) ignores it
+        candidates = (*_KL_INPUTS, *_DISTILL_INPUTS, *_TURN_INPUTS, "group_ids")
+        optional = tuple(dict.fromkeys(k for k in candidates if k not in required))
         return required, optional
 
     def run(self, runtime, batch):
         mask = batch["response_mask"].float()
-        rewards = token_level_rewards(batch["scores"], mask)
-        metrics = {}
-        if self.algo.use_kl_in_reward:
-            kl = kl_penalty(
-                batch["old_logprobs"], batch["ref_logprobs"], KLEstimator.parse(self.algo.kl_penalty)
-            )
-            rewards = rewards - self.algo.kl_ctrl.kl_coef * kl * mask
-            metrics["critic/kl_in_reward"] = float(masked_mean(kl, mask))
+        metrics: dict[str, float] = {}
+        rewards = self._token_rewards(batch, mask, metrics)
         advantages = self.estimator.estimate(rewards, batch, self.algo)
         if self.algo.distill_reward.coef:
             student, teacher = batch[self.student_key], batch["teacher_logprobs"]
@@ -101,11 +109,36 @@ class AdvantageNode:
                 student, teacher, mask, self.algo.distill_reward.coef
             )
             metrics["distill/reverse_kl"] = float(masked_mean(student - teacher, mask))
-        if self.turn_weight is not None:  # the environment's rewards, turn by turn (not in `scores`)
+        if self.turn_weight is not None and not self.estimator.token_level:
+            # the environment's rewards, turn by turn (not in `scores`), beside the estimator's
             advantages, rewards = self._turn_credit(batch, mask, advantages, rewards, metrics)
         metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask))
         metrics["critic/advantages/max"] = float(advantages.max())
         return NodeResult(Batch({"token_rewards": rewards, "advantages": advantages}), metrics)
+
+    def _token_rewards(self, batch, mask, metrics) -> torch.Tensor:
+        """[B, R] what the estimator reads: the score (with DAPO's overlong penalty) on the last
+        policy token, minus the per-token KL when it is in the reward, plus, for an estimator of
+        token returns, each turn's reward on its turn's last policy token."""
+        scores = batch["scores"].float()
+        if self.overlong.enable:
+            penalty = shaped_length_penalty(self.overlong, self.max_response, mask)
+            scores = scores + penalty
+            metrics["reward/overlong_penalty"] = float(penalty.mean())
+            metrics["reward/overlong_rows"] = float((penalty < 0).float().mean())
+        rewards = token_level_rewards(scores, mask)
+        if self.algo.use_kl_in_reward:
+            kl = kl_penalty(
+                batch["old_logprobs"], batch["ref_logprobs"], KLEstimator.parse(self.algo.kl_penalty)
+            )
+            rewards = rewards - self.algo.kl_ctrl.kl_coef * kl * mask
+            metrics["critic/kl_in_reward"] = float(masked_mean(kl, mask))
+        if self.turn_weight is not None and self.estimator.token_level:
+            # inside the returns: a turn's reward reaches its own tokens and, discounted by
+            # algorithm.gamma, every earlier turn's
+            placed = place_turn_rewards(batch["turn_rewards"], batch["turn_ids"], mask)
+            rewards = rewards + self.turn_weight * placed
+        return rewards
 
     def _turn_credit(self, batch, mask, advantages, rewards, metrics):
         """The per-turn term × env_reward_weight added to the advantages; each turn's reward placed

@@ -17,9 +17,11 @@ from dagrl.rollout.multi_turn import ROW_KEYS
 MULTI_TURN_OUTPUTS = ("response_attention_mask", "turn_ids", "turn_rewards", "env_rewards")
 
 
-def step_seed(seed: int, step: int) -> int:
-    """Sampling seed of a step: the same step of a resumed run samples the same responses."""
-    return (seed * 1_000_003 + step) % (2**31)
+def step_seed(seed: int, step: int, sample_round: int = 0) -> int:
+    """Sampling seed of a step: the same step of a resumed run samples the same responses. A
+    further round of the same step (dynamic sampling) gets a seed of its own."""
+    base = (seed * 1_000_003 + step) % (2**31)
+    return base if sample_round == 0 else (base * 7_919 + sample_round * 104_729) % (2**31)
 
 
 def is_off_policy_step(seed: int, step: int, lmbda: float) -> bool:
@@ -56,7 +58,8 @@ class RolloutNode:
             return self._dataset_responses(batch)
         handle = rollout_role(runtime, self.spec.role)
         out, per_rank = handle.generate(
-            batch.select(("prompts", "prompt_mask", *ROW_KEYS)), seed=step_seed(seed, runtime.step)
+            batch.select(("prompts", "prompt_mask", *ROW_KEYS)),
+            seed=step_seed(seed, runtime.step, runtime.sample_round),
         )
         out = out.select(self.spec.outputs)
         metrics = reduce_all(per_rank)  # replicas' means (memory per phase, generate seconds)

@@ -13,6 +13,11 @@ from collections.abc import Callable
 from torch import Tensor
 
 from dagrl.algos import compute_grpo_advantages
+from dagrl.algos.advantages import (
+    compute_reinforce_plus_plus_advantages,
+    compute_reinforce_plus_plus_baseline_advantages,
+    compute_rloo_advantages,
+)
 from dagrl.config.schema import AlgorithmConfig, DagrlConfig
 from dagrl.core.batch import Batch
 from dagrl.errors import ConfigError
@@ -25,11 +30,18 @@ Estimate = Callable[[Tensor, Batch, AlgorithmConfig], Tensor]
 Estimator = EstimatorEntry
 
 
-def register_estimator(name: str, required_keys: tuple[str, ...], validate: Callable[[DagrlConfig], None]):
-    """Register `estimate` under `name` (the value of `algorithm.adv_estimator`)."""
+def register_estimator(
+    name: str,
+    required_keys: tuple[str, ...],
+    validate: Callable[[DagrlConfig], None],
+    token_level: bool = False,
+):
+    """Register `estimate` under `name` (the value of `algorithm.adv_estimator`). `token_level`:
+    it reads the rewards token by token (returns), so a multi-turn episode's per-turn rewards are
+    put into the token rewards for it (turn_reward_mode=turn) rather than credited beside it."""
 
     def wrap(estimate: Estimate) -> Estimate:
-        entry = EstimatorEntry(estimate, tuple(required_keys), validate)
+        entry = EstimatorEntry(estimate, tuple(required_keys), validate, token_level)
         ESTIMATORS.register(name, entry, same=lambda a, b: a.estimate is b.estimate)
         return estimate
 
@@ -43,11 +55,17 @@ def estimator(name: str) -> Estimator:
 def _check_groups(cfg: DagrlConfig) -> None:
     n = cfg.actor_rollout_ref.rollout.n
     if n < 2:
+        name = cfg.algorithm.adv_estimator
         raise ConfigError(
             "actor_rollout_ref.rollout.n",
             n,
-            "GRPO compares responses within a group: use rollout.n >= 2 (e.g. 8)",
+            f"algorithm.adv_estimator={name} compares responses within a group: use rollout.n >= 2"
+            " (e.g. 8), or algorithm.adv_estimator=reinforce_plus_plus, which needs no group",
         )
+
+
+def _no_rules(cfg: DagrlConfig) -> None:
+    return None
 
 
 @register_estimator("grpo", required_keys=("group_ids",), validate=_check_groups)
@@ -59,4 +77,26 @@ def grpo_advantages(token_rewards: Tensor, batch: Batch, algo: AlgorithmConfig) 
         batch["group_ids"],
         batch["response_mask"].float(),
         norm_by_std=algo.norm_adv_by_std_in_grpo,
+    )
+
+
+@register_estimator("rloo", required_keys=("group_ids",), validate=_check_groups)
+def rloo_advantages(token_rewards: Tensor, batch: Batch, algo: AlgorithmConfig) -> Tensor:
+    """Leave-one-out: each response's total reward against the mean of the rest of its group."""
+    return compute_rloo_advantages(token_rewards.sum(1), batch["group_ids"], batch["response_mask"].float())
+
+
+@register_estimator("reinforce_plus_plus", required_keys=(), validate=_no_rules, token_level=True)
+def reinforce_plus_plus_advantages(token_rewards: Tensor, batch: Batch, algo: AlgorithmConfig) -> Tensor:
+    """Discounted token returns (algorithm.gamma), whitened over the batch; no group needed."""
+    return compute_reinforce_plus_plus_advantages(token_rewards, batch["response_mask"].float(), algo.gamma)
+
+
+@register_estimator("reinforce_plus_plus_baseline", required_keys=("group_ids",), validate=_check_groups)
+def reinforce_plus_plus_baseline_advantages(
+    token_rewards: Tensor, batch: Batch, algo: AlgorithmConfig
+) -> Tensor:
+    """Total reward minus the group mean, whitened over the batch."""
+    return compute_reinforce_plus_plus_baseline_advantages(
+        token_rewards.sum(1), batch["group_ids"], batch["response_mask"].float()
     )

@@ -194,3 +194,25 @@ def gspo(cfg: DagrlConfig) -> PolicyGradientObjective:
     return PolicyGradientObjective(
         cfg, partial(compute_gspo_policy_loss, clip_ratio_low=low, clip_ratio_high=high)
     )
+
+
+def _check_dapo(cfg: DagrlConfig) -> None:
+    """DAPO's token-level loss (§3.3) is part of the algorithm: every token of the batch weighs the
+    same, so long responses are not diluted (the preset sets it)."""
+    mode = cfg.actor_rollout_ref.actor.loss_agg_mode
+    if mode != LossAggMode.token_mean:
+        raise ConfigError(
+            f"{A}.loss_agg_mode",
+            mode.value,
+            "DAPO's loss is a mean over every token of the batch: use token-mean (the preset"
+            " algorithm=dapo sets it), or algorithm=grpo with dynamic sampling for another mode",
+        )
+
+
+@register_objective("dapo", validate=_check_dapo)
+def dapo(cfg: DagrlConfig) -> PolicyGradientObjective:
+    """DAPO (Yu et al. 2025, arXiv 2503.14476): GRPO's clipped surrogate with clip-higher
+    (clip_ratio_high > clip_ratio_low) and the token-level loss; dynamic sampling and the
+    overlong penalty are the trainer's and the advantage node's (algorithm.filter_groups,
+    reward.overlong_buffer)."""
+    return PolicyGradientObjective(cfg, _ppo_clip(cfg))

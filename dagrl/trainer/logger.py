@@ -28,6 +28,8 @@ CONSOLE_KEYS = [
     ("distill/reverse_kl", "rkl", "{:.4f}"),
     ("distill/opsd_rows", "opsd_rows", "{:.0f}"),
     ("distill/gkd_rows", "gkd_rows", "{:.0f}"),
+    ("dynamic_sampling/rounds", "rounds", "{:.0f}"),
+    ("dynamic_sampling/groups_kept", "kept", "{:.0f}"),
     ("actor/entropy", "ent", "{:.3f}"),
     ("weight_sync/s", "sync_s", "{:.3f}"),
     ("timing_s/step", "step_s", "{:.2f}"),

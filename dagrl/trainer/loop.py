@@ -15,6 +15,7 @@ from dagrl.core.failures import phase
 from dagrl.errors import NonFiniteError
 from dagrl.rewards.composer import NONFINITE_REWARDS
 from dagrl.trainer import checkpoint, interrupt
+from dagrl.trainer.dynamic_sampling import GroupFilter
 from dagrl.trainer.logger import MetricsLogger, log
 from dagrl.trainer.overlap import RolloutAhead
 
@@ -78,6 +79,8 @@ class Trainer:
         self.total_steps = min(by_epochs, t.total_training_steps) if t.total_training_steps else by_epochs
         overlap = cfg.actor_rollout_ref.rollout.overlap_steps
         self.ahead = RolloutAhead(scheduler, Role.rollout) if overlap else None
+        refill = cfg.algorithm.filter_groups.enable  # DAPO's dynamic sampling (refused with overlap)
+        self.refill = GroupFilter(cfg, scheduler, runtime.tokenizer.pad_token_id) if refill else None
 
     def fit(self) -> dict[str, float]:
         self.maybe_resume()
@@ -98,7 +101,9 @@ class Trainer:
             interrupt.stop_if_requested(self)  # Ctrl-C / SIGTERM: stop here, between steps, saved
             self.step += 1
             with phase(f"step {self.step}"):  # an error of any phase: one line naming it (failures.py)
-                if self.ahead is None:
+                if self.refill is not None:
+                    metrics = self.refill.step(self.step, self.next_batch)
+                elif self.ahead is None:
                     _, metrics = self.scheduler.run(self.next_batch(self.step), step=self.step)
                 else:
                     metrics = self.overlapped_step()
@@ -152,11 +157,14 @@ class Trainer:
                 " and run again"
             )
 
-    def next_batch(self, step: int) -> Batch:
+    def next_batch(self, step: int, first_group: int | None = None) -> Batch:
+        """The loader's next prompts as the DAG's source keys; group ids from `first_group` on
+        (default: unique over the run)."""
         examples = self.loader.next_batch()
         n, source = self.cfg.actor_rollout_ref.rollout.n, self.scheduler.dag.source
         width = self.cfg.data.max_response_length
-        pad, first = self.runtime.tokenizer.pad_token_id, (step - 1) * len(examples)
+        pad = self.runtime.tokenizer.pad_token_id
+        first = (step - 1) * len(examples) if first_group is None else first_group
         return collate(examples, pad, n, first, source, response_width=width)
 
     def overlapped_step(self) -> dict[str, float]:

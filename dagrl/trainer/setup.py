@@ -26,6 +26,7 @@ from dagrl.config.validate import (
     validate_roles,
     validate_with_plan,
 )
+from dagrl.config.validate_dapo import check_dapo_dag
 from dagrl.config.validate_multi_turn import check_turn_rewards_dag
 from dagrl.core.dag import Dag, build_dag, check_node_rules, load_dag_specs, prune_disabled
 from dagrl.core.plugins import absolute_plugin_paths, load_plugins
@@ -61,6 +62,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     specs = prune_disabled(specs, cfg)
     check_node_rules(specs, cfg)  # each node kind's own rules, for the nodes this config runs
     check_turn_rewards_dag(cfg, {s.kind for s in specs})
+    check_dapo_dag(cfg, {s.kind for s in specs})
     role_names = {s.role for s in specs if s.role} | validation_roles(cfg)
     validate_roles(cfg, role_names)
     roles = build_role_specs(cfg, role_names)

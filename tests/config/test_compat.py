@@ -131,7 +131,10 @@ def test_cli_unknown_key_has_no_hydra_hint(capsys):
 def test_help_lists_groups_and_every_key_with_type_default_and_meaning(capsys):
     code, out = main_in_process(capsys, "--help")
     assert code == 0, out
-    assert "algorithm=dr_grpo|gkd|grpo|gspo" in out and "placement=colocate|separate" in out
+    assert (
+        "algorithm=dapo|dr_grpo|gkd|grpo|gspo|opsd|reinforce_plus_plus|rloo|sft" in out
+        and "placement=colocate|separate" in out
+    )
     for key, info in keys.schema_keys().items():
         assert f"  {key}  ({info.type}, default " in out, key
         assert info.doc and info.doc in out, key

@@ -25,3 +25,19 @@ def test_taught_call_runs_the_calculator_and_the_reward_reads_the_last_answer():
     assert final_answer_reward(tool_call_text(345, 678) + "1023", "1023") == 1.0
     assert final_answer_reward("1023", "1023") == 1.0  # answered without the tool: still scored
     assert final_answer_reward(tool_call_text(345, 678) + "1024", "1023") == 0.0
+
+
+def test_the_calculator_experiment_loads_its_rows():
+    # the shipped experiment's data loads (its generator takes no privileged-prompt flag)
+    from dagrl.backends.hf_model import resolve_model_path
+    from dagrl.config.validate import resolve_defaults
+    from dagrl.trainer.setup import load_data
+    from tests.conftest import compose_config
+
+    cfg = compose_config(
+        "experiment=multi_turn/calculator", "data.builtin_train_rows=8", "data.builtin_val_rows=4"
+    )
+    resolve_defaults(cfg)
+    _, loader, val = load_data(cfg, resolve_model_path(cfg.actor_rollout_ref.model.path))
+    assert len(loader.dataset) == 8 and len(val) == 4
+    assert all(example.teacher_prompt_ids is None for example in loader.next_batch())

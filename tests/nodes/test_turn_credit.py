@@ -105,3 +105,25 @@ def test_turn_mode_needs_grpo_advantages(monkeypatch):
     with pytest.raises(ConfigError, match="group-normalised") as e:
         config(f"{MT}.turn_reward_mode=turn", "algorithm.adv_estimator=plain_returns")
     assert e.value.key == f"{MT}.turn_reward_mode"
+
+
+def test_turn_mode_puts_turn_rewards_into_reinforce_plus_plus_returns():
+    cfg = config(
+        f"{MT}.turn_reward_mode=turn",
+        f"{MT}.env_reward_weight=2.0",
+        "algorithm.adv_estimator=reinforce_plus_plus",
+        "algorithm.gamma=0.5",
+    )
+    source, specs = load_dag_specs(cfg.dag)
+    dag = build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout"})
+    out = AdvantageNode(dag.node("advantage"), cfg).run(None, episodes()).batch
+    # token rewards: episode 0's score 1 on its last policy token (col 3), its first turn's 0.5 x 2
+    # on that turn's last policy token (col 1); episode 1 earns nothing
+    assert out["token_rewards"].tolist() == [[0.0, 1.0, 0.0, 1.0, 0.0], [0.0] * 5]
+    # returns, gamma 0.5, the observation (col 2) passing them on: col 3: 1; col 1: 1 + 0.5 x 1
+    # = 1.5; col 0: 0.5 x 1.5 = 0.75. Whitened with episode 1's four zeros: mean 3.25 / 7 =
+    # 0.4642857, squared deviations 0.0816327 + 1.0727041 + 0.2869898 + 4 x 0.2155612 = 2.3035714,
+    # unbiased var 2.3035714 / 6 = 0.3839286, std 0.6196197
+    # -> 0.75: 0.461112, 1.5: 1.671532, 1: 0.864586, 0: -0.749308
+    expected = [[0.461112, 1.671532, 0.0, 0.864586, 0.0], [-0.749308, -0.749308, 0.0, -0.749308, -0.749308]]
+    torch.testing.assert_close(out["advantages"], torch.tensor(expected), atol=1e-5, rtol=0)
