@@ -27,6 +27,7 @@ LAYERS = (
     {"trainer"},
     {"nodes"},
     {"sample"},
+    {"plugins"},  # shipped plugins: what a user's own plugin file could be
     {"main"},
 )
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}

@@ -54,3 +54,13 @@ def phase_start() -> int:
 def peak_added_gib(start_allocated: int) -> float:
     """The allocator's peak since `phase_start` above what was allocated then."""
     return max(0, torch.cuda.max_memory_allocated() - start_allocated) / 2**30
+
+
+def update_metrics(start_allocated: int) -> dict[str, float]:
+    """The update's figures, from `phase_start`'s bytes: its allocator peak above them, the device
+    in use at its end (its cache still holds its reserved peak), and the step's largest sample."""
+    return {
+        "perf/peak_added_gib": peak_added_gib(start_allocated),
+        "update/device_memory_used_gib": note_phase_end(),
+        "perf/device_memory_used_gib": take_peak_used_gib(),
+    }

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from dagrl.config.enums import BuiltinTask
 from dagrl.data import builtin, builtin_calculator
 
 
@@ -17,15 +16,14 @@ class RowBuilder(Protocol):
     def __call__(self, split: str, num_rows: int, seed: int, teacher_prompts: bool = True) -> list[dict]: ...
 
 
-BUILDERS: dict[BuiltinTask, RowBuilder] = {
-    BuiltinTask.arith: builtin.generate_rows,
-    BuiltinTask.calculator: builtin_calculator.generate_rows,
+# by data.builtin_task's value (data sits below config: the enum is not imported here)
+BUILDERS: dict[str, RowBuilder] = {
+    "arith": builtin.generate_rows,
+    "calculator": builtin_calculator.generate_rows,
 }
 
 
-def builtin_rows(
-    task: BuiltinTask, split: str, num_rows: int, seed: int, teacher_prompts: bool
-) -> list[dict]:
+def builtin_rows(task: str, split: str, num_rows: int, seed: int, teacher_prompts: bool) -> list[dict]:
     """``num_rows`` rows of built-in task ``task``'s ``split``; ``teacher_prompts=False`` leaves
     out the privileged prompt (under ``algorithm=gkd`` a row with one would be distilled OPSD-style)."""
-    return BUILDERS[BuiltinTask(task)](split, num_rows, seed, teacher_prompts)
+    return BUILDERS[getattr(task, "value", task)](split, num_rows, seed, teacher_prompts)

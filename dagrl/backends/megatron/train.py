@@ -161,20 +161,18 @@ class MegatronTrainBackend:
         update zeroes them anyway); the freed GiB is reported. False when nothing left."""
         if not self._resident:  # a second offload (another role's turn) keeps the first one's figure
             return True
-        cuda = self.ctx.device.type == "cuda"
-        grads = self.optimizer is not None and self.offload_policy.grads and cuda
-        if not (self.offload_policy.params or grads or self._offloads_optimizer()):
+        if not (self.offload_policy.params or self._offloads_grads() or self._offloads_optimizer()):
             return False
         before = allocated_gib()
         if self.offload_policy.params:
             self._offload_params()
             self._move_teacher_head(torch.device("cpu"))
-        if grads:
+        if self._offloads_grads():
             for chunk in self.model:  # storage resized to 0; restore_grad_buffers re-allocates zeros
                 chunk.offload_grad_buffers(synchronize=True, empty_cache=False)
         if self._offloads_optimizer():
             self.optimizer.offload_to_cpu()
-        if cuda:
+        if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
         self.offload_freed_gib = before - allocated_gib()
         self._resident = False
@@ -184,11 +182,10 @@ class MegatronTrainBackend:
         if self._resident:
             return
         self._resident = True
-        cuda = self.ctx.device.type == "cuda"
         if self.offload_policy.params:
             self._onload_params()
             self._move_teacher_head(self.ctx.device)
-        if self.optimizer is not None and self.offload_policy.grads and cuda:
+        if self._offloads_grads():
             for chunk in self.model:
                 chunk.restore_grad_buffers(synchronize=True)
         if self._offloads_optimizer():
@@ -197,6 +194,9 @@ class MegatronTrainBackend:
     def _move_teacher_head(self, device: torch.device) -> None:
         if self._teacher_head is not None:  # full-vocabulary GKD: the student's copy of it
             self._teacher_head = tuple(t if t is None else t.to(device) for t in self._teacher_head)
+
+    def _offloads_grads(self) -> bool:
+        return self.optimizer is not None and self.offload_policy.grads and self.ctx.device.type == "cuda"
 
     def _offloads_optimizer(self) -> bool:
         # megatron moves the optimizer state back with .cuda(): on a CPU device there is nowhere
@@ -407,10 +407,7 @@ class MegatronTrainBackend:
         metrics.update(self._throughput("update", self._step_micros, time.perf_counter() - start, 3))
         metrics.update(_padding_stats(self._step_micros).metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
-            metrics["perf/peak_added_gib"] = device_memory.peak_added_gib(allocated)
-            # the update's own sample (its cache still holds its reserved peak), then the step's
-            metrics["update/device_memory_used_gib"] = device_memory.note_phase_end()
-            metrics["perf/device_memory_used_gib"] = device_memory.take_peak_used_gib()
+            metrics.update(device_memory.update_metrics(allocated))
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
         return Batch(), metrics
 

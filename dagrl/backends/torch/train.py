@@ -318,10 +318,7 @@ class TorchTrainBackend:
         self.steps += 1
         metrics.update(self.padding.metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
-            metrics["perf/peak_added_gib"] = device_memory.peak_added_gib(allocated)
-            # the update's own sample (its cache still holds its reserved peak), then the step's
-            metrics["update/device_memory_used_gib"] = device_memory.note_phase_end()
-            metrics["perf/device_memory_used_gib"] = device_memory.take_peak_used_gib()
+            metrics.update(device_memory.update_metrics(allocated))
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
