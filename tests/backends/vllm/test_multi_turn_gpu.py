@@ -34,7 +34,9 @@ MT = "actor_rollout_ref.rollout.multi_turn"
 
 @pytest.fixture(scope="module")
 def setup():
-    # validated: the defaults a run resolves (the learning rate among them) are set, as in a run
+    # validated, as in a run (the learning rate among the defaults it resolves), once the plugin has
+    # registered the environment the config names
+    load_plugins(["tests/plugins/quiz_env.py"])
     cfg = validated_config(
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.model.dtype={DTYPE}",
@@ -48,7 +50,6 @@ def setup():
         f"{MT}.max_tool_response_length=8",
         "data.max_response_length=48",
     )
-    load_plugins(cfg.external_plugins)
     rollout, trainer = (
         VLLMRolloutBackend(role_spec(cfg, "rollout"), CTX),
         TorchTrainBackend.from_config(cfg, CTX),
