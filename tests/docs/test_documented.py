@@ -25,6 +25,9 @@ PRESETS = {
     "algorithm=gkd": E2E + "test_gkd_run.py::test_gkd_resume_reproduces_uninterrupted_run",
     "algorithm=opsd": E2E + "test_opsd_run.py::test_opsd_resume_reproduces_uninterrupted_run",
     "algorithm=sft": E2E + "test_sft_run.py::test_sft_from_scratch_lowers_validation_loss_across_a_resume",
+    "algorithm=dapo": E2E + "test_dapo_run.py::test_dapo_refills_the_batch",
+    "algorithm=rloo": E2E + "test_algorithms_run.py::test_estimator_preset_runs_a_step",
+    "algorithm=reinforce_plus_plus": E2E + "test_algorithms_run.py::test_estimator_preset_runs_a_step",
     "placement=colocate": E2E + "test_grpo_run.py::test_resume_reproduces_uninterrupted_run",
     "placement=separate": E2E + "test_grpo_run.py::test_separate_rollout_pool_receives_weights_through_ray",
     "pipeline=sample": E2E + "test_sample_run.py::test_sample_kill_resume_in_device_groups_then_sft",
@@ -69,6 +72,11 @@ MODES = {
     "sample.filter=best_of_n": PRESETS["pipeline=sample"],
     "sample.filter=threshold": "tests/sample/test_sample_parts.py::test_filters",
     "sample.filter=keep_all": "tests/sample/test_sample_parts.py::test_filters",
+    "algorithm.adv_estimator=rloo": E2E + "test_algorithms_run.py::test_estimator_preset_runs_a_step",
+    "algorithm.adv_estimator=reinforce_plus_plus": E2E
+    + "test_algorithms_run.py::test_estimator_preset_runs_a_step",
+    "algorithm.adv_estimator=reinforce_plus_plus_baseline": E2E
+    + "test_algorithms_run.py::test_estimator_preset_runs_a_step",
     "algorithm.rollout_correction.rollout_is=token": (
         E2E + "test_rollout_overlap.py::test_on_policy_update_skips_the_old_logprob_pass"
     ),

@@ -86,6 +86,7 @@ ELSEWHERE = {
     ),
     "python -m dagrl.main actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32"
     " actor_rollout_ref.actor.optim.lr=1e-3": "tests/e2e/test_lora_run.py::test_lora_run_takes_its_reference_from_the_base",
+    "python -m dagrl.main algorithm=dapo": "tests/e2e/test_dapo_run.py::test_dapo_refills_the_batch",
     "python -m dagrl.main actor_rollout_ref.model.use_remove_padding=true": (
         "tests/e2e/test_packing_run.py::test_packed_run_follows_the_padded_run"
     ),
