@@ -58,6 +58,7 @@ import logging
 import os
 import pickle
 import queue
+import signal
 import socket
 import sys
 import time
@@ -232,6 +233,11 @@ def _serve(rank: int, world_size: int, tasks: Any, results: Any, parent: int) ->
     keeps threads per group, which would pile up over a session). Exits when the test process
     is gone."""
     torch.set_num_threads(1)  # ranks share 2 cores; more threads only thrash
+    # a rank whose test process is gone must not wait at exit for its queues' feeder threads to
+    # flush into pipes nobody reads (it hung there in a futex, left behind by every test run)
+    results.cancel_join_thread()
+    tasks.cancel_join_thread()
+    os.setpgid(0, 0)  # a group of its own: close() kills the rank and what it started (checkpoint workers)
     apply()
     while (task := _next_task(tasks, parent)) is not None:
         fn, args, port, timeout_s = task
@@ -309,7 +315,10 @@ class _RankPool:
 
     def close(self) -> None:
         for proc in self.procs:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the rank's group: it and its children
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
         for proc in self.procs:
             proc.join()
 
