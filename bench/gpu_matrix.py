@@ -25,11 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from real_size_gpu import REPO, REWARD, SETUPS, build  # noqa: E402
+from real_size_gpu import REPO, REWARD, build  # noqa: E402
+from real_size_gpu import overrides as real_size_overrides  # noqa: E402
 
-A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
 # name -> (shape, setup, prompts, n, prompt length, response length, steps)
 ROWS = {
     "0.6b-32x8x256": ("0.6b", "torch", 32, 8, 128, 256, 20),
@@ -43,29 +44,12 @@ PHASE_LINE = re.compile(r"^\s{4}(\w+)\s+([\d.]+)(?:\s+OVER)?\s+=")
 
 
 def overrides(shape_dir: str, run_dir: str, plugin: str, row: tuple) -> list[str]:
+    """real_size_gpu.py's command line for a row: the same run, the row's sizes."""
     _, setup, prompts, n, prompt, response, steps = row
-    return [
-        f"{M}.path={shape_dir}",
-        f"{M}.dtype=bfloat16",
-        f"{A}.optim.lr=1e-6",
-        "trainer.device=cuda",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.default_local_dir={run_dir}",
-        "trainer.save_freq=-1",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
-        "trainer.progress_bar=false",
-        f"data.train_batch_size={prompts}",
-        f"{A}.ppo_mini_batch_size={prompts}",
-        f"{R}.n={n}",
-        f"data.max_prompt_length={prompt}",
-        f"data.max_response_length={response}",
-        f"{R}.name=vllm",
-        f"{R}.ignore_eos=true",
-        f"external_plugins=[{plugin}]",
-        "reward.functions=[{name: long_answer, weight: 1.0}]",
-        *SETUPS[setup],
-    ]
+    args = SimpleNamespace(
+        setup=setup, prompts=prompts, n=n, prompt=prompt, response=response, steps=steps, overrides=[]
+    )
+    return real_size_overrides(args, shape_dir, run_dir, plugin)
 
 
 def plan_phases(stdout: str) -> dict[str, float]:
