@@ -28,7 +28,7 @@ import time
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from real_size_gpu import REPO, REWARD, build  # noqa: E402
+from real_size_gpu import REPO, build, run_command  # noqa: E402
 from real_size_gpu import overrides as real_size_overrides  # noqa: E402
 
 # name -> (shape, setup, prompts, n, prompt length, response length, steps)
@@ -66,11 +66,7 @@ def run_row(out: str, name: str, timeout: int) -> dict:
     row = ROWS[name]
     model = build("/tmp/dagrl_models", row[0])
     run_dir = tempfile.mkdtemp(prefix=f"{name}_", dir="/tmp")
-    plugin = os.path.join(run_dir, "long_answer.py")
-    with open(plugin, "w") as f:
-        f.write(REWARD)
-    cmd = [sys.executable, "-m", "dagrl.main", *overrides(model, run_dir, plugin, row)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
+    cmd, env = run_command(run_dir, lambda plugin: overrides(model, run_dir, plugin, row))
     dry = subprocess.run(cmd + ["trainer.dry_run=true"], env=env, capture_output=True, text=True, cwd=REPO)
     plan = plan_phases(dry.stdout)
     start = time.perf_counter()

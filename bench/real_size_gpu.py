@@ -98,6 +98,17 @@ def overrides(args, model: str, run_dir: str, plugin: str) -> list[str]:
     ]
 
 
+def run_command(run_dir: str, make_overrides) -> tuple[list[str], dict]:
+    """`python -m dagrl.main` for a run in `run_dir` (its length reward written there as a plugin;
+    make_overrides(plugin path) -> overrides) and the environment that finds this checkout."""
+    plugin = os.path.join(run_dir, "long_answer.py")
+    with open(plugin, "w") as f:
+        f.write(REWARD)
+    cmd = [sys.executable, "-m", "dagrl.main", *make_overrides(plugin)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
+    return cmd, env
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("setup", choices=sorted(SETUPS))
@@ -113,11 +124,7 @@ def main() -> None:
     args = ap.parse_args()
     model = build(args.out, args.shape)
     run_dir = tempfile.mkdtemp(prefix="run_", dir=args.out)
-    plugin = os.path.join(run_dir, "long_answer.py")
-    with open(plugin, "w") as f:
-        f.write(REWARD)
-    cmd = [sys.executable, "-m", "dagrl.main", *overrides(args, model, run_dir, plugin)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
+    cmd, env = run_command(run_dir, lambda plugin: overrides(args, model, run_dir, plugin))
     plan = subprocess.run(cmd + ["trainer.dry_run=true"], env=env, capture_output=True, text=True, cwd=REPO)
     plan_lines = [ln for ln in plan.stdout.splitlines() if "GiB" in ln or "->" in ln]
     start = time.perf_counter()

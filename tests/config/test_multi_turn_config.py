@@ -94,20 +94,14 @@ def test_python_math_preset_plans_a_vllm_run_on_gsm8k(tmp_path, monkeypatch, iso
     gsm8k.py (the fixture rows, repeated to fill the batch of 64) and a Qwen3-1.7B-shape
     model directory (config only): it composes, its rules pass, and the dry run plans vLLM on one
     GPU with the sandboxed python tool and the Hermes parser."""
-    import shutil
 
     from transformers import Qwen3Config
 
     from dagrl.config.placement import format_plan
     from dagrl.trainer.setup import prepare
-    from tests.data_preprocess.test_scripts import FIXTURES, gsm8k
+    from tests.data_preprocess.test_scripts import gsm8k_parquet
 
-    source = tmp_path / "gsm8k_src"
-    source.mkdir()
-    rows = (FIXTURES / "gsm8k" / "train.jsonl").read_text().splitlines()
-    (source / "train.jsonl").write_text("\n".join(rows * 20) + "\n")  # 4 of 9 rows are valid
-    shutil.copy(FIXTURES / "gsm8k" / "test.jsonl", source / "test.jsonl")
-    assert gsm8k.main(["--local_dir", str(tmp_path / "gsm8k"), "--local_src", str(source)]) == 0
+    gsm8k_parquet(tmp_path)
     model = tmp_path / "qwen3_1p7b"
     Qwen3Config(
         hidden_size=2048,

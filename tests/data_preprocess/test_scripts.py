@@ -31,6 +31,20 @@ deepscaler = load_script("deepscaler")
 common = sys.modules["common"]
 
 
+def gsm8k_parquet(root: Path) -> Path:
+    """GSM8K parquet as examples/data_preprocess/gsm8k.py writes it, from the fixture rows repeated
+    to fill a 64-prompt batch (4 of 9 rows are valid): ROOT/gsm8k/{train,test}.parquet."""
+    import shutil
+
+    source = root / "gsm8k_src"
+    source.mkdir()
+    rows = (FIXTURES / "gsm8k" / "train.jsonl").read_text().splitlines()
+    (source / "train.jsonl").write_text("\n".join(rows * 20) + "\n")
+    shutil.copy(FIXTURES / "gsm8k" / "test.jsonl", source / "test.jsonl")
+    assert gsm8k.main(["--local_dir", str(root / "gsm8k"), "--local_src", str(source)]) == 0
+    return root / "gsm8k"
+
+
 def run(script, tmp_path, *args):
     """Run a script's main; return (exit status, {split: rows read back})."""
     out = tmp_path / "out"

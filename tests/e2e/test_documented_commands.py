@@ -117,11 +117,9 @@ def gpu_commands() -> list[str]:
 def stand_ins(tmp_path_factory):
     """A Qwen3-0.6B-shape model directory (config only: a dry run reads no weights) and gsm8k
     parquet from examples/data_preprocess/gsm8k.py on the fixture rows (repeated to fill 64)."""
-    import shutil
-
     from transformers import Qwen3Config
 
-    from tests.data_preprocess.test_scripts import FIXTURES, gsm8k
+    from tests.data_preprocess.test_scripts import gsm8k_parquet
 
     root = tmp_path_factory.mktemp("stand_ins")
     Qwen3Config(
@@ -133,12 +131,7 @@ def stand_ins(tmp_path_factory):
         vocab_size=151936,
         tie_word_embeddings=True,
     ).save_pretrained(root / "model")
-    source = root / "src"
-    source.mkdir()
-    rows = (FIXTURES / "gsm8k" / "train.jsonl").read_text().splitlines()
-    (source / "train.jsonl").write_text("\n".join(rows * 20) + "\n")  # 4 of 9 rows are valid
-    shutil.copy(FIXTURES / "gsm8k" / "test.jsonl", source / "test.jsonl")
-    assert gsm8k.main(["--local_dir", str(root / "gsm8k"), "--local_src", str(source)]) == 0
+    gsm8k_parquet(root)
     return root
 
 
