@@ -8,9 +8,12 @@
 #   bash bench/acceptance_gpu.sh OUT tests_c      # LoRA on vLLM (adapter sync)
 #   bash bench/acceptance_gpu.sh OUT handover     # 0.6B, 32x8x256, 20 steps: hand-overs flat within 1 GiB
 #   bash bench/acceptance_gpu.sh OUT tests_d      # DAPO's refill rounds on vLLM colocated (sleep levels 1, 2)
+#   bash bench/acceptance_gpu.sh OUT docs_a       # the GPU-only commands README and docs show, 2 steps
+#   bash bench/acceptance_gpu.sh OUT docs_b       #   each: half of them per group
 #   bash bench/acceptance_gpu.sh OUT matrix ROW.. # bench/gpu_matrix.py rows: 0.6b-32x8x256 (20 steps, the
 #                                                 #   hand-over flatness), 0.6b-64x8x512, 1.7b-torch, 4b-torch,
-#                                                 #   4b-megatron; 8b-megatron on one H200
+#                                                 #   4b-megatron; 8b-megatron on one H200; gkd-0.6b-1.7b,
+                                                 #   calculator-vllm, sample-vllm-rm (documented runs)
 #   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl defaults / fast, and fast at BEFORE (same call)
 #   bash bench/acceptance_gpu.sh OUT side_dapo    # DAPO (2 rounds a step) beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
@@ -66,6 +69,10 @@ handover)  # the README's configuration, 20 steps: flat hand-overs asserted; als
     ;;
 tests_d)
     tests tests_d tests/e2e/test_dapo_gpu.py
+    ;;
+docs_a | docs_b)  # half the commands each, one process per command inside the file (each up to 280 s)
+    export DOCS_GPU_SHARD=$([ "$WHAT" = docs_a ] && echo 0/2 || echo 1/2)
+    FILE_TIMEOUT=${FILE_TIMEOUT:-570} tests "$WHAT" tests/e2e/test_documented_gpu.py
     ;;
 matrix)
     shift 2

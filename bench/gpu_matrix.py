@@ -62,12 +62,64 @@ def plan_phases(stdout: str) -> dict[str, float]:
     return out
 
 
-def run_row(out: str, name: str, timeout: int) -> dict:
+# the other one-GPU rows: a documented run as users type it, 10 steps (run dir -> command, metrics)
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
+SHORT = ["trainer.device=cuda", "trainer.progress_bar=false", "trainer.save_freq=-1"]
+
+
+def gkd_row(run_dir: str) -> tuple[list[str], str]:
+    """ms-swift's colocate/colocate GKD YAML through run.sh: a 0.6B student, a 1.7B teacher."""
+    student, teacher = build(MODELS, "0.6b"), build(MODELS, "1.7b")
+    yaml = os.path.join(REPO, "examples/ms_swift/rollout_colocate_teacher_colocate.yaml")
+    cmd = ["bash", os.path.join(REPO, "run_scripts/gkd/run.sh"), yaml, f"model={student}",
+           f"teacher_model={teacher}", "trainer.total_training_steps=10", f"trainer.default_local_dir={run_dir}",
+           "trainer.val_before_train=false", "trainer.test_freq=-1", "data.max_prompt_length=128",
+           "data.max_response_length=256", "actor_rollout_ref.rollout.ignore_eos=true", *SHORT]  # fmt: skip
+    return cmd, os.path.join(run_dir, "metrics.jsonl")
+
+
+def calculator_row(run_dir: str) -> tuple[list[str], str]:
+    """The multi-turn calculator example with the vLLM rollout (its own tiny model and tool)."""
+    cmd = [sys.executable, "-m", "dagrl.main", "experiment=multi_turn/calculator", "actor_rollout_ref.rollout.name=vllm",
+           "trainer.total_training_steps=10", f"trainer.default_local_dir={run_dir}", *SHORT]  # fmt: skip
+    return cmd, os.path.join(run_dir, "metrics.jsonl")
+
+
+def sample_row(run_dir: str) -> tuple[list[str], str]:
+    """pipeline=sample: the vLLM sampler and an outcome reward model (0.6B shapes), 4 shards."""
+    from sample_gpu import build_reward_model
+
+    policy = build(MODELS, "0.6b")
+    out_dir = os.path.join(run_dir, "samples")
+    cmd = [sys.executable, "-m", "dagrl.main", "pipeline=sample", f"actor_rollout_ref.model.path={policy}",
+           "actor_rollout_ref.model.dtype=bfloat16", "actor_rollout_ref.rollout.name=vllm",
+           "actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.n=8",
+           "data.max_response_length=512", f"sample.output_dir={out_dir}", "sample.shard_size=64",
+           "sample.max_prompts=256", "sample.filter=best_of_n", f"sample.orm_model={build_reward_model(policy, run_dir)}",
+           f"trainer.default_local_dir={run_dir}", *SHORT]  # fmt: skip
+    return cmd, os.path.join(out_dir, "metrics.jsonl")
+
+
+COMMAND_ROWS = {"gkd-0.6b-1.7b": gkd_row, "calculator-vllm": calculator_row, "sample-vllm-rm": sample_row}
+MODELS = "/tmp/dagrl_models"
+
+
+def row_command(name: str, run_dir: str) -> tuple[list[str], dict, str]:
+    """A row's command, its environment and where its metrics land."""
+    if name in COMMAND_ROWS:
+        cmd, metrics = COMMAND_ROWS[name](run_dir)
+        return cmd, ENV, metrics
     row = ROWS[name]
-    model = build("/tmp/dagrl_models", row[0])
-    run_dir = tempfile.mkdtemp(prefix=f"{name}_", dir="/tmp")
+    model = build(MODELS, row[0])
     cmd, env = run_command(run_dir, lambda plugin: overrides(model, run_dir, plugin, row))
-    dry = subprocess.run(cmd + ["trainer.dry_run=true"], env=env, capture_output=True, text=True, cwd=REPO)
+    return cmd, env, os.path.join(run_dir, "metrics.jsonl")
+
+
+def run_row(out: str, name: str, timeout: int) -> dict:
+    run_dir = tempfile.mkdtemp(prefix=f"{name}_", dir="/tmp")
+    cmd, env, metrics = row_command(name, run_dir)
+    dry_cmd = cmd + ["trainer.dry_run=true"]
+    dry = subprocess.run(dry_cmd, env=env, capture_output=True, text=True, cwd=REPO)
     plan = plan_phases(dry.stdout)
     start = time.perf_counter()
     log = os.path.join(out, f"{name}.log")
@@ -79,8 +131,8 @@ def run_row(out: str, name: str, timeout: int) -> dict:
     except subprocess.TimeoutExpired:
         rc = 124
     rows = []
-    if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
-        rows = [json.loads(ln) for ln in open(os.path.join(run_dir, "metrics.jsonl")) if ln.strip()]
+    if os.path.isfile(metrics):
+        rows = [json.loads(ln) for ln in open(metrics) if ln.strip()]
     rows = [r for r in rows if "timing_s/step" in r]
     steps = [r["timing_s/step"] for r in rows]
     later = steps[1:] or steps
@@ -109,6 +161,15 @@ def run_row(out: str, name: str, timeout: int) -> dict:
         "median_step_s": round(sorted(later)[len(later) // 2], 2) if later else None,
         "last3_s": [round(s, 2) for s in steps[-3:]],
         "grad_norm": [round(r.get("actor/grad_norm", 0.0), 4) for r in rows[:1] + rows[-1:]],
+        # what the row learns, first and last step: divergence (GKD), reward (GRPO, multi-turn, samples)
+        "first_last": {
+            k: [round(rows[0][k], 4), round(rows[-1][k], 4)]
+            for k in sorted(rows[0])
+            if rows
+            and k in rows[-1]
+            and isinstance(rows[0][k], float)
+            and ("loss" in k or "reward/mean" in k or "divergence" in k or "score" in k)
+        },
         "peak_gib": peaks,
         "plan_gib": {p: plan.get(p) for p in ("rollout", "update")},
         "handover": handover,

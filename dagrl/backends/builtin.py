@@ -120,7 +120,7 @@ def _vllm_teacher(cfg, spec: RoleSpec, ctx):
 # ---- reward models as roles (orm / prm of the sampling pipeline, rm of GRPO's reward node)
 # the memory plan counted reward models with the hf rollout's estimate before it was a registry
 # hook; kept so that the plan is unchanged (a forward-only estimate would be closer)
-@register_backend("reward_model", "hf", estimate=hf_memory.role_memory)
+@register_backend("reward_model", "hf", estimate=hf_memory.score_memory)
 def _reward_model(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.reward_model import RewardModelBackend
 

@@ -287,6 +287,8 @@ def fault_plan_hint(memory: MemoryPlan | None, plan: Plan, fault) -> str:
     if fault.kind != CUDA_OOM:
         return ""
     phase = _FAULT_PHASES.get(fault.phase)
+    if fault.phase in ("score", "score_steps"):  # a reward model's pass: its role names the phase
+        phase = str(fault.role)
     if fault.phase == "forward_logprobs":
         phase = {"ref": "ref_logprob", "teacher": "teacher"}.get(str(fault.role), "old_logprob")
     return oom_hint(memory, plan, phase) if phase else ""
@@ -303,6 +305,7 @@ def phase_levers(plan: Plan, row) -> str:
         f"with {REF}.log_prob_max_token_len_per_gpu",
         "teacher": "a smaller teacher.log_prob_micro_batch_size_per_gpu, teacher.offload=true",
         "rollout": f"a lower {R}.gpu_memory_utilization",
+        **dict.fromkeys(("rm", "orm", "prm"), "a smaller reward.model.micro_batch_size_per_gpu"),
     }[row.phase]
     if any(size > 0 for size in row.others.values()):
         levers += (

@@ -26,13 +26,18 @@ from dagrl.registry import BACKENDS
 
 CONTEXT_BYTES = 1.0 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers: outside the allocator
 
-# phase -> the role that has the device, in the order a step runs them
+# (phase, the role that has the device, the phase of the role's estimate), in the order a step runs
+# them; a sampling job's sampler samples as a rollout does, reward models score in a phase each
 PHASES = (
-    ("rollout", Role.rollout),
-    ("old_logprob", Role.train),
-    ("ref_logprob", Role.ref),
-    ("teacher", Role.teacher),
-    ("update", Role.train),
+    ("rollout", Role.rollout, "rollout"),
+    ("rollout", Role.sampler, "rollout"),
+    ("rm", Role.rm, "score"),
+    ("orm", Role.orm, "score"),
+    ("prm", Role.prm, "score"),
+    ("old_logprob", Role.train, "old_logprob"),
+    ("ref_logprob", Role.ref, "ref_logprob"),
+    ("teacher", Role.teacher, "teacher"),
+    ("update", Role.train, "update"),
 )
 
 
@@ -87,6 +92,9 @@ NODE_PHASES = {
     "teacher_logprob": "teacher",
     "teacher_hidden": "teacher",
     "actor_update": "update",
+    "rm_score": "rm",
+    "orm_score": "orm",
+    "prm_score": "prm",
 }
 
 
@@ -129,11 +137,11 @@ def plan_memory(
 
 def _rows(roles: dict[str, RoleMemory]) -> list[PhaseRow]:
     rows = []
-    for phase, role in PHASES:
-        if role not in roles or phase not in roles[role].phases:
+    for phase, role, own in PHASES:
+        if role not in roles or own not in roles[role].phases:
             continue
         mem = roles[role]
-        parts = {**mem.active, **mem.phases[phase]}
+        parts = {**mem.active, **mem.phases[own]}
         others = {r: parts_total(m.idle) for r, m in roles.items() if r != role}
         total = CONTEXT_BYTES + parts_total(parts) + sum(others.values())
         rows.append(PhaseRow(phase, role, parts, others, total))

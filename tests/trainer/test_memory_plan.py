@@ -250,3 +250,30 @@ def test_pinned_resident_trainer_is_named_when_the_rollout_cannot_fit(small):
     with pytest.raises(ConfigError) as info:
         check_memory(prepared.cfg, prepared.memory, prepared.plan)
     assert info.value.key == f"{A}.offload" and info.value.value is False
+
+
+def test_sampling_job_plans_the_sampler_and_the_reward_model(small, tmp_path):
+    """pipeline=sample on a GPU: the sampler's pool and the outcome reward model's scoring pass are
+    phases of the table (before, the group printed no phase: nothing checked against the card)."""
+    from dagrl.backends.memory import GIB
+
+    rm = qwen3_dir(tmp_path / "rm", 64, 2, 4, 2, 16, 128, 1000)
+    prepared = dry(
+        small,
+        "pipeline=sample",
+        f"sample.output_dir={tmp_path / 'out'}",
+        f"sample.orm_model={rm}",
+        "reward.model.micro_batch_size_per_gpu=8",
+        "data.max_prompt_length=16",
+        "data.max_response_length=8",
+        "trainer.gpu_memory_gib=10",
+    )
+    rows = {r.phase: r for r in prepared.memory.groups[0].rows}
+    assert set(rows) == {"rollout", "orm"}, rows
+    assert rows["rollout"].role == "sampler" and rows["orm"].role == "orm"
+    # the scoring pass by hand (fp32, the default dtype): 8 rows x 24 tokens x 4 bytes x (4 x 64 hidden
+    # + 2 x 128 intermediate), 4 bytes a token of scores
+    shape_params = rows["orm"].parts["weights"] / 4
+    assert rows["orm"].parts["activations"] == 8 * 24 * 4 * (4 * 64 + 2 * 128)
+    assert rows["orm"].parts["scores"] == 4 * 8 * 24
+    assert shape_params > 0 and rows["orm"].total < 10 * GIB

@@ -24,3 +24,17 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     parts = generate_bytes(shape, param_width(spec.model.dtype), work)
     weights = {"weights": parts.pop("weights")}
     return RoleMemory(weights, {}, {"rollout": parts})
+
+
+def score_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
+    """A reward model's registered estimate (orm, prm, GRPO's rm): weights while it scores, one
+    micro-batch's forward (no KV cache grows: one pass, no sampling): the widest layer's live
+    activations (hidden states, q/k/v and the MLP's intermediate) and a score per token; its model
+    waits in host memory between its turns."""
+    work = workload(cfg, spec.micro_batch_size, None, layout.dp)
+    width = param_width(spec.model.dtype)
+    activations = work.tokens * width * (4 * shape.hidden + 2 * shape.intermediate)
+    weights = {"weights": float(shape.params * width)}
+    return RoleMemory(
+        weights, {}, {"score": {"activations": float(activations), "scores": 4.0 * work.tokens}}
+    )

@@ -4,12 +4,19 @@ when the rollout role uses it, before Ray starts."""
 from __future__ import annotations
 
 from dagrl.config.schema import DagrlConfig, LoraSync
+from dagrl.console import log_once
 from dagrl.errors import ConfigError
 
 
 def check_hf_rollout(cfg: DagrlConfig) -> None:
-    """One model per device: no tensor parallelism."""
+    """One model per device: no tensor parallelism. On a GPU, a note that vLLM is the fast engine
+    (hf is the CPU default; a verl command line without rollout.name lands here)."""
     r = cfg.actor_rollout_ref.rollout
+    if cfg.trainer.device == "cuda":
+        log_once(
+            "note: actor_rollout_ref.rollout.name=hf on cuda: transformers' generate, padded batches "
+            "without paged attention, many times slower than actor_rollout_ref.rollout.name=vllm"
+        )
     if r.tensor_model_parallel_size != 1:
         raise ConfigError(
             "actor_rollout_ref.rollout.tensor_model_parallel_size",

@@ -178,6 +178,8 @@ class VLLMRolloutBackend:
         sampler = VLLMStepSampler(self.llm, kwargs, seed_base, lora_request)
         prompts = prompt_token_lists(batch["prompts"], batch["prompt_mask"])
         tensors, metrics = self.multi_turn.generate(sampler, prompts, batch_rows(batch, len(batch)))
+        # the engine still awake with its KV cache, as after a single-turn generate
+        metrics["rollout/device_memory_used_gib"] = device_memory.note_phase_end()
         metrics.update(self.memory)
         self.memory = {}
         return Batch(tensors), metrics
