@@ -13,6 +13,7 @@ from dagrl.main import compose
 
 M, R = "actor_rollout_ref.model", "actor_rollout_ref.rollout"
 BF16 = "actor_rollout_ref.model.dtype=bfloat16"
+MEGATRON = "actor_rollout_ref.actor.strategy=megatron"
 
 
 def typed(*overrides: str):
@@ -68,9 +69,15 @@ def test_ms_swift_tuner_type_and_lora_names(overrides, want):
         ((f"{M}.lora_rank=8", f"{M}.target_modules=[q_proj,qkv_proj]"), f"{M}.target_modules", "'up_proj'"),
         ((f"{M}.lora_rank=8", f"{M}.target_modules=[lm_head]"), f"{M}.target_modules", "output layer"),
         (
-            (f"{M}.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron"),
-            f"{M}.lora_rank",
-            "torch backend",
+            (f"{M}.lora_rank=8", MEGATRON, f"{M}.target_modules=[q_proj,v_proj]"),
+            f"{M}.target_modules",
+            "megatron fuses \\['q_proj', 'k_proj', 'v_proj'\\]",
+        ),
+        ((f"{M}.lora_rank=8", MEGATRON, f"{M}.target_modules=[qkv]"), f"{M}.target_modules", "'down_proj'"),
+        (
+            (f"{M}.lora_rank=8", MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"),
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+            "one pipeline stage",
         ),
         ((f"{M}.lora_rank=8", f"{R}.lora_sync=adapter"), f"{R}.lora_sync", "hf rollout does not serve"),
         ((f"{M}.lora_rank=1024", f"{R}.name=vllm", BF16), f"{M}.lora_rank", "up to rank 512"),
