@@ -237,8 +237,11 @@ def is_adapter_key(key: str) -> bool:
 
 
 @contextlib.contextmanager
-def adapters_disabled(adapted: list[AdaptedLayer]) -> Iterator[None]:
-    """Within: the model is the base (the reference of KL)."""
+def adapters_disabled(adapted: list[AdaptedLayer], when: bool = True) -> Iterator[None]:
+    """Within (if `when`): the model is the base (the reference of KL)."""
+    if not when:
+        yield
+        return
     for a in adapted:
         a.adapter.enabled = False
     try:
@@ -293,15 +296,19 @@ def _tp_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
 
 
 def save_adapter_dir(
-    tensors: dict[str, torch.Tensor], lora: LoraSettings, base_path: str, out_dir: str
+    adapted: list[AdaptedLayer], tcfg, lora: LoraSettings, base_path: str, out_dir: str
 ) -> None:
     """A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) of the
-    adapters, loadable with peft on the base model at `base_path`."""
+    adapters, loadable with peft on the base model at `base_path`. Collective (the TP gather);
+    global rank 0 writes."""
     import os
 
     from peft import LoraConfig
     from safetensors.torch import save_file
 
+    tensors = dict(adapter_tensors(adapted, tcfg))
+    if torch.distributed.get_rank() != 0:
+        return
     os.makedirs(out_dir, exist_ok=True)
     LoraConfig(
         r=lora.rank,

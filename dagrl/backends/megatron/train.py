@@ -4,7 +4,8 @@ and CPU offload, driven by `actor_rollout_ref.{actor,ref}.megatron.*`.
 Every rank of a DP group receives the same DP shard (the pool shards by `dp_info`); micro-batches
 go through megatron's forward-backward schedule (pipelined when PP > 1), the last stage turns
 vocab-parallel logits into what the objective requests (log-probs, entropy), and the loss is the
-objective's, in the update loop every train backend shares (backends/update_loop.py).
+objective's, in the update loop every train backend shares (backends/update_loop.py). With LoRA
+(spec.lora) adapters go on the linear layers when the model is built (lora.py).
 Used for the actor and, with forward_only=True, for the reference model and a colocated
 distillation teacher (no DDP, no optimizer; distill_steps.py has the teacher's forward and the
 student's GKD quantities).
@@ -341,12 +342,9 @@ class MegatronTrainBackend:
     # ---- forward -------------------------------------------------------------------------------
     @torch.no_grad()
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
-        """Log-probs under output_key; `ref_logprobs` on a LoRA actor are the base's (the ref role
-        runs here, config/roles.py: role_aliases), so the adapters are off for them."""
-        if self.lora is not None and output_key == "ref_logprobs":
-            with lora_layers.adapters_disabled(self.adapted):
-                return self._forward_logprobs(batch, output_key)
-        return self._forward_logprobs(batch, output_key)
+        """`ref_logprobs` on a LoRA actor are its base's (config/roles.py: role_aliases)."""
+        with lora_layers.adapters_disabled(self.adapted, output_key == "ref_logprobs"):
+            return self._forward_logprobs(batch, output_key)
 
     def _forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
         for chunk in self.model:
@@ -496,27 +494,22 @@ class MegatronTrainBackend:
     def save(self, path: str) -> None:
         """Sharded model + optimizer (+ step and RNG); the HF export is on demand (export_hf)."""
         os.makedirs(path, exist_ok=True)  # every rank: on several nodes each may see its own disk
-        keep = lora_layers.is_adapter_key if self.lora else None  # LoRA: the adapters, not the base
-        ckpt.save(path, self.model, self.optimizer, {"steps": self.steps}, keep=keep)
+        ckpt.save(path, self.model, self.optimizer, {"steps": self.steps}, keep=self._checkpointed())
 
     def load(self, path: str) -> None:
-        keep = lora_layers.is_adapter_key if self.lora else None
-        extra = ckpt.load(path, self.model, self.optimizer, keep=keep)
+        extra = ckpt.load(path, self.model, self.optimizer, keep=self._checkpointed())
         self.steps = extra["steps"]
+
+    def _checkpointed(self):
+        return lora_layers.is_adapter_key if self.lora else None  # LoRA: the adapters, not the base
 
     def export_hf(self, path: str) -> None:
         """The HF model at path (LoRA: merged, with the PEFT adapter directory under path/adapter)."""
-        save_hf(
-            self.chunks,
-            self.hf_config,
-            path,
-            tokenizer_dir=None,
-            weight=lora_layers.merged_weight(self.adapted),
-        )
-        if self.lora is not None:  # a collective (TP gather); rank 0 writes
-            adapters = dict(lora_layers.adapter_tensors(self.adapted, self.tcfg))
-            if torch.distributed.get_rank() == 0:
-                lora_layers.save_adapter_dir(adapters, self.lora, self.path, os.path.join(path, "adapter"))
+        save_hf(self.chunks, self.hf_config, path, weight=lora_layers.merged_weight(self.adapted))
+        if self.lora is not None:
+            lora_layers.save_adapter_dir(
+                self.adapted, self.tcfg, self.lora, self.path, os.path.join(path, "adapter")
+            )
         if torch.distributed.get_rank() == 0:
             load_tokenizer(self.path).save_pretrained(path)
 
