@@ -33,6 +33,9 @@ def _train_once(rank: int, world: int, cfg, batch):
     """Log-probs at init, one update, then what the checks read."""
     backend = _backend(cfg, rank, world)
     trainable = sorted(n for c in backend.chunks for n, p in c.named_parameters() if p.requires_grad)
+    # what the optimizer steps (its fp32 main params; DP = 1: whole tensors): the adapters only
+    stepped = sum(p.numel() for g in backend.optimizer.param_groups for p in g["params"])
+    adapters = sum(p.numel() for a in backend.adapted for p in a.adapter.parameters())
     batch, base = _with_old_logprobs(backend, batch)
     _, metrics = backend.train_step(batch)
     after, _ = backend.forward_logprobs(batch.select(INPUT_KEYS), "old_logprobs")
@@ -40,6 +43,7 @@ def _train_once(rank: int, world: int, cfg, batch):
     merged = {k: v.clone() for bucket in backend.export_weights(to_cpu=True) for k, v in bucket.items()}
     return {
         "trainable": trainable,
+        "stepped": (stepped, adapters),
         "base": base,
         "after": after["old_logprobs"],
         "ref": ref["ref_logprobs"],
@@ -65,6 +69,7 @@ def test_starts_as_base_trains_adapters_only_and_refers_to_the_base(tp1):
     batch, out = tp1
     mask = batch["response_mask"].bool()
     assert out["trainable"] and all(".lora." in n for n in out["trainable"])
+    assert out["stepped"][0] == out["stepped"][1]  # no fp32 main copy or Adam state of the base
     layers = AutoConfig.from_pretrained(resolve_model_path(ModelConfig().path)).num_hidden_layers
     assert len(out["trainable"]) == 2 * 4 * layers  # A, B of qkv, proj, fc1, fc2 in every layer
     # B starts at zero: the first forward is the base's; the reference stays the base after the step
