@@ -68,11 +68,6 @@ def test_ms_swift_tuner_type_and_lora_names(overrides, want):
         ((f"{M}.lora_alpha=8",), f"{M}.lora_alpha", "LoRA is off"),
         ((f"{M}.lora_rank=8", f"{M}.target_modules=[q_proj,qkv_proj]"), f"{M}.target_modules", "'up_proj'"),
         ((f"{M}.lora_rank=8", f"{M}.target_modules=[lm_head]"), f"{M}.target_modules", "output layer"),
-        (
-            (f"{M}.lora_rank=8", MEGATRON, f"{M}.target_modules=[q_proj,v_proj]"),
-            f"{M}.target_modules",
-            "megatron fuses \\['q_proj', 'k_proj', 'v_proj'\\]",
-        ),
         ((f"{M}.lora_rank=8", MEGATRON, f"{M}.target_modules=[qkv]"), f"{M}.target_modules", "'down_proj'"),
         (
             (f"{M}.lora_rank=8", MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"),

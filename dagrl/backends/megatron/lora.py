@@ -12,7 +12,8 @@ A fused layer gets one adapter (A: r x in, B: out x r), so its HF names come tog
 and v share A and split B's rows (weights.py's fused layout), which is exactly three PEFT
 adapters of rank r with the same A. That is how the adapter leaves for vLLM and the PEFT
 directory: `..q_proj.lora_A` = `..k_proj.lora_A` = `..v_proj.lora_A` = A, `..q_proj.lora_B` = B's
-q rows. A part of a fused group (q_proj alone) would need a frozen part of B: refused in rules.
+q rows. A part of a fused group (`[q_proj, v_proj]`) masks the other names' rows of B: they stay
+zero with a zero gradient (Adam leaves them there) and are not exported.
 
 TP: an adapter is sharded like its layer's weight. Column-parallel (weight rows split): A is
 replicated, B's rows split; the branch's input gradient is summed over TP like the layer's own
@@ -53,40 +54,48 @@ FUSED_LAYERS: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "linear_fc1": (("gate_proj", "up_proj"), "mlp", True),
     "linear_fc2": (("down_proj",), "mlp", False),
 }
+_FUSES = {
+    "linear_qkv": "qkv",
+    "linear_fc1": "gate_up",
+    "linear_proj": "none",
+    "linear_fc2": "none",
+}  # weights._Fuse
 HF_LINEAR_NAMES = sorted(n for names, _, _ in FUSED_LAYERS.values() for n in names)
 _LAYER_PATH = re.compile(r"^decoder\.layers\.(\d+)\.(self_attention|mlp)\.(linear_\w+)$")
 PEFT_PREFIX = "base_model.model.model.layers"  # PEFT's saved name of a decoder layer
 
 
-@dataclass(frozen=True)
-class TargetProblem:
-    """Why target_modules cannot map onto megatron's layers: unknown names, or a part of a fused group."""
-
-    unknown: tuple[str, ...] = ()
-    partial: tuple[tuple[str, ...], ...] = ()  # the fused groups named only in part
-
-
-def target_layers(targets: tuple[str, ...] | str) -> tuple[set[str], TargetProblem | None]:
-    """(megatron layer names that take adapters, the problem or None) for `target_modules`."""
+def target_layers(targets: tuple[str, ...] | str) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """({megatron layer: its HF names that `target_modules` names, in fused order}, the names that
+    are no linear layer of the decoder)."""
     if targets == ALL_LINEAR:
-        return set(FUSED_LAYERS), None
+        return {layer: names for layer, (names, _, _) in FUSED_LAYERS.items()}, ()
     named = set(targets)
     unknown = tuple(t for t in targets if t not in HF_LINEAR_NAMES)
-    layers, partial = set(), []
-    for layer, (names, _, _) in FUSED_LAYERS.items():
-        hit = named & set(names)
-        if hit == set(names):
-            layers.add(layer)
-        elif hit:
-            partial.append(names)
-    problem = TargetProblem(unknown, tuple(partial)) if unknown or partial else None
-    return layers, problem
+    layers = {layer: tuple(n for n in names if n in named) for layer, (names, _, _) in FUSED_LAYERS.items()}
+    return {layer: names for layer, names in layers.items() if names}, unknown
 
 
 def hf_target_names(targets: tuple[str, ...] | str) -> list[str]:
     """The HF module names the adapters cover (what the PEFT directory lists)."""
     layers, _ = target_layers(targets)
-    return [n for layer in FUSED_LAYERS if layer in layers for n in FUSED_LAYERS[layer][0]]
+    return [n for names in layers.values() for n in names]
+
+
+def _row_mask(rows: int, kind: str, targeted: tuple[str, ...], tcfg) -> torch.Tensor | None:
+    """[rows, 1]: 1 on the local rows of B that belong to a targeted HF name of a fused layer,
+    0 on the others (q_proj and v_proj named, k_proj not: k's rows stay zero and untrained);
+    None when the whole layer is targeted."""
+    from dagrl.backends.megatron.weights import _Fuse, _unfuse
+
+    names = FUSED_LAYERS[kind][0]
+    if targeted == names:
+        return None
+    mask = torch.zeros(rows, 1)
+    for name, index in zip(names, _unfuse(torch.arange(rows), _Fuse(_FUSES[kind]), tcfg)):
+        if name in targeted:
+            mask[index] = 1.0
+    return mask
 
 
 class LoraAdapter(torch.nn.Module):
@@ -94,7 +103,14 @@ class LoraAdapter(torch.nn.Module):
     like the layer (module docstring). Shapes are this rank's: column-parallel A [r, in],
     B [out/tp, r]; row-parallel A [r, in/tp], B [out, r]."""
 
-    def __init__(self, weight: torch.Tensor, lora: LoraSettings, column: bool, sequence_parallel: bool):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        lora: LoraSettings,
+        column: bool,
+        sequence_parallel: bool,
+        row_mask: torch.Tensor | None = None,
+    ):
         super().__init__()
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
@@ -112,6 +128,8 @@ class LoraAdapter(torch.nn.Module):
         set_tensor_model_parallel_attributes(split, True, 0 if column else 1, 1)
         replicated = self.A if column else self.B
         replicated.sequence_parallel = sequence_parallel  # its grad: a partial sum per sequence slice
+        # rows of B outside the target (part of a fused layer): held at zero, their gradient zero
+        self.register_buffer("row_mask", None if row_mask is None else row_mask.to(dev), persistent=False)
 
     @torch.no_grad()
     def reset(self, seed: int) -> None:
@@ -142,11 +160,14 @@ class LoraAdapter(torch.nn.Module):
             h = tpl.reduce_scatter_to_sequence_parallel_region(h, group=self.tp_group)
         else:
             h = tpl.reduce_from_tensor_model_parallel_region(h, group=self.tp_group)
-        return F.linear(h, self.B) * self.scale
+        return F.linear(h, self._b()) * self.scale
+
+    def _b(self) -> torch.Tensor:
+        return self.B if self.row_mask is None else self.B * self.row_mask
 
     def delta(self) -> torch.Tensor:
         """scale · B·A of this rank's shard, shaped like the layer's local weight (fp32)."""
-        return (self.B @ self.A) * self.scale
+        return (self._b() @ self.A) * self.scale
 
 
 @dataclass
@@ -156,6 +177,7 @@ class AdaptedLayer:
     module: torch.nn.Module  # the megatron linear layer; its adapter is `module.lora`
     layer: int  # global decoder layer index
     kind: str  # a FUSED_LAYERS key
+    targeted: tuple[str, ...]  # its HF names that carry the adapter (all of them but for a part of a group)
 
     @property
     def adapter(self) -> LoraAdapter:
@@ -165,8 +187,8 @@ class AdaptedLayer:
 def apply_lora(chunks: list, lora: LoraSettings, seed: int, sequence_parallel: bool) -> list[AdaptedLayer]:
     """Freeze every parameter of `chunks`, put an fp32 adapter on each targeted linear layer
     (in place) and return them; the model's output equals the base's until B moves."""
-    layers, problem = target_layers(lora.target_modules)
-    assert problem is None, f"megatron/rules.py lets no bad target through: {problem}"
+    layers, unknown = target_layers(lora.target_modules)
+    assert not unknown, f"megatron/lora_rules.py lets no unknown target through: {unknown}"
     adapted = []
     for chunk in chunks:
         chunk.requires_grad_(False)
@@ -176,11 +198,13 @@ def apply_lora(chunks: list, lora: LoraSettings, seed: int, sequence_parallel: b
                 continue
             layer = chunk.decoder.layers[int(match.group(1))].layer_number - 1  # global, 0-based
             kind = match.group(3)
-            module.lora = LoraAdapter(module.weight, lora, FUSED_LAYERS[kind][2], sequence_parallel)
+            mask = _row_mask(module.weight.shape[0], kind, layers[kind], chunk.config)
+            module.lora = LoraAdapter(module.weight, lora, FUSED_LAYERS[kind][2], sequence_parallel, mask)
             module.lora.reset(zlib.crc32(f"{seed}.{layer}.{kind}".encode()))
             module.register_forward_hook(_add_adapter, with_kwargs=True)
-            module.sharded_state_dict = _adapter_sharded_state(module, module.sharded_state_dict)
-            adapted.append(AdaptedLayer(module, layer, kind))
+            gated = kind == "linear_fc1" and chunk.config.gated_linear_unit
+            module.sharded_state_dict = _adapter_sharded_state(module, module.sharded_state_dict, gated)
+            adapted.append(AdaptedLayer(module, layer, kind, layers[kind]))
         # a frozen embedding makes no activation require a gradient, and a recomputed (checkpointed)
         # layer whose inputs need none would give its adapters none
         chunk.embedding.register_forward_hook(lambda _m, _a, out: out.requires_grad_(True))
@@ -210,9 +234,11 @@ def _input_norm(module, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), weight, bias, cfg.layernorm_epsilon)
 
 
-def _adapter_sharded_state(module, layer_sharded_state: Callable) -> Callable:
+def _adapter_sharded_state(module, layer_sharded_state: Callable, gated: bool) -> Callable:
     """The layer's sharded_state_dict with its adapter's tensors sharded along the axis they
-    are split on (the layer's own method would store them as TP replicas)."""
+    are split on (the layer's own method would store them as TP replicas); a gated fc1's B
+    stored as gate rows then up rows, as megatron stores the weight, so any TP size reads it."""
+    from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
     from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
     def sharded_state_dict(prefix="", sharded_offsets=(), metadata=None):
@@ -226,6 +252,10 @@ def _adapter_sharded_state(module, layer_sharded_state: Callable) -> Callable:
                 own, prefix, axis, sharded_offsets, tp_group=tp, dp_cp_group=dp_cp
             )
         )
+        if gated:
+            singleton = (metadata or {}).get("singleton_local_shards", False)
+            key = f"{prefix}lora.B"
+            state[key] = apply_swiglu_sharded_factory(state[key], sharded_offsets, singleton)
         return state
 
     return sharded_state_dict
@@ -273,7 +303,7 @@ def adapter_tensors(adapted: list[AdaptedLayer], tcfg) -> Iterator[tuple[str, to
 
     for a in sorted(adapted, key=lambda a: (a.layer, list(FUSED_LAYERS).index(a.kind))):
         names, path, column = FUSED_LAYERS[a.kind]
-        fuse = {"linear_qkv": _Fuse.QKV, "linear_fc1": _Fuse.GATE_UP}.get(a.kind, _Fuse.NONE)
+        fuse = _Fuse(_FUSES[a.kind])
         A, B = a.adapter.A.detach(), a.adapter.B.detach()
         if column:
             shards = [_unfuse(s, fuse, tcfg) for s in _tp_gather(B, a.adapter.tp_group)]
@@ -281,6 +311,8 @@ def adapter_tensors(adapted: list[AdaptedLayer], tcfg) -> Iterator[tuple[str, to
         else:
             A, pieces = torch.cat(_tp_gather(A, a.adapter.tp_group), dim=1), [B]
         for hf, b in zip(names, pieces):
+            if hf not in a.targeted:  # a part of a fused layer left out: its rows of B are zero
+                continue
             prefix = f"{PEFT_PREFIX}.{a.layer}.{path}.{hf}"
             yield f"{prefix}.lora_A.weight", A.clone()
             yield f"{prefix}.lora_B.weight", b.contiguous()

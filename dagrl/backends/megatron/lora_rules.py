@@ -1,10 +1,10 @@
 """The megatron backend's LoRA rules (actor_rollout_ref.model.lora_rank > 0), run with its other
-rules before Ray starts: the target names map onto megatron's fused layers (lora.py), and the
-layouts the adapters are built for."""
+rules before Ray starts: the target names are the decoder's linear layers (lora.py maps them onto
+megatron's fused ones), and the layouts the adapters are built for."""
 
 from __future__ import annotations
 
-from dagrl.backends.megatron.lora import FUSED_LAYERS, HF_LINEAR_NAMES, target_layers
+from dagrl.backends.megatron.lora import HF_LINEAR_NAMES, target_layers
 from dagrl.config.roles import policy_lora
 from dagrl.config.schema import DagrlConfig
 from dagrl.errors import ConfigError
@@ -14,28 +14,18 @@ A = "actor_rollout_ref.actor.megatron"
 
 
 def check_megatron_lora(cfg: DagrlConfig, experts: int) -> None:
-    """Targets are the model's dense linear layers, whole fused groups; one pipeline stage; no
-    routed experts (`experts`: the model's count)."""
+    """Targets are the model's dense linear layers; one pipeline stage; no routed experts
+    (`experts`: the model's count)."""
     lora = policy_lora(cfg)
     if lora is None:
         return
-    _, problem = target_layers(lora.target_modules)
-    targets = cfg.actor_rollout_ref.model.target_modules
-    if problem is not None and problem.unknown:
+    _, unknown = target_layers(lora.target_modules)
+    if unknown:
         raise ConfigError(
             f"{M}.target_modules",
-            targets,
-            f"{list(problem.unknown)} are not linear layers of the model; its linear layers are"
+            cfg.actor_rollout_ref.model.target_modules,
+            f"{list(unknown)} are not linear layers of the model; its linear layers are"
             f" {HF_LINEAR_NAMES} (or give all-linear; the output layer takes no adapter)",
-        )
-    if problem is not None:
-        fused = {names: layer for layer, (names, _, _) in FUSED_LAYERS.items()}
-        groups = ", ".join(f"{list(g)} (megatron's {fused[g]})" for g in problem.partial)
-        raise ConfigError(
-            f"{M}.target_modules",
-            targets,
-            f"megatron fuses {groups} into one layer, which takes one adapter: name all of a group"
-            " or none of it (or give all-linear), or use actor_rollout_ref.actor.strategy=torch",
         )
     m = cfg.actor_rollout_ref.actor.megatron
     if m.pipeline_model_parallel_size > 1:
