@@ -118,7 +118,7 @@ class LoraAdapter(torch.nn.Module):
         out_local, in_local = weight.shape
         self.column, self.sequence_parallel = column, sequence_parallel
         self.scale = lora.alpha / lora.rank
-        self.dropout = torch.nn.Dropout(lora.dropout) if lora.dropout > 0 else torch.nn.Identity()
+        self.dropout_p = lora.dropout
         self.enabled = True
         self.tp_group = ps.get_tensor_model_parallel_group()
         dev = weight.device
@@ -150,7 +150,7 @@ class LoraAdapter(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from megatron.core import tensor_parallel as tpl
 
-        x = self.dropout(x.to(self.A.dtype))
+        x = self._dropout(x.to(self.A.dtype))
         h = F.linear(x, self.A)  # [s, b, r]: partial sums over the input shards when row-parallel
         if self.column and self.sequence_parallel:
             h = tpl.gather_from_sequence_parallel_region(h, group=self.tp_group)
@@ -161,6 +161,16 @@ class LoraAdapter(torch.nn.Module):
         else:
             h = tpl.reduce_from_tensor_model_parallel_region(h, group=self.tp_group)
         return F.linear(h, self._b()) * self.scale
+
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        from megatron.core import tensor_parallel as tpl
+
+        if self.dropout_p == 0 or not self.training:
+            return x
+        if self.column and not self.sequence_parallel:  # x is the same on every TP rank: so is its mask
+            return F.dropout(x, self.dropout_p)
+        with tpl.get_cuda_rng_tracker().fork():  # x is this rank's slice (input or sequence): its own mask
+            return F.dropout(x, self.dropout_p)
 
     def _b(self) -> torch.Tensor:
         return self.B if self.row_mask is None else self.B * self.row_mask

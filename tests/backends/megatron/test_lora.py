@@ -130,7 +130,7 @@ def _resume(rank: int, world: int, cfg, batch, path: str, load: bool):
 def test_checkpoint_holds_the_adapters_and_resumes_bit_identically(tmp_path):
     import os
 
-    cfg = megatron_config(*LORA)
+    cfg = megatron_config(*LORA, "actor_rollout_ref.model.lora_dropout=0.1")  # the RNG state resumes too
     batch, path = make_batch(), str(tmp_path / "ckpt")
     os.makedirs(path)
     ((straight, files),) = run_distributed(_resume, 1, cfg, batch, path, False)
