@@ -5,7 +5,7 @@
 #
 #   bash bench/acceptance_gpu.sh OUT tests_a      # multi-turn log-probs, the contract's vllm case, megatron
 #   bash bench/acceptance_gpu.sh OUT tests_b      # offload, mixed precision, engine errors, vllm, teacher, judge
-#   bash bench/acceptance_gpu.sh OUT tests_c      # LoRA on vLLM (adapter sync)
+#   bash bench/acceptance_gpu.sh OUT tests_c      # LoRA on vLLM (adapter sync; torch and megatron)
 #   bash bench/acceptance_gpu.sh OUT handover     # 0.6B, 32x8x256, 20 steps: hand-overs flat within 1 GiB
 #   bash bench/acceptance_gpu.sh OUT tests_d      # DAPO's refill rounds on vLLM colocated (sleep levels 1, 2)
 #   bash bench/acceptance_gpu.sh OUT docs_a       # the GPU-only commands README and docs show, 2 steps
@@ -62,7 +62,7 @@ tests_b)
         tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py
     ;;
 tests_c)
-    tests tests_c tests/backends/vllm/test_lora_gpu.py
+    tests tests_c tests/backends/vllm/test_lora_gpu.py tests/backends/vllm/test_lora_megatron_gpu.py
     ;;
 handover)  # the README's configuration, 20 steps: flat hand-overs asserted; also its matrix row
     GPU_MATRIX_ROWS=$OUT/rows.md FILE_TIMEOUT=580 tests handover tests/trainer/test_handover_gpu.py

@@ -41,6 +41,13 @@ SETUPS = {
     # LoRA rank 64 on every linear layer: frozen bf16 base, fp32 adapters, adapter-only sync to vLLM
     "torch-lora": (f"{M}.lora_rank=64", f"{M}.lora_alpha=128", f"{A}.optim.lr=1e-5"),
     "megatron": (f"{A}.strategy=megatron",),
+    # the same LoRA on megatron's fused layers (backends/megatron/lora.py), adapter-only sync
+    "megatron-lora": (
+        f"{A}.strategy=megatron",
+        f"{M}.lora_rank=64",
+        f"{M}.lora_alpha=128",
+        f"{A}.optim.lr=1e-5",
+    ),
     "megatron-cpuopt": (
         f"{A}.strategy=megatron",
         f"{MEGA}.optimizer_cpu_offload=true",

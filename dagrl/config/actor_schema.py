@@ -27,7 +27,8 @@ class ModelConfig:
     """Pack sequences without padding in the train and log-prob passes (docs/packing.md)."""
     lora_rank: int = ranged(0, ge=0, hint="0 = train all weights; 8-64 is usual for LoRA")
     """LoRA rank (verl's key; ms-swift's and PEFT's `lora_rank`/`r`): > 0 trains low-rank adapters
-    on `target_modules` and freezes the base in its dtype (torch backend, PEFT; docs/lora.md).
+    on `target_modules` and freezes the base in its dtype (torch: PEFT; megatron: its fused
+    layers; docs/lora.md).
     0 = full-parameter training."""
     lora_alpha: float = ranged(16.0, gt=0)
     """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_rank."""

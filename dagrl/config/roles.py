@@ -198,7 +198,7 @@ def _dtype_name(dtype) -> str:
 def role_aliases(cfg: DagrlConfig) -> dict[str, str]:
     """Roles a DAG names that run on another role's workers under this config: a `self_current`
     teacher is the train role's own model (no pool, no weights of its own); the reference of a
-    LoRA actor colocated with it on the torch backend is the actor's base with the adapter
+    LoRA actor colocated with it is the actor's base with the adapter
     disabled (no second copy of the model)."""
     aliases = {}
     if cfg.teacher.model == SelfTeacher.self_current.value:
@@ -209,8 +209,8 @@ def role_aliases(cfg: DagrlConfig) -> dict[str, str]:
 
 
 def lora_reference_is_base(cfg: DagrlConfig) -> bool:
-    """LoRA on the torch backend with the ref role in the train role's colocate group."""
-    if policy_lora(cfg) is None or cfg.actor_rollout_ref.actor.strategy != "torch":
+    """LoRA (torch or megatron backend) with the ref role in the train role's colocate group."""
+    if policy_lora(cfg) is None or cfg.actor_rollout_ref.actor.strategy not in ("torch", "megatron"):
         return False
     if cfg.placement.device_groups is not None:
         from dagrl.config.device_groups import _as_dict

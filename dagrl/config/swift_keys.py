@@ -119,7 +119,7 @@ def _check_tuner(dcfg: DictConfig, key: str, value: object, given: set[str]) -> 
     """tuner_type is full or lora, and agrees with a LoRA rank given beside it."""
     rank = int(dcfg.actor_rollout_ref.model.lora_rank)
     if value not in ("full", "lora"):
-        raise ConfigError(key, value, "dagrl trains full or lora (LoRA adapters on the torch backend)")
+        raise ConfigError(key, value, "dagrl trains full or lora (LoRA adapters)")
     if value == "full" and rank > 0:
         raise ConfigError(
             key,

@@ -1,5 +1,6 @@
 """LoRA's rules that need only the config (actor_rollout_ref.model.lora_*); the backends add
-theirs (torch: target names against the model's linear layers; megatron: refused; the rollout
+theirs (torch: target names against the model's linear layers; megatron: those names on its fused
+layers; the rollout
 engines: what they can serve)."""
 
 from __future__ import annotations
@@ -38,17 +39,14 @@ def check_lora(cfg: DagrlConfig) -> None:
 
 
 def _check_train_backend(cfg: DagrlConfig) -> None:
-    """LoRA is built into the torch train backend; any other would train every weight instead."""
+    """LoRA is built into the torch and megatron train backends; any other would train every
+    weight instead."""
     strategy = cfg.actor_rollout_ref.actor.strategy
-    if strategy == "torch":
+    if strategy in ("torch", "megatron"):
         return
-    why = (
-        "megatron's linear layers take no adapters here yet (TP-split adapters and their sync are not built)"
-        if strategy == "megatron"
-        else f"the {strategy} train backend does not apply LoRA"
-    )
     raise ConfigError(
         f"{M}.lora_rank",
         cfg.actor_rollout_ref.model.lora_rank,
-        f"LoRA trains on the torch backend: {why}; use actor_rollout_ref.actor.strategy=torch",
+        f"the {strategy} train backend does not apply LoRA; use actor_rollout_ref.actor.strategy=torch"
+        " or megatron",
     )

@@ -13,6 +13,7 @@ from dagrl.main import compose
 
 M, R = "actor_rollout_ref.model", "actor_rollout_ref.rollout"
 BF16 = "actor_rollout_ref.model.dtype=bfloat16"
+MEGATRON = "actor_rollout_ref.actor.strategy=megatron"
 
 
 def typed(*overrides: str):
@@ -67,10 +68,11 @@ def test_ms_swift_tuner_type_and_lora_names(overrides, want):
         ((f"{M}.lora_alpha=8",), f"{M}.lora_alpha", "LoRA is off"),
         ((f"{M}.lora_rank=8", f"{M}.target_modules=[q_proj,qkv_proj]"), f"{M}.target_modules", "'up_proj'"),
         ((f"{M}.lora_rank=8", f"{M}.target_modules=[lm_head]"), f"{M}.target_modules", "output layer"),
+        ((f"{M}.lora_rank=8", MEGATRON, f"{M}.target_modules=[qkv]"), f"{M}.target_modules", "'down_proj'"),
         (
-            (f"{M}.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron"),
-            f"{M}.lora_rank",
-            "torch backend",
+            (f"{M}.lora_rank=8", MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"),
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+            "one pipeline stage",
         ),
         ((f"{M}.lora_rank=8", f"{R}.lora_sync=adapter"), f"{R}.lora_sync", "hf rollout does not serve"),
         ((f"{M}.lora_rank=1024", f"{R}.name=vllm", BF16), f"{M}.lora_rank", "up to rank 512"),
@@ -130,3 +132,27 @@ def test_vllm_engine_is_started_for_the_adapter_it_will_get():
     }
     merged = typed(f"{M}.lora_rank=40", f"{R}.name=vllm", BF16, f"{R}.lora_sync=merged")
     assert "enable_lora" not in llm_kwargs(build_role_specs(merged, ["rollout"])["rollout"], "/m")
+
+
+def test_megatron_memory_plan_counts_a_frozen_base_and_sharded_adapters():
+    """The same shape on megatron: a fused layer's HF names share one A (q/k/v, gate/up), so
+    146.3M adapter parameters against PEFT's 174.6M; at TP2 the split side
+    of each fused layer halves (column-parallel B, row-parallel A); Adam's moments shard over DP
+    under the distributed optimizer; the base has weights only."""
+    from dagrl.backends.megatron.lora import adapter_params
+    from dagrl.backends.megatron.memory import MegatronLayout, lora_state_bytes
+    from dagrl.backends.model_shape import ModelShape
+    from dagrl.config.roles import LoraSettings
+
+    shape = ModelShape(4096, 36, 32, 8, 128, 12288, 151936, False, 8_190_735_360)
+    lora = LoraSettings(rank=64, alpha=128.0)
+    per_layer = (4096 + 6144) + (4096 + 4096) + (4096 + 2 * 12288) + (12288 + 4096)  # qkv, proj, fc1, fc2
+    assert adapter_params(shape, lora) == 64 * 36 * per_layer == 146_276_352
+    split = (4096 + 2 * 1024) + 4096 + 2 * 12288 + 12288  # qkv, proj, fc1, fc2 outputs / inputs
+    assert adapter_params(shape, lora, tp=2) == 146_276_352 - 64 * 36 * split / 2
+    parts = lora_state_bytes(shape, MegatronLayout(tp=2, dp=4, workers=8), "bfloat16", lora, True)
+    adapters = adapter_params(shape, lora, tp=2)
+    assert parts == {"weights": shape.params + adapters * 4, "grads": adapters * 4, "optimizer": adapters * 2}
+    assert adapter_params(
+        shape, LoraSettings(rank=64, alpha=128.0, target_modules=("q_proj", "k_proj", "v_proj"))
+    ) == 64 * 36 * (4096 + 6144)

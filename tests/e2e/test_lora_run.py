@@ -31,3 +31,33 @@ def test_lora_run_takes_its_reference_from_the_base(ray_local, tmp_path):
     assert "adapter_model.safetensors" in actor and "model.safetensors" not in actor
     assert (step2 / "actor_hf" / "model.safetensors").is_file()
     assert (step2 / "actor_hf" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_megatron_lora_run_exports_what_peft_loads(ray_local, tmp_path):
+    """The same run on the megatron backend (CPU patch): the reference is the base on the actor's
+    workers, the checkpoint holds the adapters only, and the PEFT directory save_hf writes, loaded
+    with peft on the base and merged, gives the merged HF model it wrote beside it."""
+    import pytest
+    import torch
+
+    pytest.importorskip("megatron.core")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from dagrl.backends.hf_model import resolve_model_path
+    from dagrl.main import run
+    from tests.e2e.test_megatron_run import MEGATRON
+
+    run(compose_config(*MEGATRON, *LORA, f"trainer.default_local_dir={tmp_path}"))
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[1]["actor/kl_loss"] > rows[0]["actor/kl_loss"] >= 0
+    step2 = tmp_path / "global_step_2"
+    stored = sum(p.stat().st_size for p in (step2 / "actor").rglob("*") if p.is_file())
+    assert stored < 2e6, f"{stored} bytes: more than the adapters and their Adam state"
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(None), dtype=torch.float32)
+    peft_merged = PeftModel.from_pretrained(base, step2 / "actor_hf" / "adapter").merge_and_unload()
+    merged = AutoModelForCausalLM.from_pretrained(step2 / "actor_hf", dtype=torch.float32)
+    want = peft_merged.state_dict()
+    for name, tensor in merged.state_dict().items():
+        torch.testing.assert_close(tensor, want[name], rtol=0, atol=1e-6, msg=name)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
@@ -89,6 +90,7 @@ def save(
     optimizer: Any | None,
     extra: dict,
     optimizer_format: OptimizerFormat = OptimizerFormat.DP_RESHARDABLE,
+    keep: Callable[[str], bool] | None = None,
 ) -> None:
     """Write the model chunks, the optimizer, `extra` and every rank's RNG state under `path`.
 
@@ -96,10 +98,11 @@ def save(
     written outside it, and all ranks have finished writing when any rank returns.
     `model` is the chunk list as trained (DDP / Float16Module wrappers are looked through);
     `optimizer` is megatron's (None for a forward-only model); `extra` is plain picklable data,
-    identical on every rank (rank 0's copy is stored).
+    identical on every rank (rank 0's copy is stored). `keep(key)`, when given, picks the model
+    tensors written (LoRA: the adapters; the frozen base is model.path's).
     """
     layout = CheckpointLayout.current()
-    state = _sharded_state(model, optimizer, optimizer_format, is_loading=False)
+    state = _sharded_state(model, optimizer, optimizer_format, is_loading=False, keep=keep)
     state["extra"] = extra
     state["layout"] = asdict(layout)
     state["optimizer_format"] = optimizer_format.value
@@ -110,25 +113,30 @@ def save(
     torch.distributed.barrier()
 
 
-def load(path: str, model: list[torch.nn.Module], optimizer: Any | None) -> dict:
+def load(
+    path: str, model: list[torch.nn.Module], optimizer: Any | None, keep: Callable[[str], bool] | None = None
+) -> dict:
     """Restore what `save` wrote into `model` and `optimizer` in place; returns `extra`.
 
     Collective. Weights load into any TP / PP / VPP / DP layout; the optimizer state into
     what its `OptimizerFormat` allows; RNG states only into the same layout.
     Loading with optimizer=None (a reference model) ignores the stored optimizer state.
+    `keep`: as save's; the other model tensors stay as they are.
     """
     common = dist_checkpointing.load_common_state_dict(path)
     saved, layout = CheckpointLayout(**common["layout"]), CheckpointLayout.current()
     fmt = OptimizerFormat(common["optimizer_format"])
     _check_reshardable(path, saved, layout, fmt, optimizer)
-    state = _sharded_state(model, optimizer, fmt, is_loading=True)
+    state = _sharded_state(model, optimizer, fmt, is_loading=True, keep=keep)
     if saved == layout:
         state["rng_state"] = _rng_object(layout, None)
     elif torch.distributed.get_rank() == 0:
         logger.warning("%s: resharding %s into %s; RNG states are not restored", path, saved, layout)
     loaded = dist_checkpointing.load(state, path)
     for i, chunk in enumerate(unwrap_model(model)):
-        chunk.load_state_dict(loaded[f"model{i}"], strict=True)
+        result = chunk.load_state_dict(loaded[f"model{i}"], strict=keep is None)
+        assert not any(keep(k) for k in getattr(result, "missing_keys", ())), f"{path}: {result}"
+        assert not getattr(result, "unexpected_keys", ()), f"{path}: {result}"
     if optimizer is not None:
         _load_optimizer(optimizer, loaded["optimizer"])
     if saved == layout:
@@ -161,7 +169,11 @@ def _is_distributed(optimizer: Any) -> bool:
 
 
 def _sharded_state(
-    model: list[torch.nn.Module], optimizer: Any | None, fmt: OptimizerFormat, is_loading: bool
+    model: list[torch.nn.Module],
+    optimizer: Any | None,
+    fmt: OptimizerFormat,
+    is_loading: bool,
+    keep: Callable[[str], bool] | None = None,
 ) -> dict:
     """{"model0": ..., "model1": ..., "optimizer": ...}: one entry per (virtual pipeline) chunk.
 
@@ -169,7 +181,8 @@ def _sharded_state(
     numbers, so a VPP checkpoint and a non-VPP one name the same weights the same way.
     """
     state: dict[str, Any] = {
-        f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(unwrap_model(model))
+        f"model{i}": {k: v for k, v in chunk.sharded_state_dict().items() if keep is None or keep(k)}
+        for i, chunk in enumerate(unwrap_model(model))
     }
     if optimizer is not None:
         if is_loading:

@@ -87,6 +87,22 @@ def state_bytes(
     return parts, optimizer * optimizer_host_fraction
 
 
+def lora_state_bytes(
+    shape: ModelShape, layout: MegatronLayout, param_dtype, lora, distributed_optimizer: bool
+):
+    """A LoRA actor's state (lora.py): the frozen base in param_dtype (no gradient, no master, no
+    Adam state), the fp32 adapters with an fp32 gradient and Adam's m, v (sharded over DP×CP by
+    the distributed optimizer), no master copy."""
+    from dagrl.backends.megatron.lora import adapter_params
+
+    parts, _ = state_bytes(shape, layout, param_dtype, False, distributed_optimizer)
+    adapters = adapter_params(shape, lora, layout.tp) / layout.pp
+    parts["weights"] += 4.0 * adapters  # offloaded with the base
+    parts["grads"] = 4.0 * adapters
+    parts["optimizer"] = 8.0 * adapters / (layout.dp * layout.cp if distributed_optimizer else 1)
+    return parts
+
+
 def idle_bytes(state: dict[str, float], params: bool, grads: bool, optimizer: bool) -> dict[str, float]:
     """What stays on the device while a colocated role has it, given the three offload flags."""
     gone = {"weights": params, "grads": grads, "optimizer": optimizer}
@@ -153,6 +169,11 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     state, host = state_bytes(
         shape, mlayout, m.param_dtype, spec.trains, m.use_distributed_optimizer, fraction, precision_aware(m)
     )
+    if spec.trains and spec.lora is not None:
+        state, host = (
+            lora_state_bytes(shape, mlayout, m.param_dtype, spec.lora, m.use_distributed_optimizer),
+            0.0,
+        )
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
     mem = RoleMemory(state, idle, host=host + parts_total(state) - parts_total(idle))
     width = param_width(m.param_dtype)

@@ -11,6 +11,7 @@ import importlib.util
 import os
 
 from dagrl.backends.megatron import probes
+from dagrl.backends.megatron.lora_rules import check_megatron_lora
 from dagrl.backends.megatron.precision_rules import check_megatron_precision
 from dagrl.config.placement import Plan
 from dagrl.config.roles import Role
@@ -127,6 +128,7 @@ def check_megatron(cfg: DagrlConfig) -> None:
         _check_recompute(prefix, m, hf)
     _check_ref_shares_actor_groups(cfg)
     _check_distillation(cfg)
+    check_megatron_lora(cfg, expert_count(hf))
 
 
 def _check_distillation(cfg: DagrlConfig) -> None:

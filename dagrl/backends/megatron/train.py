@@ -4,7 +4,8 @@ and CPU offload, driven by `actor_rollout_ref.{actor,ref}.megatron.*`.
 Every rank of a DP group receives the same DP shard (the pool shards by `dp_info`); micro-batches
 go through megatron's forward-backward schedule (pipelined when PP > 1), the last stage turns
 vocab-parallel logits into what the objective requests (log-probs, entropy), and the loss is the
-objective's, in the update loop every train backend shares (backends/update_loop.py).
+objective's, in the update loop every train backend shares (backends/update_loop.py). With LoRA
+(spec.lora) adapters go on the linear layers when the model is built (lora.py).
 Used for the actor and, with forward_only=True, for the reference model and a colocated
 distillation teacher (no DDP, no optimizer; distill_steps.py has the teacher's forward and the
 student's GKD quantities).
@@ -29,6 +30,7 @@ from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
+from dagrl.backends.megatron import lora as lora_layers
 from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.model import build_model, throughput, transformer_config
 from dagrl.backends.megatron.optimizer import optimizer_config
@@ -39,7 +41,7 @@ from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, 
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import Role, RoleSpec, role_spec
-from dagrl.config.schema import DagrlConfig
+from dagrl.config.schema import DagrlConfig, LoraSync
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import micro_batches
 from dagrl.core.packing import PaddingStats, pack_sequences
@@ -104,6 +106,9 @@ class MegatronTrainBackend:
         start = time.perf_counter()
         load_hf_weights(self.chunks, self.path)
         self.load_s = time.perf_counter() - start
+        self.lora = self.spec.lora if self.spec.trains else None  # a separate reference is the base
+        seed, sp = self.spec.seed, self.m.sequence_parallel
+        self.adapted = lora_layers.apply_lora(self.chunks, self.lora, seed, sp) if self.lora else []
         self.model, self.optimizer = self._wrap(self.settings.update)
         assert forward_only or objective is not None, "a trained role needs its objective"
         self.objective = objective
@@ -337,6 +342,11 @@ class MegatronTrainBackend:
     # ---- forward -------------------------------------------------------------------------------
     @torch.no_grad()
     def forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
+        """`ref_logprobs` on a LoRA actor are its base's (config/roles.py: role_aliases)."""
+        with lora_layers.adapters_disabled(self.adapted, output_key == "ref_logprobs"):
+            return self._forward_logprobs(batch, output_key)
+
+    def _forward_logprobs(self, batch: Batch, output_key: str) -> tuple[Batch, dict]:
         for chunk in self.model:
             chunk.eval()
 
@@ -473,21 +483,33 @@ class MegatronTrainBackend:
 
     # ---- weights and checkpoints ---------------------------------------------------------------
     def export_weights(self, to_cpu: bool = False) -> Iterator[dict[str, torch.Tensor]]:
-        """Full HF-named tensors on every rank (a collective over TP/PP/EP), in buckets."""
+        """Full HF-named tensors on every rank (a collective over TP/PP/EP), in buckets; with LoRA
+        the merged weights, or (lora.sync = adapter) one bucket of the PEFT-named adapters."""
         limit = self.settings.weight_sync_bucket_mb * 2**20
-        return weight_buckets(export_hf_weights(self.chunks, self.hf_config), limit, to_cpu)
+        if self.lora is not None and self.lora.sync == LoraSync.adapter:
+            return weight_buckets(lora_layers.adapter_tensors(self.adapted, self.tcfg), float("inf"), to_cpu)
+        named = export_hf_weights(self.chunks, self.hf_config, lora_layers.merged_weight(self.adapted))
+        return weight_buckets(named, limit, to_cpu)
 
     def save(self, path: str) -> None:
         """Sharded model + optimizer (+ step and RNG); the HF export is on demand (export_hf)."""
         os.makedirs(path, exist_ok=True)  # every rank: on several nodes each may see its own disk
-        ckpt.save(path, self.model, self.optimizer, {"steps": self.steps})
+        ckpt.save(path, self.model, self.optimizer, {"steps": self.steps}, keep=self._checkpointed())
 
     def load(self, path: str) -> None:
-        extra = ckpt.load(path, self.model, self.optimizer)
+        extra = ckpt.load(path, self.model, self.optimizer, keep=self._checkpointed())
         self.steps = extra["steps"]
 
+    def _checkpointed(self):
+        return lora_layers.is_adapter_key if self.lora else None  # LoRA: the adapters, not the base
+
     def export_hf(self, path: str) -> None:
-        save_hf(self.chunks, self.hf_config, path, tokenizer_dir=None)
+        """The HF model at path (LoRA: merged, with the PEFT adapter directory under path/adapter)."""
+        save_hf(self.chunks, self.hf_config, path, weight=lora_layers.merged_weight(self.adapted))
+        if self.lora is not None:
+            lora_layers.save_adapter_dir(
+                self.adapted, self.tcfg, self.lora, self.path, os.path.join(path, "adapter")
+            )
         if torch.distributed.get_rank() == 0:
             load_tokenizer(self.path).save_pretrained(path)
 

@@ -26,7 +26,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -238,6 +238,8 @@ def _local_entries(chunks) -> list[tuple[_Entry, torch.nn.Parameter]]:
     for chunk in chunks:
         model = _unwrap(chunk)
         for name, param in model.named_parameters():
+            if ".lora." in name:  # LoRA adapters (lora.py) are no HF weight: merged or sent apart
+                continue
             layer, expert, suffix = _locate(model, name)
             entry = _Entry(pp_rank, layer, expert, suffix, tuple(param.shape), param.dtype)
             out.append((entry, param))
@@ -338,13 +340,16 @@ def _export_entry(entry: _Entry, param, tcfg, device) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def export_hf_weights(chunks: list, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+def export_hf_weights(
+    chunks: list, hf_config, weight: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, full tensor) for every weight of the model, on every rank of the model-parallel group.
 
     A collective: all ranks must consume the iterator fully, in step. Tensors are in the params'
     dtype and device, in HF state_dict order except that experts of a layer come grouped by
     local index then EP rank, with HF's on-disk per-expert names (`mlp.experts.{e}.gate_proj.weight`).
     A tied output layer is not yielded (HF drops `lm_head.weight` when `tie_word_embeddings`).
+    `weight(param)`, when given, is what leaves for a local parameter (LoRA: its merged shard).
     """
     from megatron.core import parallel_state as ps
 
@@ -358,7 +363,10 @@ def export_hf_weights(chunks: list, hf_config) -> Iterator[tuple[str, torch.Tens
     params = {e: p for e, p in local}
     ep_size = ps.get_expert_model_parallel_world_size()
     for entry in _global_entries(local, tied):
-        tensors = _export_entry(entry, params.get(entry), tcfg, device)
+        param = params.get(entry)
+        if param is not None and weight is not None:  # one merged shard alive at a time
+            param = weight(param)
+        tensors = _export_entry(entry, param, tcfg, device)
         ep_ranks = range(ep_size) if entry.expert is not None else [0]
         names = [n for r in ep_ranks for n in _hf_names(entry, _expert_global(tcfg, entry.expert, r), tied)]
         assert len(names) == len(tensors)
@@ -393,13 +401,14 @@ def _write_shards(named: Iterator[tuple[str, torch.Tensor]], out_dir: str) -> No
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
-def save_hf(chunks: list, hf_config, out_dir: str, *, tokenizer_dir: str | None = None) -> None:
+def save_hf(chunks: list, hf_config, out_dir: str, *, tokenizer_dir: str | None = None, weight=None) -> None:
     """Write an HF checkpoint (safetensors + config.json [+ tokenizer]) from global rank 0.
 
     Every rank must call it (the weights are gathered collectively); it returns on all ranks
     after rank 0 has finished writing. Shards hold whole tensors and are kept under 5 GB.
+    `weight`: as export_hf_weights'.
     """
-    named = export_hf_weights(chunks, hf_config)
+    named = export_hf_weights(chunks, hf_config, weight)
     if dist.get_rank() != 0:
         for _ in named:
             pass
