@@ -62,6 +62,15 @@ for _kind in (Role.ref, Role.teacher):
     register_backend(_kind, "torch", **_TORCH)(_torch)
 register_backend(Role.ref, "megatron", **_MEGATRON)(_megatron)
 register_backend(Role.teacher, "megatron", rules=check_megatron_teacher, **_MEGATRON)(_megatron)
+
+
+@register_backend(Role.critic, "torch", estimate=torch_memory.critic_memory)
+def _torch_critic(cfg, spec: RoleSpec, ctx):
+    from dagrl.backends.torch.critic import TorchCriticBackend
+
+    return TorchCriticBackend(spec, ctx)
+
+
 restrict_devices(
     "megatron",
     {"cuda"},

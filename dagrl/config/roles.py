@@ -16,6 +16,7 @@ from typing import Any
 
 from dagrl.config.schema import (
     ActorConfig,
+    CriticConfig,
     DagrlConfig,
     LoraSync,
     MegatronConfig,
@@ -34,6 +35,7 @@ class Role(StrEnum):
     rollout = "rollout"
     ref = "ref"
     teacher = "teacher"
+    critic = "critic"  # PPO's value model (critic.*): a train backend with a value head
     reward = "reward"  # a name for a plugin's reward role: no built-in backend
     # the sampling pipeline (dagrl/sample) and reward models as roles (dagrl/backends/reward_model.py)
     sampler = "sampler"  # a rollout backend on the policy's model, or the teacher's (distill)
@@ -119,9 +121,9 @@ class TrainSettings:
     teacher_micro_batch_size: int = 1  # sequences per teacher forward run on this backend
     weight_sync_bucket_mb: int = 256  # the size of the buckets export_weights yields
     group_size: int = 1  # rollout.n: responses per prompt (the update's mini-batches count prompts)
-    update: ActorConfig | None = (
-        None  # the update's section (optimizer, batches, epochs, clip); None = forward-only
-    )
+    # the update's section (optimizer, batches, epochs, clip): the actor's, or the critic's with
+    # its defaults resolved (`critic_update`); None = forward-only
+    update: ActorConfig | CriticConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class RoleSpec:
     @property
     def builtin(self) -> bool:
         """Whether dagrl ships backends for this role (reward and plugin roles bring their own)."""
-        return self.kind in (Role.train, Role.rollout, Role.ref, Role.teacher, KIND_REWARD_MODEL)
+        return self.kind in (Role.train, Role.rollout, Role.ref, Role.teacher, Role.critic, KIND_REWARD_MODEL)
 
 
 def teacher_model_path(cfg: DagrlConfig) -> str | None:
@@ -300,6 +302,8 @@ def _role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
         )
     if name == Role.teacher:
         return _teacher_spec(cfg, actor_model)
+    if name == Role.critic:
+        return _critic_spec(cfg)
     if name in SAMPLING_ROLES:
         return _sampling_spec(cfg, name, actor_model)
     return _plugin_spec(cfg, name, actor_model)
@@ -433,6 +437,49 @@ def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
         offload=OffloadPolicy(params=t.offload),
         megatron=mega,
         train=_train_settings(cfg, trains=False),
+    )
+
+
+def critic_runs(cfg: DagrlConfig) -> bool:
+    """Whether the run has a critic: exactly when the estimator learns from values (GAE), as verl."""
+    return cfg.algorithm.adv_estimator == "gae"
+
+
+def critic_update(cfg: DagrlConfig) -> CriticConfig:
+    """critic.* with its defaults resolved: the actor's mini-batch size, epochs and learning rate
+    where the critic's are unset."""
+    c, actor = cfg.critic, cfg.actor_rollout_ref.actor
+    optim = c.optim if c.optim.lr is not None else replace(c.optim, lr=actor.optim.lr)
+    return replace(
+        c,
+        optim=optim,
+        ppo_mini_batch_size=c.ppo_mini_batch_size or actor.ppo_mini_batch_size,
+        ppo_epochs=c.ppo_epochs or actor.ppo_epochs,
+    )
+
+
+def _critic_spec(cfg: DagrlConfig) -> RoleSpec:
+    """The value model: the critic's train backend on critic.model (the actor's by default), trained
+    with critic.* (its update section), its forward passes at critic.forward_micro_batch_size."""
+    c, arr = cfg.critic, cfg.actor_rollout_ref
+    path = c.model.path if c.model.path is not None else arr.model.path
+    on = arr.actor.offload is not False  # the actor's offload policy: the two take turns alike
+    return RoleSpec(
+        name=Role.critic.value,
+        kind=Role.critic.value,
+        backend=c.strategy,
+        backend_key="critic.strategy",
+        model=ModelSpec(path, c.model.dtype or arr.model.dtype, None, arr.model.trust_remote_code),
+        micro_batch_size=c.ppo_micro_batch_size_per_gpu,
+        logprob_micro_batch_size=c.forward_micro_batch_size_per_gpu,
+        trains=True,
+        offload=OffloadPolicy(params=on, grads=on, optimizer=on),
+        train=replace(
+            _train_settings(cfg, trains=False),
+            packing=False,
+            logprob_token_budget=None,
+            update=critic_update(cfg),
+        ),
     )
 
 

@@ -168,7 +168,9 @@ def _resolve_offload(
     when every phase fits within RESIDENT_SHARE of the card that way, else offloaded as planned."""
     actor = cfg.actor_rollout_ref.actor
     torch_roles = [
-        r for r, s in plan.specs.items() if s.backend == "torch" and s.kind in (Role.train, Role.ref)
+        r
+        for r, s in plan.specs.items()
+        if s.backend == "torch" and s.kind in (Role.train, Role.ref, Role.critic)
     ]
     if actor.offload is not None or not torch_roles:
         return memory

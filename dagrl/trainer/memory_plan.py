@@ -1,6 +1,7 @@
 """The memory plan: per device and per phase of a step, what every colocated role keeps resident.
 
-A step runs in phases (rollout, old log-probs, reference log-probs, teacher, update); in each, one
+A step runs in phases (rollout, old log-probs, reference log-probs, teacher, the critic's values
+and update, the actor's update); in each, one
 role of a colocate group has the device (its weights, gradients, optimizer state and the phase's
 activations and logits, or an engine's pool) while the others keep what their offload policy
 leaves there (each backend's registered `estimate`, backends/*/memory.py). A phase's total adds those, plus the CUDA
@@ -32,6 +33,8 @@ PHASES = (
     ("old_logprob", Role.train),
     ("ref_logprob", Role.ref),
     ("teacher", Role.teacher),
+    ("values", Role.critic),
+    ("critic_update", Role.critic),
     ("update", Role.train),
 )
 
@@ -87,6 +90,8 @@ NODE_PHASES = {
     "teacher_logprob": "teacher",
     "teacher_hidden": "teacher",
     "actor_update": "update",
+    "values": "values",
+    "critic_update": "critic_update",
 }
 
 
