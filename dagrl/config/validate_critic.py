@@ -1,7 +1,7 @@
 """Rules of PPO's value model (critic.*, trainer.critic_warmup), checked before Ray starts.
 
 The critic runs exactly when the estimator learns from values (`algorithm.adv_estimator=gae`,
-config/roles.py: critic_runs), as in verl; a critic key set while none runs, or a warm-up without
+config/critic_role.py: critic_runs), as in verl; a critic key set while none runs, or a warm-up without
 one, is refused rather than ignored. Whether the DAG has the critic's nodes is the advantage
 node's rule (nodes/advantage.py: check_config), since only the loaded DAG knows.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from dagrl.config.roles import Role, critic_runs, critic_update
+from dagrl.config.critic_role import critic_runs, critic_update
+from dagrl.config.roles import Role
 from dagrl.config.schema import CriticConfig, DagrlConfig
 from dagrl.errors import ConfigError
 from dagrl.registry import BACKENDS

@@ -4,7 +4,7 @@ advantage (GAE reads `values`) and learns the returns after it (the clipped valu
 from __future__ import annotations
 
 from dagrl.backends.handles import critic_role
-from dagrl.config.roles import critic_runs
+from dagrl.config.critic_role import critic_runs
 from dagrl.core.batch import Batch
 from dagrl.core.metrics import reduce_all
 from dagrl.core.node import NodeResult, register_node_kind

@@ -42,7 +42,7 @@ def register_estimator(
     it reads the rewards token by token (returns), so a multi-turn episode's per-turn rewards are
     put into the token rewards for it (turn_reward_mode=turn) rather than credited beside it.
     `critic_targets`: it learns from a critic's `values` and returns (advantages, returns), the
-    critic's targets (the run then has a critic: config/roles.py critic_runs)."""
+    critic's targets (the run then has a critic: config/critic_role.py critic_runs)."""
 
     def wrap(estimate: Estimate) -> Estimate:
         entry = EstimatorEntry(estimate, tuple(required_keys), validate, token_level, critic_targets)
