@@ -288,3 +288,12 @@ def test_critic_on_devices_of_its_own(small):
     assert [g.roles for g in prepared.plan.groups] == [["train", "rollout"], ["critic"]]
     critic = prepared.memory.groups[1]
     assert [r.phase for r in critic.rows] == ["values", "critic_update"]
+
+
+def test_critic_phase_over_the_card_names_its_own_levers(small):
+    from dagrl.trainer.capacity import phase_levers
+
+    prepared = dry(small, *SMALL_JOB, "algorithm=ppo")
+    rows = {r.phase: r for r in prepared.memory.groups[0].rows}
+    assert "critic.forward_micro_batch_size_per_gpu" in phase_levers(prepared.plan, rows["values"])
+    assert "critic.ppo_micro_batch_size_per_gpu" in phase_levers(prepared.plan, rows["critic_update"])
