@@ -59,3 +59,8 @@ def test_critic_mistakes_are_refused_naming_the_key(overrides, key, says):
 
 def test_warmup_zero_is_verl_default_and_accepted():
     prepare(compose_config("trainer.critic_warmup=0", "trainer.dry_run=true"))
+
+
+def test_critic_model_path_is_checked_before_ray(tmp_path):
+    err = refused("algorithm=ppo", f"critic.model.path={tmp_path / 'missing'}")
+    assert err.key == "critic.model.path"
