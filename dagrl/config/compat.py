@@ -221,6 +221,20 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "data.dataloader_num_workers": Unsupported("rows are tokenized once at start; remove the key"),
     "data.gen_batch_size": Unsupported("each dynamic-sampling round samples data.train_batch_size prompts"),
     "data.custom_cls": Unsupported("data rows are parquet in verl's layout (docs/data.md)"),
+    # ---- verl: PPO's critic (critic.*)
+    "critic.model.enable_gradient_checkpointing": Alias("critic.model.gradient_checkpointing"),
+    "critic.model.use_remove_padding": Unsupported(
+        "the critic runs padded micro-batches of rows (packing is the actor's: actor_rollout_ref.model.use_remove_padding)"
+    ),
+    "critic.model.fsdp_config": Unsupported(
+        f"the critic is data-parallel (DDP) and offloads with the actor: {A}.offload"
+    ),
+    "critic.ppo_micro_batch_size": Unsupported(
+        "give the per-device size: critic.ppo_micro_batch_size_per_gpu"
+    ),
+    "critic.forward_micro_batch_size": Unsupported(
+        "give the per-device size: critic.forward_micro_batch_size_per_gpu"
+    ),
     "trainer.max_critic_ckpt_to_keep": Unsupported(
         "the critic is saved in every checkpoint beside the actor: trainer.max_actor_ckpt_to_keep keeps both"
     ),

@@ -23,6 +23,9 @@ class CriticModelConfig:
     (actor_rollout_ref.model.path). A scalar value head is put on its last hidden state."""
     dtype: Optional[ModelDtype] = None
     """Weights dtype; None = actor_rollout_ref.model.dtype."""
+    gradient_checkpointing: bool = False
+    """Recompute the trunk's activations in the critic's backward (verl's
+    critic.model.enable_gradient_checkpointing): less memory, more time."""
 
 
 @dataclass

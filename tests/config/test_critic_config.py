@@ -64,3 +64,13 @@ def test_warmup_zero_is_verl_default_and_accepted():
 def test_critic_model_path_is_checked_before_ray(tmp_path):
     err = refused("algorithm=ppo", f"critic.model.path={tmp_path / 'missing'}")
     assert err.key == "critic.model.path"
+
+
+def test_verl_critic_keys_map_or_are_refused_in_one_line():
+    from dagrl.main import compose
+
+    cfg = compose(["algorithm=ppo", "critic.model.enable_gradient_checkpointing=true"])
+    assert cfg.critic.model.gradient_checkpointing is True
+    with pytest.raises(ConfigError, match="offloads with the actor") as info:
+        compose(["critic.model.fsdp_config.param_offload=true"])
+    assert info.value.key == "critic.model.fsdp_config.param_offload"

@@ -76,6 +76,8 @@ class TorchCriticBackend:
         update = spec.train.update
         self.objective = ValueObjective(update.cliprange_value, update.loss_agg_mode)
         self.model = build_value_model(spec, ctx.device)
+        if update.model.gradient_checkpointing:
+            self.model.trunk.gradient_checkpointing_enable()
         self.optimizer = MasterWeightsAdamW(list(self.model.parameters()), update.optim)
         self.ddp = None
         if ctx.distributed:

@@ -125,7 +125,8 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
 def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The torch critic's estimate (role critic): a trained model's state as the actor's (the
     trunk counted with its output layer: an overestimate by vocab × hidden weights), its values
-    pass and its update without logits (a value head has no vocabulary), no recomputation."""
+    pass and its update without logits (a value head has no vocabulary), recomputed with
+    critic.model.gradient_checkpointing."""
     width, update = param_width(spec.model.dtype), spec.train.update
     state = state_bytes(shape, width, trains=True)
     kept = between_updates(state, width, optimizer_on_host=False)
@@ -137,7 +138,8 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
     budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
     work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
-    activations = update_bytes(shape, width, work, recompute=False)["activations"]
+    recompute = update.model.gradient_checkpointing
+    activations = update_bytes(shape, width, work, recompute)["activations"]
     mem.phases["critic_update"] = {k: v for k, v in state.items() if k not in kept} | {
         "activations": activations
     }
