@@ -56,6 +56,7 @@ PRESETS = {
     "dag=sft_validate": E2E + "test_sft_run.py::test_sft_from_scratch_lowers_validation_loss_across_a_resume",
     "dag=sample": E2E + "test_sample_run.py::test_sample_kill_resume_in_device_groups_then_sft",
     "dag=ppo": E2E + "test_ppo_run.py::test_ppo_resume_reproduces_uninterrupted_run_critic_included",
+    "dag=ppo_multi_turn": E2E + "test_ppo_run.py::test_ppo_over_multi_turn_episodes_credits_each_turn",
     "dag=grpo_multi_turn": E2E
     + "test_multi_turn_run.py::test_multi_turn_resume_reproduces_uninterrupted_run",
     "dag=validate_multi_turn": CPU_RUN,

@@ -23,3 +23,33 @@ def test_ppo_resume_reproduces_uninterrupted_run_critic_included(ray_local, tmp_
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     heads = [torch.load(d / "value_head.pt", weights_only=True) for d in critics]
     assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
+
+
+def test_ppo_over_multi_turn_episodes_credits_each_turn(ray_local, tmp_path):
+    """dag=ppo_multi_turn, one step: the critic values the policy's tokens of three-turn episodes
+    (observations attended, not valued) and, with turn_reward_mode=turn, the environment's 0.25 per
+    answer reaches GAE's returns (the placement by turn is hand-checked in tests/nodes)."""
+    from dagrl.main import run
+    from tests.conftest import compose_config
+    from tests.e2e.test_grpo_run import FAST, read_metrics
+
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    run(
+        compose_config(
+            *FAST,
+            "algorithm=ppo",
+            "dag=ppo_multi_turn",
+            "external_plugins=[tests/plugins/quiz_env.py]",
+            f"{mt}.enable=true",
+            f"{mt}.environment=quiz",
+            f"{mt}.max_tool_response_length=8",
+            f"{mt}.turn_reward_mode=turn",
+            "data.max_response_length=48",
+            "trainer.total_training_steps=1",
+            f"trainer.default_local_dir={tmp_path}",
+        )
+    )
+    [row] = read_metrics(tmp_path)
+    assert row["multi_turn/assistant_turns"] == 3.0 and row["critic/vf_loss"] > 0
+    # γ = λ = 1: every policy token's return is its reward-to-go: at least the last answer's 0.25
+    assert row["critic/returns/mean"] >= 0.25
