@@ -40,12 +40,6 @@ def check_critic(cfg: DagrlConfig) -> None:
             update.ppo_mini_batch_size,
             f"must divide data.train_batch_size ({cfg.data.train_batch_size}) into whole mini-batches",
         )
-    if cfg.actor_rollout_ref.rollout.overlap_steps:
-        raise ConfigError(
-            "actor_rollout_ref.rollout.overlap_steps",
-            cfg.actor_rollout_ref.rollout.overlap_steps,
-            "the rollout one step ahead is not combined with a critic yet: use overlap_steps=0 with " + _PPO,
-        )
 
 
 def _check_no_critic(cfg: DagrlConfig) -> None:
