@@ -27,6 +27,7 @@ from dagrl.backends.vllm.rules import (
     check_vllm_teacher,
 )
 from dagrl.config.roles import Role, RoleSpec
+from dagrl.config.validate_critic import check_critic_plan
 
 
 def _torch(cfg, spec: RoleSpec, ctx):
@@ -64,7 +65,7 @@ register_backend(Role.ref, "megatron", **_MEGATRON)(_megatron)
 register_backend(Role.teacher, "megatron", rules=check_megatron_teacher, **_MEGATRON)(_megatron)
 
 
-@register_backend(Role.critic, "torch", estimate=torch_memory.critic_memory)
+@register_backend(Role.critic, "torch", plan_rules=check_critic_plan, estimate=torch_memory.critic_memory)
 def _torch_critic(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.torch.critic import TorchCriticBackend
 

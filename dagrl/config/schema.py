@@ -171,7 +171,14 @@ class TeacherConfig:
 class PlacementConfig:
     # the built-in roles are listed so `placement.gpus.rollout=2` overrides without a `+`
     gpus: dict[str, Optional[int]] = ranged(
-        default_factory=lambda: {"train": None, "rollout": None, "ref": None, "teacher": None}, ge=0
+        default_factory=lambda: {
+            "train": None,
+            "rollout": None,
+            "ref": None,
+            "teacher": None,
+            "critic": None,
+        },
+        ge=0,
     )
     """Devices per role (CPU slots when trainer.device=cpu); None = an even share of what is left."""
     colocate_groups: list[list[str]] = field(default_factory=lambda: [["train", "rollout", "ref"]])

@@ -42,6 +42,29 @@ def check_critic(cfg: DagrlConfig) -> None:
         )
 
 
+def check_critic_plan(cfg: DagrlConfig, plan) -> None:
+    """The critic's mini-batches split evenly over its DP ranks, and its micro-batches divide a
+    rank's share (as the actor's); its DP is its group's, which need not be the actor's. Registered
+    as the torch critic's plan rule (backends/builtin.py)."""
+    if Role.critic not in plan.roles:
+        return
+    update, n, dp = critic_update(cfg), cfg.actor_rollout_ref.rollout.n, plan.roles[Role.critic].dp
+    if (update.ppo_mini_batch_size * n) % dp:
+        raise ConfigError(
+            f"{C}.ppo_mini_batch_size",
+            update.ppo_mini_batch_size,
+            f"× rollout.n = {update.ppo_mini_batch_size * n} responses must split evenly over the critic's"
+            f" DP = {dp}",
+        )
+    per_rank, micro = update.ppo_mini_batch_size * n // dp, update.ppo_micro_batch_size_per_gpu
+    if not update.use_dynamic_bsz and micro < per_rank and per_rank % micro:
+        raise ConfigError(
+            f"{C}.ppo_micro_batch_size_per_gpu",
+            micro,
+            f"each critic DP rank gets {per_rank} responses per mini-batch; use a micro-batch size that divides it",
+        )
+
+
 def _check_no_critic(cfg: DagrlConfig) -> None:
     """No critic runs: its warm-up and every critic.* key away from its default are mistakes."""
     why = f"no critic runs (algorithm.adv_estimator={cfg.algorithm.adv_estimator}); it runs with {_PPO}"

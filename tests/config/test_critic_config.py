@@ -50,6 +50,23 @@ def test_critic_defaults_follow_the_actor():
         (("algorithm=ppo", "critic.strategy=megatron"), "critic.strategy", "planned"),
         (("algorithm=ppo", "critic.strategy=torchh"), "critic.strategy", "torch"),
         (("algorithm=ppo", "critic.ppo_mini_batch_size=3"), "critic.ppo_mini_batch_size", "divide"),
+        (  # a critic on 2 devices of its own, one response per prompt: mini-batches of 1 do not split
+            (
+                "algorithm=ppo",
+                "actor_rollout_ref.rollout.n=1",
+                "critic.ppo_mini_batch_size=1",
+                "trainer.n_gpus_per_node=3",
+                "placement.colocate_groups=[[train,rollout,ref],[critic]]",
+                "placement.gpus.critic=2",
+            ),
+            "critic.ppo_mini_batch_size",
+            "critic's DP = 2",
+        ),
+        (
+            ("algorithm=ppo", "critic.ppo_micro_batch_size_per_gpu=48"),
+            "critic.ppo_micro_batch_size_per_gpu",
+            "gets 128 responses",
+        ),
     ],
 )
 def test_critic_mistakes_are_refused_naming_the_key(overrides, key, says):
