@@ -65,7 +65,13 @@ register_backend(Role.ref, "megatron", **_MEGATRON)(_megatron)
 register_backend(Role.teacher, "megatron", rules=check_megatron_teacher, **_MEGATRON)(_megatron)
 
 
-@register_backend(Role.critic, "torch", plan_rules=check_critic_plan, estimate=torch_memory.critic_memory)
+@register_backend(
+    Role.critic,
+    "torch",
+    plan_rules=check_critic_plan,
+    estimate=torch_memory.critic_memory,
+    checkpoint=torch_memory.checkpoint_size,
+)
 def _torch_critic(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.torch.critic import TorchCriticBackend
 
