@@ -16,6 +16,8 @@
                                                  #   calculator-vllm, sample-vllm-rm (documented runs)
 #   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl defaults / fast, and fast at BEFORE (same call)
 #   bash bench/acceptance_gpu.sh OUT side_dapo    # DAPO (2 rounds a step) beside GRPO's defaults, same call
+#   bash bench/acceptance_gpu.sh OUT side_ppo     # PPO with the critic colocated beside GRPO's defaults, same call
+#   bash bench/acceptance_gpu.sh OUT tests_ppo    # the critic on the GPU (tests/backends/torch/test_critic_gpu.py)
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
 #
@@ -23,7 +25,7 @@
 # card (an in-process engine keeps its pool until its process exits).
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?tests_a, tests_b, tests_c, tests_d, matrix, side, side_dapo, memory or throughput}
+WHAT=${2:?tests_a, tests_b, tests_c, tests_d, tests_ppo, matrix, side, side_dapo, side_ppo, memory or throughput}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
@@ -84,6 +86,12 @@ side)  # fast at BEFORE first, then now: the order on the machine is part of the
     ;;
 side_dapo)  # GRPO's defaults first, then DAPO: compare their SIDE lines only with each other
     bash bench/vllm_gpu.sh side "$OUT/side_dapo" default dapo | grep -E "^==|SIDE" | cut -c1-600
+    ;;
+side_ppo)  # GRPO's defaults first, then PPO (critic colocated): compare their SIDE lines only with each other
+    bash bench/vllm_gpu.sh side "$OUT/side_ppo" default ppo | grep -E "^==|SIDE" | cut -c1-600
+    ;;
+tests_ppo)
+    tests tests_ppo tests/backends/torch/test_critic_gpu.py
     ;;
 memory)
     timeout 560 python3 bench/memory_plan_gpu.py --only 1.7b-megatron 0.6b-torch-teacher 0.6b-megatron-teacher \

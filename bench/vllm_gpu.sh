@@ -5,7 +5,7 @@
 #
 #   bash bench/vllm_gpu.sh check OUT   # 1 GPU: gpu tests, the default tiny job on vLLM (and with
 #                                      #   LoRA), bench/rollout_vs_vllm.py on the side-by-side model
-#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf] [default] [dapo] [fast_before] [lora] [lora_merged]
+#   bash bench/vllm_gpu.sh side OUT [trl] [fast] [lean] [hf] [default] [dapo] [ppo] [fast_before] [lora] [lora_merged]
 #                                      #   1 GPU: the side-by-side, TRL and the chosen dagrl presets (default:
 #                                      #   trl fast lean), one command; fast_before runs `fast` from BEFORE=DIR;
 #                                      #   lora / lora_merged: `fast` with LoRA (adapter / merged sync), for
@@ -92,6 +92,9 @@ side)
         # DAPO beside `default`: the random model's groups all get one reward, so every step samples its
         # 2 rounds (the cap) and refills: the refill path's cost, one extra rollout per step
         dapo) side dagrl_dapo $R.name=vllm algorithm=dapo algorithm.filter_groups.max_num_gen_batches=2 ;;
+        # PPO beside `default`: a second 0.6B model (the critic, with a value head) colocated with the
+        # actor and the engine, its values pass and update in every step
+        ppo) side dagrl_ppo $R.name=vllm algorithm=ppo ;;
         fast_before) export DAGRL_ROOT=${BEFORE:?BEFORE=an older checkout}; side dagrl_fast_before $FAST; unset DAGRL_ROOT ;;
         lean) side dagrl_lean $LEAN ;;
         hf) side dagrl_hf ;;

@@ -143,6 +143,8 @@ class EstimatorEntry:
     # reads the rewards token by token (discounted returns): a multi-turn episode's per-turn rewards
     # join token_rewards on each turn's last policy token (turn_reward_mode=turn)
     token_level: bool = False
+    # estimate returns (advantages, returns): the critic's regression targets besides (GAE)
+    critic_targets: bool = False
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """PPO's critic-side math (Schulman et al. 2017, "Proximal Policy Optimization Algorithms"):
 generalized advantage estimation and the clipped value loss. Pure tensor functions, no config.
 
-What is left out, and why: nothing runs these yet. dagrl has no value-model role, so
-`algorithm.adv_estimator=gae` and `critic.*` are still refused; these are the hand-checked
-building blocks the critic role will call (its values [B, T] from a value head, its update).
+Used by PPO with a critic (`algorithm=ppo`): the `gae` estimator (objectives/advantage.py) and the
+critic's update (objectives/value.py, backends/torch/critic.py).
+What is left out, and why: value-loss variants other than PPO's clip (the clip is what verl and
+the paper use by default). Masked tokens pass the running advantage and next value through, so a
+multi-turn row's observations do not cut its returns.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from dagrl.backends.vllm.rules import (
     check_vllm_teacher,
 )
 from dagrl.config.roles import Role, RoleSpec
+from dagrl.config.validate_critic import check_critic_plan
 
 
 def _torch(cfg, spec: RoleSpec, ctx):
@@ -62,6 +63,21 @@ for _kind in (Role.ref, Role.teacher):
     register_backend(_kind, "torch", **_TORCH)(_torch)
 register_backend(Role.ref, "megatron", **_MEGATRON)(_megatron)
 register_backend(Role.teacher, "megatron", rules=check_megatron_teacher, **_MEGATRON)(_megatron)
+
+
+@register_backend(
+    Role.critic,
+    "torch",
+    plan_rules=check_critic_plan,
+    estimate=torch_memory.critic_memory,
+    checkpoint=torch_memory.checkpoint_size,
+)
+def _torch_critic(cfg, spec: RoleSpec, ctx):
+    from dagrl.backends.torch.critic import TorchCriticBackend
+
+    return TorchCriticBackend(spec, ctx)
+
+
 restrict_devices(
     "megatron",
     {"cuda"},

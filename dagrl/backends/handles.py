@@ -7,7 +7,7 @@ with its own `@role_method`-declared methods.
 
 from __future__ import annotations
 
-from dagrl.backends.protocols import RolloutBackend, TeacherBackend, TrainBackend
+from dagrl.backends.protocols import CriticBackend, RolloutBackend, TeacherBackend, TrainBackend
 from dagrl.config.roles import Role, RoleSpec
 from dagrl.core.batch import Batch
 from dagrl.core.pools import RoleHandle, WorkerPool
@@ -39,6 +39,22 @@ class TrainRole(RoleHandle):
         self.call(TrainBackend.export_hf, path)
 
 
+class CriticRole(RoleHandle):
+    """PPO's value model (role critic)."""
+
+    def compute_values(self, batch: Batch) -> tuple[Batch, list[dict]]:
+        return self.call(CriticBackend.compute_values, batch)
+
+    def train_step(self, batch: Batch) -> tuple[Batch, list[dict]]:
+        return self.call(CriticBackend.train_step, batch)
+
+    def save(self, path: str) -> None:
+        self.call(CriticBackend.save, path)
+
+    def load(self, path: str) -> None:
+        self.call(CriticBackend.load, path)
+
+
 class RolloutRole(RoleHandle):
     def generate(self, batch: Batch, seed: int, validate: bool = False) -> tuple[Batch, list[dict]]:
         return self.call(RolloutBackend.generate, batch, seed=seed, validate=validate)
@@ -57,6 +73,8 @@ def make_handle(spec: RoleSpec, pool: WorkerPool) -> RoleHandle:
     train_backend = spec.backend in BACKENDS.names(Role.train)
     if spec.kind == Role.rollout:
         return RolloutRole(spec.name, pool)
+    if spec.kind == Role.critic:
+        return CriticRole(spec.name, pool)
     if spec.kind == Role.teacher and not train_backend:
         return StandaloneTeacherRole(spec.name, pool)
     if train_backend and spec.kind in (Role.train, Role.ref, Role.teacher):
@@ -67,6 +85,12 @@ def make_handle(spec: RoleSpec, pool: WorkerPool) -> RoleHandle:
 def train_role(runtime, name: str) -> TrainRole:
     handle = runtime.role(name)
     assert isinstance(handle, TrainRole), f"role {name!r} does not run a train backend"
+    return handle
+
+
+def critic_role(runtime, name: str) -> CriticRole:
+    handle = runtime.role(name)
+    assert isinstance(handle, CriticRole), f"role {name!r} does not run a critic backend"
     return handle
 
 

@@ -122,3 +122,24 @@ class TeacherBackend(DeviceTenant, Protocol):
         """As TrainBackend.teacher_topk; the teacher reads `teacher_prompts` instead of `prompts`
         when the batch has them (OPSD)."""
         ...
+
+
+class CriticBackend(DeviceTenant, Protocol):
+    """PPO's value model (critic.*, role critic): values of the sampled responses, its update with
+    the clipped value loss against the returns, and checkpoints."""
+
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
+    def compute_values(self, batch: Batch) -> tuple[Batch, dict]:
+        """values [B, R]: the value at the position predicting each response token."""
+        ...
+
+    @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
+    def train_step(self, batch: Batch) -> tuple[Batch, dict]:
+        """critic.ppo_epochs × mini-batches × micro-batches on this shard (values, returns)."""
+        ...
+
+    @role_method(dispatch=Dispatch.all, execute=Execute.all, collect=Collect.none)
+    def save(self, path: str) -> None: ...
+
+    @role_method(dispatch=Dispatch.all, execute=Execute.all, collect=Collect.none)
+    def load(self, path: str) -> None: ...

@@ -97,7 +97,10 @@ class AlgorithmConfig:
     whitened over the batch, no group), reinforce_plus_plus_baseline (group mean removed, then
     whitened over the batch); dagrl/algos/advantages.py."""
     gamma: float = ranged(1.0, ge=0, le=1)
-    """Discount per policy token of reinforce_plus_plus's returns (verl's algorithm.gamma)."""
+    """Discount per policy token of reinforce_plus_plus's and GAE's returns (verl's algorithm.gamma)."""
+    lam: float = ranged(1.0, ge=0, le=1)
+    """GAE's λ (verl's algorithm.lam): 1 = Monte-Carlo returns minus the critic's value, 0 = one-step
+    TD errors; read by algorithm.adv_estimator=gae only."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide group-relative advantages by the group's std (GRPO); false subtracts only the group
     mean (Dr. GRPO: the std up-weights prompts that are nearly always or never solved)."""

@@ -112,7 +112,6 @@ _CPU_OPTIMIZER = (
     "overlap_cpu_optimizer_d2h_h2d",
     "use_precision_aware_optimizer",
 )
-_NO_CRITIC = "dagrl has no critic (its algorithms, GRPO, Dr. GRPO, GSPO, DAPO, RLOO, REINFORCE and GKD, need none); remove the key"
 _ESTIMATORS = "grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline (presets of the first three)"
 _PROFILER = "dagrl has no built-in profiler hooks; per-node seconds are the timing_s/<node> metrics"
 
@@ -222,9 +221,23 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "data.dataloader_num_workers": Unsupported("rows are tokenized once at start; remove the key"),
     "data.gen_batch_size": Unsupported("each dynamic-sampling round samples data.train_batch_size prompts"),
     "data.custom_cls": Unsupported("data rows are parquet in verl's layout (docs/data.md)"),
-    "trainer.critic_warmup": Unsupported(_NO_CRITIC),
-    "critic": Unsupported(_NO_CRITIC),
-    "trainer.max_critic_ckpt_to_keep": Unsupported(_NO_CRITIC),
+    # ---- verl: PPO's critic (critic.*)
+    "critic.model.enable_gradient_checkpointing": Alias("critic.model.gradient_checkpointing"),
+    "critic.model.use_remove_padding": Unsupported(
+        "the critic runs padded micro-batches of rows (packing is the actor's: actor_rollout_ref.model.use_remove_padding)"
+    ),
+    "critic.model.fsdp_config": Unsupported(
+        f"the critic is data-parallel (DDP) and offloads with the actor: {A}.offload"
+    ),
+    "critic.ppo_micro_batch_size": Unsupported(
+        "give the per-device size: critic.ppo_micro_batch_size_per_gpu"
+    ),
+    "critic.forward_micro_batch_size": Unsupported(
+        "give the per-device size: critic.forward_micro_batch_size_per_gpu"
+    ),
+    "trainer.max_critic_ckpt_to_keep": Unsupported(
+        "the critic is saved in every checkpoint beside the actor: trainer.max_actor_ckpt_to_keep keeps both"
+    ),
     "reward_model": Unsupported(
         "dagrl's reward model is reward.model.* (enable, path, weight, micro_batch_size_per_gpu: a "
         "sequence-classification model on role rm); rule rewards are reward.functions"

@@ -153,6 +153,12 @@ def _groups_for(cfg: DagrlConfig, roles: set[str]) -> list[list[str]]:
         if home is not None:
             home.append(Role.teacher.value)
             seen.add(Role.teacher.value)
+    if Role.critic in roles - seen:
+        # the critic takes turns with the actor on its devices unless colocate_groups places it
+        home = next((g for g in groups if Role.train in g), None)
+        if home is not None:
+            home.append(Role.critic.value)
+            seen.add(Role.critic.value)
     groups += [[r] for r in sorted(roles - seen)]  # roles in no group own their devices
     return groups
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from dagrl.config.schema import (
     ActorConfig,
+    CriticConfig,
     DagrlConfig,
     LoraSync,
     MegatronConfig,
@@ -34,6 +35,7 @@ class Role(StrEnum):
     rollout = "rollout"
     ref = "ref"
     teacher = "teacher"
+    critic = "critic"  # PPO's value model (critic.*): a train backend with a value head
     reward = "reward"  # a name for a plugin's reward role: no built-in backend
     # the sampling pipeline (dagrl/sample) and reward models as roles (dagrl/backends/reward_model.py)
     sampler = "sampler"  # a rollout backend on the policy's model, or the teacher's (distill)
@@ -119,9 +121,9 @@ class TrainSettings:
     teacher_micro_batch_size: int = 1  # sequences per teacher forward run on this backend
     weight_sync_bucket_mb: int = 256  # the size of the buckets export_weights yields
     group_size: int = 1  # rollout.n: responses per prompt (the update's mini-batches count prompts)
-    update: ActorConfig | None = (
-        None  # the update's section (optimizer, batches, epochs, clip); None = forward-only
-    )
+    # the update's section (optimizer, batches, epochs, clip): the actor's, or the critic's with
+    # its defaults resolved (`critic_update`); None = forward-only
+    update: ActorConfig | CriticConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class RoleSpec:
     @property
     def builtin(self) -> bool:
         """Whether dagrl ships backends for this role (reward and plugin roles bring their own)."""
-        return self.kind in (Role.train, Role.rollout, Role.ref, Role.teacher, KIND_REWARD_MODEL)
+        return self.kind in (Role.train, Role.rollout, Role.ref, Role.teacher, Role.critic, KIND_REWARD_MODEL)
 
 
 def teacher_model_path(cfg: DagrlConfig) -> str | None:
@@ -300,6 +302,10 @@ def _role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
         )
     if name == Role.teacher:
         return _teacher_spec(cfg, actor_model)
+    if name == Role.critic:
+        from dagrl.config.critic_role import critic_spec  # built from this module's parts
+
+        return critic_spec(cfg)
     if name in SAMPLING_ROLES:
         return _sampling_spec(cfg, name, actor_model)
     return _plugin_spec(cfg, name, actor_model)

@@ -31,6 +31,7 @@ from dagrl.config.algorithm_schema import (  # noqa: F401  (re-exported)
     KLCtrlConfig,
     RolloutCorrectionConfig,
 )
+from dagrl.config.critic_schema import CriticConfig, CriticModelConfig  # noqa: F401  (re-exported)
 from dagrl.config.enums import (  # noqa: F401  (re-exported: config users import them from here)
     BuiltinTask,
     Device,
@@ -170,7 +171,14 @@ class TeacherConfig:
 class PlacementConfig:
     # the built-in roles are listed so `placement.gpus.rollout=2` overrides without a `+`
     gpus: dict[str, Optional[int]] = ranged(
-        default_factory=lambda: {"train": None, "rollout": None, "ref": None, "teacher": None}, ge=0
+        default_factory=lambda: {
+            "train": None,
+            "rollout": None,
+            "ref": None,
+            "teacher": None,
+            "critic": None,
+        },
+        ge=0,
     )
     """Devices per role (CPU slots when trainer.device=cpu); None = an even share of what is left."""
     colocate_groups: list[list[str]] = field(default_factory=lambda: [["train", "rollout", "ref"]])
@@ -230,6 +238,9 @@ class TrainerConfig:
     gpu_memory_gib: Optional[float] = ranged(None, gt=0, hint="or null = detected")
     """GPU memory per device the plan's estimate is checked against (a dry run warns, a run refuses
     before Ray starts); None = the visible GPU's, or 80 in a dry run on a machine without one."""
+    critic_warmup: int = ranged(0, ge=0)
+    """Steps at the start in which only the critic updates (the actor waits for useful values);
+    needs the critic (algorithm.adv_estimator=gae)."""
     host_memory_gib: Optional[float] = ranged(None, gt=0, hint="or null = detected")
     """Host memory per node the plan's host state (offloaded weights and optimizer state, a CPU
     optimizer, an engine's weights asleep) is checked against, within 90 %; None = this machine's
@@ -257,6 +268,8 @@ class DagrlConfig:
     """Cluster, steps, logging, checkpoints."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The distillation teacher (none by default)."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """PPO's value model (runs with algorithm.adv_estimator=gae; none otherwise)."""
     sample: SampleConfig = field(default_factory=SampleConfig)
     """The sampling pipeline (pipeline=sample): no training, parquet shards out."""
     roles: dict[str, Any] = field(default_factory=dict)

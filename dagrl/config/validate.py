@@ -18,6 +18,7 @@ from dagrl.config.schema import (
     TeacherPlacement,
     parse_resume_mode,
 )
+from dagrl.config.validate_critic import check_critic
 from dagrl.config.validate_dapo import check_dapo
 from dagrl.config.validate_lora import check_lora
 from dagrl.config.validate_multi_turn import check_multi_turn
@@ -81,6 +82,7 @@ def validate(cfg: DagrlConfig) -> None:
     _check_rollout(cfg)
     OBJECTIVES.get(cfg.algorithm.name).validate(cfg)  # the chosen objective's own rules
     check_dapo(cfg)  # dynamic sampling and the overlong penalty
+    check_critic(cfg)  # PPO's value model: critic.*, trainer.critic_warmup
     _check_trainer(cfg)
     _check_teacher(cfg)
     _backend_rules(cfg, role_spec(cfg, Role.train))  # the train backend's own rules (megatron's splits)
@@ -115,13 +117,6 @@ def check_names(cfg: DagrlConfig) -> None:
     """The parts the config names by string are registered (built-ins register when their package
     is imported, plugins from external_plugins): a ConfigError naming the nearest otherwise."""
     OBJECTIVES.lookup(cfg.algorithm.name, "algorithm.name")
-    if cfg.algorithm.adv_estimator == "gae" and "gae" not in ESTIMATORS:  # a plugin may register it
-        raise ConfigError(
-            "algorithm.adv_estimator",
-            "gae",
-            "GAE needs a value model (a critic), which dagrl does not have yet: use grpo, rloo,"
-            " reinforce_plus_plus or reinforce_plus_plus_baseline (no critic; algorithm=rloo|reinforce_plus_plus)",
-        )
     ESTIMATORS.lookup(cfg.algorithm.adv_estimator, "algorithm.adv_estimator")
     BACKENDS.lookup(Role.train, cfg.actor_rollout_ref.actor.strategy, f"{A}.strategy")
     BACKENDS.lookup(Role.rollout, cfg.actor_rollout_ref.rollout.name, f"{R}.name")

@@ -19,7 +19,12 @@ from dagrl.registry import ESTIMATORS
 MT = "actor_rollout_ref.rollout.multi_turn"
 TEMPLATE_ALLOWANCE = 8  # delimiter tokens of an observation turn (Qwen: 5), checked at start
 # single-turn DAG -> its multi-turn form (rollout outputs response_attention_mask, turn_ids, ...)
-MULTI_TURN_DAGS = {"grpo": "grpo_multi_turn", "gkd": "gkd_multi_turn", "opsd": "opsd_multi_turn"}
+MULTI_TURN_DAGS = {
+    "grpo": "grpo_multi_turn",
+    "gkd": "gkd_multi_turn",
+    "opsd": "opsd_multi_turn",
+    "ppo": "ppo_multi_turn",
+}
 
 
 def check_multi_turn(cfg: DagrlConfig) -> None:

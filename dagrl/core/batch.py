@@ -41,6 +41,8 @@ KEYS: dict[str, str] = {
     "scores": "[B] sequence reward (weighted sum of reward functions)",
     "token_rewards": "[B, R] per-token reward (score on the last token, minus KL in reward)",
     "advantages": "[B, R] advantages",
+    "values": "[B, R] the critic's values at sampling time (PPO), at the positions predicting each token",
+    "returns": "[B, R] the critic's regression targets (GAE: advantages before whitening + values)",
     "group_ids": "[B] long: rows with the same id answer the same prompt",
     # meta keys
     "data_source": "meta: dataset name of each row",

@@ -3,6 +3,7 @@
 # sft: SFT's sft_data and val_loss
 from dagrl.nodes import (  # noqa: F401
     advantage,
+    critic,
     logprob,
     reward,
     reward_model,  # noqa: F401,I001  (orm_score, rm_score, prm_score, sample_score)

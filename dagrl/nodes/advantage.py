@@ -20,6 +20,7 @@ from dagrl.config.schema import TurnRewardMode
 from dagrl.config.validate_rollout import old_logprob_pass
 from dagrl.core.batch import Batch
 from dagrl.core.node import NodeResult, register_node_kind
+from dagrl.errors import ConfigError
 from dagrl.objectives import estimator
 
 _KL_INPUTS = ("old_logprobs", "ref_logprobs")
@@ -60,8 +61,8 @@ def shaped_length_penalty(overlong, max_response_length: int, response_mask: tor
 class AdvantageNode:
     # without a config: GRPO's; inputs_for asks the configured estimator
     required_inputs = ("scores", "group_ids", "response_mask")
-    optional_inputs = (*_KL_INPUTS, *_DISTILL_INPUTS, "turn_rewards", "turn_ids")
-    outputs = ("token_rewards", "advantages")
+    optional_inputs = (*_KL_INPUTS, *_DISTILL_INPUTS, "turn_rewards", "turn_ids", "values")
+    outputs = ("token_rewards", "advantages", "returns")  # returns: a critic's targets (GAE, dag ppo)
     remote = False
 
     def __init__(self, spec, cfg):
@@ -79,8 +80,26 @@ class AdvantageNode:
 
     @staticmethod
     def check_config(cfg, spec) -> None:
-        """The configured estimator's rules (GRPO's groups need rollout.n >= 2)."""
-        estimator(cfg.algorithm.adv_estimator).validate(cfg)
+        """The configured estimator's rules (GRPO's groups need rollout.n >= 2), and a critic's
+        targets made exactly when the DAG trains a critic on them."""
+        name = cfg.algorithm.adv_estimator
+        entry = estimator(name)
+        entry.validate(cfg)
+        if entry.critic_targets and "returns" not in spec.outputs:
+            raise ConfigError(
+                "algorithm.adv_estimator",
+                name,
+                f"{name} learns from a critic, and dag={cfg.dag} has none (no values / critic_update"
+                " nodes): use algorithm=ppo (dag=ppo), or an estimator without a critic"
+                " (grpo, rloo, reinforce_plus_plus)",
+            )
+        if "returns" in spec.outputs and not entry.critic_targets:
+            raise ConfigError(
+                "dag",
+                cfg.dag,
+                f"this DAG trains a critic on GAE's returns, which algorithm.adv_estimator={name}"
+                " does not make: use algorithm.adv_estimator=gae (algorithm=ppo), or dag=grpo",
+            )
 
     @staticmethod
     def inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -94,7 +113,7 @@ class AdvantageNode:
             required = (*required, *_TURN_INPUTS)
         required = tuple(dict.fromkeys(required))
         # group_ids: the DAG passes it; an estimator without groups (reinforce_plus_plus) ignores it
-        candidates = (*_KL_INPUTS, *_DISTILL_INPUTS, *_TURN_INPUTS, "group_ids")
+        candidates = (*_KL_INPUTS, *_DISTILL_INPUTS, *_TURN_INPUTS, "group_ids", "values")
         optional = tuple(dict.fromkeys(k for k in candidates if k not in required))
         return required, optional
 
@@ -103,6 +122,11 @@ class AdvantageNode:
         metrics: dict[str, float] = {}
         rewards = self._token_rewards(batch, mask, metrics)
         advantages = self.estimator.estimate(rewards, batch, self.algo)
+        extra = {}
+        if self.estimator.critic_targets:  # GAE: the critic's targets beside the advantages
+            advantages, extra["returns"] = advantages
+            metrics["critic/returns/mean"] = float(masked_mean(extra["returns"], mask))
+            metrics["critic/values/mean"] = float(masked_mean(batch["values"].float(), mask))
         if self.algo.distill_reward.coef:
             student, teacher = batch[self.student_key], batch["teacher_logprobs"]
             advantages = advantages + reverse_kl_advantages(
@@ -114,7 +138,7 @@ class AdvantageNode:
             advantages, rewards = self._turn_credit(batch, mask, advantages, rewards, metrics)
         metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask))
         metrics["critic/advantages/max"] = float(advantages.max())
-        return NodeResult(Batch({"token_rewards": rewards, "advantages": advantages}), metrics)
+        return NodeResult(Batch({"token_rewards": rewards, "advantages": advantages, **extra}), metrics)
 
     def _token_rewards(self, batch, mask, metrics) -> torch.Tensor:
         """[B, R] what the estimator reads: the score (with DAPO's overlong penalty) on the last

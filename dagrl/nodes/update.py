@@ -1,4 +1,5 @@
-"""actor_update: the objective's epochs × mini-batches on the train pool."""
+"""actor_update: the objective's epochs × mini-batches on the train pool (none in the first
+trainer.critic_warmup steps: PPO's actor waits while its critic learns the values)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class ActorUpdateNode:
     remote = True
 
     def __init__(self, spec, cfg):
-        self.spec = spec
+        self.spec, self.critic_warmup = spec, cfg.trainer.critic_warmup
 
     @staticmethod
     def enabled(cfg) -> bool:
@@ -37,6 +38,8 @@ class ActorUpdateNode:
         return required, tuple(k for k in optional if k not in required)
 
     def run(self, runtime, batch):
+        if runtime.step <= self.critic_warmup:  # steps count from 1: the critic learns alone first
+            return NodeResult(Batch(), {"actor/critic_warmup": 1.0})
         _, per_rank = train_role(runtime, self.spec.role).train_step(batch)
         metrics = reduce_all(per_rank)
         return NodeResult(Batch(), metrics)

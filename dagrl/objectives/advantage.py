@@ -18,6 +18,7 @@ from dagrl.algos.advantages import (
     compute_reinforce_plus_plus_baseline_advantages,
     compute_rloo_advantages,
 )
+from dagrl.algos.value import compute_gae_advantages
 from dagrl.config.schema import AlgorithmConfig, DagrlConfig
 from dagrl.core.batch import Batch
 from dagrl.errors import ConfigError
@@ -35,13 +36,16 @@ def register_estimator(
     required_keys: tuple[str, ...],
     validate: Callable[[DagrlConfig], None],
     token_level: bool = False,
+    critic_targets: bool = False,
 ):
     """Register `estimate` under `name` (the value of `algorithm.adv_estimator`). `token_level`:
     it reads the rewards token by token (returns), so a multi-turn episode's per-turn rewards are
-    put into the token rewards for it (turn_reward_mode=turn) rather than credited beside it."""
+    put into the token rewards for it (turn_reward_mode=turn) rather than credited beside it.
+    `critic_targets`: it learns from a critic's `values` and returns (advantages, returns), the
+    critic's targets (the run then has a critic: config/critic_role.py critic_runs)."""
 
     def wrap(estimate: Estimate) -> Estimate:
-        entry = EstimatorEntry(estimate, tuple(required_keys), validate, token_level)
+        entry = EstimatorEntry(estimate, tuple(required_keys), validate, token_level, critic_targets)
         ESTIMATORS.register(name, entry, same=lambda a, b: a.estimate is b.estimate)
         return estimate
 
@@ -99,4 +103,15 @@ def reinforce_plus_plus_baseline_advantages(
     """Total reward minus the group mean, whitened over the batch."""
     return compute_reinforce_plus_plus_baseline_advantages(
         token_rewards.sum(1), batch["group_ids"], batch["response_mask"].float()
+    )
+
+
+@register_estimator(
+    "gae", required_keys=("values",), validate=_no_rules, token_level=True, critic_targets=True
+)
+def gae_advantages(token_rewards: Tensor, batch: Batch, algo: AlgorithmConfig) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation on the critic's values (algorithm.gamma, algorithm.lam),
+    whitened over the batch; with the returns the critic learns."""
+    return compute_gae_advantages(
+        token_rewards, batch["values"], batch["response_mask"].float(), algo.gamma, algo.lam
     )

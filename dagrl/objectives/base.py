@@ -70,6 +70,7 @@ class TokenOutputs:
     entropy: Tensor | None = None  # [B, R]
     logprobs_at: Tensor | None = None  # [B, R, K]
     divergence: Tensor | None = None  # [B, R] full-vocabulary generalized JSD, differentiable
+    values: Tensor | None = None  # [B, R] a critic's value head at the positions predicting each token
 
 
 class Objective(Protocol):

@@ -168,7 +168,9 @@ def _resolve_offload(
     when every phase fits within RESIDENT_SHARE of the card that way, else offloaded as planned."""
     actor = cfg.actor_rollout_ref.actor
     torch_roles = [
-        r for r, s in plan.specs.items() if s.backend == "torch" and s.kind in (Role.train, Role.ref)
+        r
+        for r, s in plan.specs.items()
+        if s.backend == "torch" and s.kind in (Role.train, Role.ref, Role.critic)
     ]
     if actor.offload is not None or not torch_roles:
         return memory
@@ -287,8 +289,13 @@ def fault_plan_hint(memory: MemoryPlan | None, plan: Plan, fault) -> str:
     if fault.kind != CUDA_OOM:
         return ""
     phase = _FAULT_PHASES.get(fault.phase)
+<<<<<<< HEAD
     if fault.phase in ("score", "score_steps"):  # a reward model's pass: its role names the phase
         phase = str(fault.role)
+=======
+    if str(fault.role) == Role.critic:  # the critic's two calls have phases of their own
+        phase = {"compute_values": "values", "train_step": "critic_update"}.get(fault.phase)
+>>>>>>> issue32-s11
     if fault.phase == "forward_logprobs":
         phase = {"ref": "ref_logprob", "teacher": "teacher"}.get(str(fault.role), "old_logprob")
     return oom_hint(memory, plan, phase) if phase else ""
@@ -297,13 +304,16 @@ def fault_plan_hint(memory: MemoryPlan | None, plan: Plan, fault) -> str:
 def phase_levers(plan: Plan, row) -> str:
     """The keys that lower a phase's total: its own workload's, then what the idle roles keep."""
     spec = plan.specs.get(row.role)
-    levers = {
-        "update": ", ".join(_update_levers(spec)),
+    levers = {  # the update's are the actor's: computed for its row only
+        "update": ", ".join(_update_levers(spec)) if row.phase == "update" else "",
         "old_logprob": f"a smaller {R}.log_prob_micro_batch_size_per_gpu or {R}.log_prob_use_dynamic_bsz=true "
         f"with {R}.log_prob_max_token_len_per_gpu",
         "ref_logprob": f"a smaller {REF}.log_prob_micro_batch_size_per_gpu or {REF}.log_prob_use_dynamic_bsz=true "
         f"with {REF}.log_prob_max_token_len_per_gpu",
         "teacher": "a smaller teacher.log_prob_micro_batch_size_per_gpu, teacher.offload=true",
+        "values": "a smaller critic.forward_micro_batch_size_per_gpu",
+        "critic_update": "a smaller critic.ppo_micro_batch_size_per_gpu, or critic.use_dynamic_bsz=true with "
+        "critic.ppo_max_token_len_per_gpu",
         "rollout": f"a lower {R}.gpu_memory_utilization",
         **dict.fromkeys(("rm", "orm", "prm"), "a smaller reward.model.micro_batch_size_per_gpu"),
     }[row.phase]

@@ -7,7 +7,7 @@ import os
 import torch
 from tqdm import tqdm
 
-from dagrl.backends.handles import train_role
+from dagrl.backends.handles import critic_role, train_role
 from dagrl.backends.update_loop import NONFINITE_GRADS, NONFINITE_LOSSES
 from dagrl.config.roles import Role
 from dagrl.core.batch import Batch, left_pad, right_pad
@@ -194,6 +194,8 @@ class Trainer:
 
         def write(staging: str) -> None:
             train_role(self.runtime, Role.train).save(os.path.join(staging, "actor"))
+            if Role.critic in self.runtime.roles:  # PPO's value model: weights, optimizer, RNG
+                critic_role(self.runtime, Role.critic).save(os.path.join(staging, "critic"))
             if self.cfg.trainer.save_hf:  # inside the staging dir: sealed with the checkpoint
                 self.export_hf(os.path.join(staging, "actor_hf"))
 
@@ -213,6 +215,8 @@ class Trainer:
             return
         state = checkpoint.read_state(path)
         train_role(self.runtime, Role.train).load(os.path.join(path, "actor"))
+        if Role.critic in self.runtime.roles:
+            critic_role(self.runtime, Role.critic).load(os.path.join(path, "critic"))
         self.loader.load_state_dict(state["data"])
         self.step = self.saved_step = int(state["global_step"])
         log(f"resumed from {path} at step {self.step}")

@@ -1,6 +1,7 @@
 """The memory plan: per device and per phase of a step, what every colocated role keeps resident.
 
-A step runs in phases (rollout, old log-probs, reference log-probs, teacher, update); in each, one
+A step runs in phases (rollout, old log-probs, reference log-probs, teacher, the critic's values
+and update, the actor's update); in each, one
 role of a colocate group has the device (its weights, gradients, optimizer state and the phase's
 activations and logits, or an engine's pool) while the others keep what their offload policy
 leaves there (each backend's registered `estimate`, backends/*/memory.py). A phase's total adds those, plus the CUDA
@@ -37,6 +38,8 @@ PHASES = (
     ("old_logprob", Role.train, "old_logprob"),
     ("ref_logprob", Role.ref, "ref_logprob"),
     ("teacher", Role.teacher, "teacher"),
+    ("values", Role.critic, "values"),
+    ("critic_update", Role.critic, "critic_update"),
     ("update", Role.train, "update"),
 )
 
@@ -95,6 +98,8 @@ NODE_PHASES = {
     "rm_score": "rm",
     "orm_score": "orm",
     "prm_score": "prm",
+    "values": "values",
+    "critic_update": "critic_update",
 }
 
 

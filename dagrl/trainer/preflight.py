@@ -57,14 +57,20 @@ def check_output_dir(value: str) -> str:
 def checkpoint_bytes(cfg: DagrlConfig, plan: Plan, params: int) -> tuple[float, str] | None:
     """(bytes, how they were counted) of one checkpoint: params × bytes × (1 + factor), the bytes
     and the optimizer factor from the train backend's registered `checkpoint` estimate; save_hf
-    adds the weights again. None when the backend brings no estimate."""
+    adds the weights again, a critic its own weights and optimizer state. None when the backend
+    brings no estimate."""
     entry = BACKENDS.find(Role.train, cfg.actor_rollout_ref.actor.strategy)
     if entry is None or entry.checkpoint is None:
         return None
     width, factor = entry.checkpoint(cfg, plan.specs.get(Role.train), plan.roles.get(Role.train))
     if cfg.trainer.save_hf:
         factor += 1
-    how = f"{params / 1e6:.1f}M params × {width} bytes × (1 + {factor:g} optimizer/export factor)"
+    critic = plan.specs.get(Role.critic)
+    critic_entry = BACKENDS.find(Role.critic, critic.backend) if critic is not None else None
+    if critic_entry is not None and critic_entry.checkpoint is not None:
+        # PPO's critic: its weights and optimizer state, counted at the actor's size (its default model)
+        factor += 1 + critic_entry.checkpoint(cfg, critic, plan.roles.get(Role.critic))[1]
+    how = f"{params / 1e6:.1f}M params × {width} bytes × (1 + {factor:g} optimizer/export/critic factor)"
     return params * width * (1 + factor), how
 
 

@@ -97,13 +97,15 @@ def absolute_paths(cfg: DagrlConfig) -> None:
 
 
 def check_models(cfg: DagrlConfig) -> None:
-    """The model directories (actor, teacher) have a readable config.json and whole weights; a
+    """The model directories (actor, teacher, critic) have a readable config.json and whole weights; a
     dry run needs the config only (a plan for a large model, made before its weights are fetched)."""
     weights = not cfg.trainer.dry_run
     if cfg.actor_rollout_ref.model.path is not None:
         check_model_dir(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path", weights)
     if cfg.teacher.model is not None and cfg.teacher.model not in {t.value for t in SelfTeacher}:
         check_model_dir(cfg.teacher.model, "teacher.model", weights)
+    if cfg.critic.model.path is not None:  # refused without a critic (config/validate_critic.py)
+        check_model_dir(cfg.critic.model.path, "critic.model.path", weights)
 
 
 def check_rewards_for_data(cfg: DagrlConfig) -> None:

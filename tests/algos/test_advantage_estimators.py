@@ -90,11 +90,11 @@ def test_reinforce_plus_plus_plans_without_groups(n):
     assert "group_ids" not in node.required_inputs
 
 
-def test_gae_is_refused_naming_the_missing_critic():
+def test_gae_without_the_critic_dag_is_refused_naming_the_estimator():
     from dagrl.errors import ConfigError
     from dagrl.trainer.setup import prepare
     from tests.conftest import compose_config
 
-    with pytest.raises(ConfigError, match="needs a value model") as err:
+    with pytest.raises(ConfigError, match="learns from a critic, and dag=grpo has none") as err:
         prepare(compose_config("algorithm.adv_estimator=gae", "trainer.dry_run=true"))
     assert err.value.key == "algorithm.adv_estimator"

@@ -58,8 +58,7 @@ def test_only_value_keys_accept_what_dagrl_does():
     [
         ("actor_rollout_ref.actor.fsdp_config.param_offload=False", "actor_rollout_ref.actor.offload"),
         ("actor_rollout_ref.ref.fsdp_config.param_offload=True", "actor_rollout_ref.ref.megatron"),
-        ("trainer.critic_warmup=0", "no critic"),
-        ("critic.optim.lr=1e-5", "no critic"),
+        ("trainer.max_critic_ckpt_to_keep=2", "max_actor_ckpt_to_keep keeps both"),
         ("min_lr=1e-7", "constant after warm-up"),
     ],
 )
@@ -122,7 +121,7 @@ def test_cli_typo_with_plus_is_one_dagrl_line(tmp_path):
 
 
 def test_cli_unknown_key_has_no_hydra_hint(capsys):
-    code, out = main_in_process(capsys, "trainer.critic_warmup=0")
+    code, out = main_in_process(capsys, "trainer.max_critic_ckpt_to_keep=1")
     out = out.strip()
     assert code == 2 and len(out.splitlines()) == 1, out
     assert "+" not in out and "Traceback" not in out and "OmegaConf" not in out
@@ -132,7 +131,7 @@ def test_help_lists_groups_and_every_key_with_type_default_and_meaning(capsys):
     code, out = main_in_process(capsys, "--help")
     assert code == 0, out
     assert (
-        "algorithm=dapo|dr_grpo|gkd|grpo|gspo|opsd|reinforce_plus_plus|rloo|sft" in out
+        "algorithm=dapo|dr_grpo|gkd|grpo|gspo|opsd|ppo|reinforce_plus_plus|rloo|sft" in out
         and "placement=colocate|separate" in out
     )
     for key, info in keys.schema_keys().items():

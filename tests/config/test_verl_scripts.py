@@ -24,13 +24,11 @@ SCRIPTS = {
         "actor_rollout_ref.actor.fsdp_config.param_offload",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
         "actor_rollout_ref.ref.fsdp_config.param_offload",
-        "trainer.critic_warmup",
     },
     "verl_run_qwen2-7b_math_megatron.txt": {
         "data.return_raw_chat",
         "actor_rollout_ref.model.use_fused_kernels",
         "actor_rollout_ref.rollout.mode",
-        "trainer.critic_warmup",
     },
 }
 

@@ -28,6 +28,7 @@ PRESETS = {
     "algorithm=dapo": E2E + "test_dapo_run.py::test_dapo_refills_the_batch",
     "algorithm=rloo": E2E + "test_algorithms_run.py::test_estimator_preset_runs_a_step",
     "algorithm=reinforce_plus_plus": E2E + "test_algorithms_run.py::test_estimator_preset_runs_a_step",
+    "algorithm=ppo": E2E + "test_ppo_run.py::test_ppo_resume_reproduces_uninterrupted_run_critic_included",
     "placement=colocate": E2E + "test_grpo_run.py::test_resume_reproduces_uninterrupted_run",
     "placement=separate": E2E + "test_grpo_run.py::test_separate_rollout_pool_receives_weights_through_ray",
     "pipeline=sample": E2E + "test_sample_run.py::test_sample_kill_resume_in_device_groups_then_sft",
@@ -54,6 +55,8 @@ PRESETS = {
     "dag=sft": E2E + "test_sft_run.py::test_sft_from_scratch_lowers_validation_loss_across_a_resume",
     "dag=sft_validate": E2E + "test_sft_run.py::test_sft_from_scratch_lowers_validation_loss_across_a_resume",
     "dag=sample": E2E + "test_sample_run.py::test_sample_kill_resume_in_device_groups_then_sft",
+    "dag=ppo": E2E + "test_ppo_run.py::test_ppo_resume_reproduces_uninterrupted_run_critic_included",
+    "dag=ppo_multi_turn": E2E + "test_ppo_run.py::test_ppo_over_multi_turn_episodes_credits_each_turn",
     "dag=grpo_multi_turn": E2E
     + "test_multi_turn_run.py::test_multi_turn_resume_reproduces_uninterrupted_run",
     "dag=validate_multi_turn": CPU_RUN,
@@ -77,6 +80,8 @@ MODES = {
     + "test_algorithms_run.py::test_estimator_preset_runs_a_step",
     "algorithm.adv_estimator=reinforce_plus_plus_baseline": E2E
     + "test_algorithms_run.py::test_estimator_preset_runs_a_step",
+    "algorithm.adv_estimator=gae": E2E
+    + "test_ppo_run.py::test_ppo_resume_reproduces_uninterrupted_run_critic_included",
     "algorithm.rollout_correction.rollout_is=token": (
         E2E + "test_rollout_overlap.py::test_on_policy_update_skips_the_old_logprob_pass"
     ),

@@ -30,14 +30,20 @@ def test_every_preset_and_estimator_is_registered():
     from dagrl.registry import ESTIMATORS, OBJECTIVES
 
     presets = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "algorithm")) if f.endswith(".yaml"))
-    expected = ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "reinforce_plus_plus", "rloo", "sft"]
+    expected = ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "ppo", "reinforce_plus_plus", "rloo", "sft"]
     assert presets == expected
     assert OBJECTIVES.names() == ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "sft"]
     for preset in presets:  # each preset names a registered objective and estimator
         cfg = compose_config(f"algorithm={preset}")
         assert objective_entry(cfg.algorithm.name).build is not None
         assert estimator(cfg.algorithm.adv_estimator).estimate is not None
-    assert ESTIMATORS.names() == ["grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
+    assert ESTIMATORS.names() == [
+        "gae",
+        "grpo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "rloo",
+    ]
     assert estimator("grpo").estimate is not None
 
 

@@ -277,3 +277,50 @@ def test_sampling_job_plans_the_sampler_and_the_reward_model(small, tmp_path):
     assert rows["orm"].parts["activations"] == 8 * 24 * 4 * (4 * 64 + 2 * 128)
     assert rows["orm"].parts["scores"] == 4 * 8 * 24
     assert shape_params > 0 and rows["orm"].total < 10 * GIB
+
+
+def test_critic_is_counted_on_the_actor_devices_by_hand(small):
+    """algorithm=ppo: the critic (the same small model with a value head, colocated by default)
+    has phases of its own and leaves what its offload keeps in everyone else's."""
+    prepared = dry(
+        small, *SMALL_JOB, "algorithm=ppo", f"{A}.recompute_old_logprobs=true", f"{A}.offload=true"
+    )
+    [group] = prepared.memory.groups
+    assert group.roles == ["train", "rollout", "critic"]
+    rows = {r.phase: r for r in group.rows}
+    assert list(rows) == ["rollout", "old_logprob", "values", "critic_update", "update"]
+    params = 138_112  # as in test_small_colocated_job_by_hand (the output layer counted: tied)
+    # values: bf16 weights and its fp32 Adam state on the device, 8 rows × 24 tokens, one layer's
+    # 3008 B per token at a time; no logits (a value head has no vocabulary)
+    assert rows["values"].parts == {
+        "weights": 2 * params,
+        "optimizer": 12 * params,
+        "activations": 3008 * 8 * 24,
+    }
+    # critic_update: + bf16 grads; 8 rows (mini-batch 2 prompts × 4) in one micro-batch, 2 layers
+    assert rows["critic_update"].parts == {
+        "weights": 2 * params,
+        "optimizer": 12 * params,
+        "grads": 2 * params,
+        "activations": 2 * 3008 * 8 * 24,
+    }
+    assert rows["critic_update"].others == {"train": 0, "rollout": 0.5 * GIB}
+    # offloaded with the actor (actor.offload): nothing of the critic stays while others run
+    assert rows["update"].others == {"rollout": 0.5 * GIB, "critic": 0}
+
+
+def test_critic_on_devices_of_its_own(small):
+    groups = "placement.colocate_groups=[[train,rollout,ref],[critic]]"
+    prepared = dry(small, *SMALL_JOB, "algorithm=ppo", "trainer.n_gpus_per_node=2", groups)
+    assert [g.roles for g in prepared.plan.groups] == [["train", "rollout"], ["critic"]]
+    critic = prepared.memory.groups[1]
+    assert [r.phase for r in critic.rows] == ["values", "critic_update"]
+
+
+def test_critic_phase_over_the_card_names_its_own_levers(small):
+    from dagrl.trainer.capacity import phase_levers
+
+    prepared = dry(small, *SMALL_JOB, "algorithm=ppo")
+    rows = {r.phase: r for r in prepared.memory.groups[0].rows}
+    assert "critic.forward_micro_batch_size_per_gpu" in phase_levers(prepared.plan, rows["values"])
+    assert "critic.ppo_micro_batch_size_per_gpu" in phase_levers(prepared.plan, rows["critic_update"])

@@ -60,10 +60,23 @@ def test_no_room_for_one_checkpoint(tmp_path):
             prepare(cfg)
         msg = str(info.value)
         assert "'trainer.default_local_dir'" in msg and "one checkpoint needs about" in msg
-        assert "params × 4 bytes × (1 + 2 optimizer/export factor)" in msg and "trainer.save_freq=-1" in msg
+        assert (
+            "params × 4 bytes × (1 + 2 optimizer/export/critic factor)" in msg
+            and "trainer.save_freq=-1" in msg
+        )
         prepare(compose_config(f"trainer.default_local_dir={mnt}/ckpts", "trainer.save_freq=-1"))  # no saves
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_critic_doubles_the_checkpoint(tmp_path):
+    """PPO's critic (the actor's model by default) is saved beside it: weights and Adam's m, v."""
+    out = f"trainer.default_local_dir={tmp_path}"
+    sizes = [
+        preflight.checkpoint_bytes(p.cfg, p.plan, 1000)[0]
+        for p in (prepare(compose_config(out, *o, "trainer.dry_run=true")) for o in ((), ("algorithm=ppo",)))
+    ]
+    assert sizes == [1000 * 4 * 3, 1000 * 4 * 6]  # fp32: weights + m + v, twice
 
 
 def test_resume_mode_must_be_a_checkpoint(tmp_path):

@@ -27,6 +27,7 @@ from dagrl.backends.memory import (
     param_width,
     parts_total,
     update_workload,
+    workload,
 )
 from dagrl.backends.model_shape import ModelShape
 from dagrl.backends.torch.lora import adapter_params
@@ -118,6 +119,30 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
         recompute = bool(arr.model.gradient_checkpointing)
         update = update_bytes(shape, width, update_workload(cfg, layout.dp), recompute)
         mem.phases["update"] = {k: v for k, v in state.items() if k not in kept} | update
+    return mem
+
+
+def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
+    """The torch critic's estimate (role critic): a trained model's state as the actor's (the
+    trunk counted with its output layer: an overestimate by vocab × hidden weights), its values
+    pass and its update without logits (a value head has no vocabulary), recomputed with
+    critic.model.gradient_checkpointing."""
+    width, update = param_width(spec.model.dtype), spec.train.update
+    state = state_bytes(shape, width, trains=True)
+    kept = between_updates(state, width, optimizer_on_host=False)
+    mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params))
+    if spec.offload.params:
+        mem.host = parts_total(kept) - kept.get("grads", 0.0)
+    forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
+    mem.phases["values"] = {"activations": float(layer_activation_bytes(shape, width) * forward.tokens)}
+    mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
+    budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
+    work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
+    recompute = update.model.gradient_checkpointing
+    activations = update_bytes(shape, width, work, recompute)["activations"]
+    mem.phases["critic_update"] = {k: v for k, v in state.items() if k not in kept} | {
+        "activations": activations
+    }
     return mem
 
 

@@ -1,0 +1,93 @@
+"""PPO's critic in the config: it runs exactly with GAE (and only in a DAG that trains it), its
+keys and warm-up are refused without it, and its own rules name the key (all before Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagrl.config.critic_role import critic_update
+from dagrl.config.roles import role_spec
+from dagrl.errors import ConfigError
+from dagrl.trainer.setup import prepare
+from tests.conftest import compose_config
+
+
+def refused(*overrides: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        prepare(compose_config(*overrides, "trainer.dry_run=true"))
+    return info.value
+
+
+def test_ppo_preset_runs_gae_with_a_colocated_critic():
+    prepared = prepare(compose_config("algorithm=ppo", "trainer.dry_run=true"))
+    kinds = [n.kind for n in prepared.dag.nodes]
+    assert {"values", "critic_update"} <= set(kinds)
+    assert set(prepared.dag.node("advantage").required_inputs) >= {"values", "scores", "response_mask"}
+    assert [g.roles for g in prepared.plan.groups] == [["train", "rollout", "critic"]]
+
+
+def test_critic_defaults_follow_the_actor():
+    cfg = compose_config(
+        "algorithm=ppo",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    )
+    cfg.actor_rollout_ref.actor.optim.lr = 1e-4
+    update = critic_update(cfg)
+    assert (update.ppo_mini_batch_size, update.ppo_epochs, update.optim.lr) == (4, 2, 1e-4)
+    spec = role_spec(cfg, "critic")
+    assert spec.trains and spec.model.path is None and spec.backend == "torch"
+
+
+@pytest.mark.parametrize(
+    "overrides,key,says",
+    [
+        (("algorithm.adv_estimator=gae",), "algorithm.adv_estimator", "dag=grpo has none"),
+        (("algorithm=ppo", "algorithm.adv_estimator=rloo"), "dag", "adv_estimator=rloo"),
+        (("critic.optim.lr=1e-5",), "critic.optim.lr", "no critic runs"),
+        (("critic.cliprange_value=0.2",), "critic.cliprange_value", "algorithm=ppo"),
+        (("trainer.critic_warmup=2",), "trainer.critic_warmup", "no critic runs"),
+        (("algorithm=ppo", "critic.strategy=megatron"), "critic.strategy", "planned"),
+        (("algorithm=ppo", "critic.strategy=torchh"), "critic.strategy", "torch"),
+        (("algorithm=ppo", "critic.ppo_mini_batch_size=3"), "critic.ppo_mini_batch_size", "divide"),
+        (  # a critic on 2 devices of its own, one response per prompt: mini-batches of 1 do not split
+            (
+                "algorithm=ppo",
+                "actor_rollout_ref.rollout.n=1",
+                "critic.ppo_mini_batch_size=1",
+                "trainer.n_gpus_per_node=3",
+                "placement.colocate_groups=[[train,rollout,ref],[critic]]",
+                "placement.gpus.critic=2",
+            ),
+            "critic.ppo_mini_batch_size",
+            "critic's DP = 2",
+        ),
+        (
+            ("algorithm=ppo", "critic.ppo_micro_batch_size_per_gpu=48"),
+            "critic.ppo_micro_batch_size_per_gpu",
+            "gets 128 responses",
+        ),
+    ],
+)
+def test_critic_mistakes_are_refused_naming_the_key(overrides, key, says):
+    err = refused(*overrides)
+    assert err.key == key and says in str(err), str(err)
+
+
+def test_warmup_zero_is_verl_default_and_accepted():
+    prepare(compose_config("trainer.critic_warmup=0", "trainer.dry_run=true"))
+
+
+def test_critic_model_path_is_checked_before_ray(tmp_path):
+    err = refused("algorithm=ppo", f"critic.model.path={tmp_path / 'missing'}")
+    assert err.key == "critic.model.path"
+
+
+def test_verl_critic_keys_map_or_are_refused_in_one_line():
+    from dagrl.main import compose
+
+    cfg = compose(["algorithm=ppo", "critic.model.enable_gradient_checkpointing=true"])
+    assert cfg.critic.model.gradient_checkpointing is True
+    with pytest.raises(ConfigError, match="offloads with the actor") as info:
+        compose(["critic.model.fsdp_config.param_offload=true"])
+    assert info.value.key == "critic.model.fsdp_config.param_offload"
