@@ -9,6 +9,7 @@ from __future__ import annotations
 from dagrl.backends.hf import memory as hf_memory
 from dagrl.backends.hf.rules import check_hf_rollout
 from dagrl.backends.megatron import memory as megatron_memory
+from dagrl.backends.megatron.critic_rules import check_megatron_critic, check_megatron_critic_plan
 from dagrl.backends.megatron.rules import (
     check_megatron,
     check_megatron_plan,
@@ -76,6 +77,20 @@ def _torch_critic(cfg, spec: RoleSpec, ctx):
     from dagrl.backends.torch.critic import TorchCriticBackend
 
     return TorchCriticBackend(spec, ctx)
+
+
+@register_backend(
+    Role.critic,
+    "megatron",
+    rules=check_megatron_critic,
+    plan_rules=check_megatron_critic_plan,
+    estimate=megatron_memory.critic_memory,
+    checkpoint=megatron_memory.checkpoint_size,
+)
+def _megatron_critic(cfg, spec: RoleSpec, ctx):
+    from dagrl.backends.megatron.critic import MegatronCriticBackend
+
+    return MegatronCriticBackend(spec, ctx)
 
 
 restrict_devices(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dagrl.config.roles import ModelSpec, OffloadPolicy, Role, RoleSpec, _train_settings
+from dagrl.config.roles import ModelSpec, OffloadPolicy, Role, RoleSpec, _layout, _offload, _train_settings
 from dagrl.config.schema import CriticConfig, DagrlConfig
 from dagrl.registry import ESTIMATORS
 
@@ -35,17 +35,22 @@ def critic_spec(cfg: DagrlConfig) -> RoleSpec:
     with critic.* (its update section), its forward passes at critic.forward_micro_batch_size."""
     c, arr = cfg.critic, cfg.actor_rollout_ref
     path = c.model.path if c.model.path is not None else arr.model.path
+    mega = c.megatron if c.strategy == "megatron" else None
     on = arr.actor.offload is not False  # the actor's offload policy: the two take turns alike
+    # megatron: its own three switches (critic.megatron.*_offload), as the megatron actor's
+    offload = _offload(cfg, mega) if mega is not None else OffloadPolicy(params=on, grads=on, optimizer=on)
     return RoleSpec(
         name=Role.critic.value,
         kind=Role.critic.value,
         backend=c.strategy,
         backend_key="critic.strategy",
         model=ModelSpec(path, c.model.dtype or arr.model.dtype, None, arr.model.trust_remote_code),
+        parallel=_layout(mega),
         micro_batch_size=c.ppo_micro_batch_size_per_gpu,
         logprob_micro_batch_size=c.forward_micro_batch_size_per_gpu,
         trains=True,
-        offload=OffloadPolicy(params=on, grads=on, optimizer=on),
+        offload=offload,
+        megatron=mega,
         train=replace(
             _train_settings(cfg, trains=False),
             packing=False,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from dagrl.algos.losses import LossAggMode
-from dagrl.config.actor_schema import OptimConfig
+from dagrl.config.actor_schema import MegatronConfig, OptimConfig
 from dagrl.config.enums import ModelDtype
 from dagrl.config.ranges import ranged
 
@@ -31,9 +31,13 @@ class CriticModelConfig:
 @dataclass
 class CriticConfig:
     strategy: str = "torch"
-    """Train backend of the critic: torch (megatron is planned, refused today)."""
+    """Train backend of the critic: torch (HF trunk, DDP) or megatron (critic.megatron.*); either
+    trains beside either actor backend."""
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     """The value model: its trunk and dtype."""
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """critic.strategy=megatron: the value model's parallel layout, dtype, optimizer and offload,
+    with the meanings of actor_rollout_ref.actor.megatron.* (verl's critic.megatron.*)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """AdamW of the critic; lr None = the actor's learning rate."""
     ppo_mini_batch_size: Optional[int] = ranged(None, ge=1, hint="or null = the actor's")

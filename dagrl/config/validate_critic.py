@@ -12,7 +12,7 @@ from dataclasses import fields
 
 from dagrl.config.critic_role import critic_runs, critic_update
 from dagrl.config.roles import Role
-from dagrl.config.schema import CriticConfig, DagrlConfig
+from dagrl.config.schema import CriticConfig, DagrlConfig, MegatronConfig
 from dagrl.errors import ConfigError
 from dagrl.registry import BACKENDS
 
@@ -25,13 +25,11 @@ def check_critic(cfg: DagrlConfig) -> None:
         _check_no_critic(cfg)
         return
     c = cfg.critic
-    if c.strategy == "megatron":
-        raise ConfigError(
-            f"{C}.strategy",
-            c.strategy,
-            "a megatron critic is planned, not built yet (its value head needs megatron's output"
-            f" layer replaced): use {C}.strategy=torch, which trains beside either actor backend",
-        )
+    if c.strategy != "megatron":  # critic.megatron.* would be ignored
+        for key, value, default in _changed(c.megatron, MegatronConfig(), f"{C}.megatron"):
+            raise ConfigError(
+                key, value, f"only read with {C}.strategy=megatron; set it or leave the key at {default!r}"
+            )
     BACKENDS.lookup(Role.critic, c.strategy, f"{C}.strategy")
     update = critic_update(cfg)
     if cfg.data.train_batch_size % update.ppo_mini_batch_size:

@@ -34,3 +34,17 @@ class ValueObjective:
         metrics["critic/vf_loss"] = loss.detach()
         metrics["critic/vpred_mean"] = masked_mean(out.values.detach(), mask)
         return loss, metrics
+
+
+def critic_metric_names(metrics: dict[str, float]) -> dict[str, float]:
+    """The update loop names its figures for the actor; these are the critic's: actor/lr ->
+    critic/lr, train/nonfinite_grads -> critic/nonfinite_grads (the trainer counts the actor's
+    skipped updates under train/)."""
+    out = {}
+    for key, value in metrics.items():
+        for prefix in ("actor/", "train/"):
+            if key.startswith(prefix):
+                key = "critic/" + key[len(prefix) :]
+                break
+        out[key] = value
+    return out

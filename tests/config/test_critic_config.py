@@ -47,7 +47,27 @@ def test_critic_defaults_follow_the_actor():
         (("critic.optim.lr=1e-5",), "critic.optim.lr", "no critic runs"),
         (("critic.cliprange_value=0.2",), "critic.cliprange_value", "algorithm=ppo"),
         (("trainer.critic_warmup=2",), "trainer.critic_warmup", "no critic runs"),
-        (("algorithm=ppo", "critic.strategy=megatron"), "critic.strategy", "planned"),
+        (  # the value head is on one stage
+            ("algorithm=ppo", "critic.strategy=megatron", "critic.megatron.pipeline_model_parallel_size=2"),
+            "critic.megatron.pipeline_model_parallel_size",
+            "not pipelined",
+        ),
+        (
+            ("algorithm=ppo", "critic.megatron.param_offload=true"),
+            "critic.megatron.param_offload",
+            "strategy=megatron",
+        ),
+        (  # one process, one set of megatron groups: a colocated critic takes the actor's layout
+            (
+                "algorithm=ppo",
+                "critic.strategy=megatron",
+                "actor_rollout_ref.actor.strategy=megatron",
+                "trainer.n_gpus_per_node=2",
+                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            ),
+            "critic.megatron.tensor_model_parallel_size",
+            "colocated with the megatron actor",
+        ),
         (("algorithm=ppo", "critic.strategy=torchh"), "critic.strategy", "torch"),
         (("algorithm=ppo", "critic.ppo_mini_batch_size=3"), "critic.ppo_mini_batch_size", "divide"),
         (  # a critic on 2 devices of its own, one response per prompt: mini-batches of 1 do not split

@@ -20,7 +20,7 @@ Logits are [S, B, V/TP] in param_dtype over every position; the update adds thei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dagrl.backends.memory import (
     RoleMemory,
@@ -29,6 +29,7 @@ from dagrl.backends.memory import (
     param_width,
     parts_total,
     update_workload,
+    workload,
 )
 from dagrl.backends.model_shape import ModelShape
 
@@ -202,3 +203,40 @@ def checkpoint_size(cfg, spec, layout) -> tuple[int, float]:
     deduplicates replicas)."""
     width = 4 if cfg.actor_rollout_ref.actor.megatron.param_dtype == "float32" else 2
     return width, (8 + (0 if width == 4 else 4)) / width
+
+
+def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
+    """The megatron critic's estimate (role critic, critic.megatron.*): the trunk without its
+    vocabulary output layer plus a [hidden, 1] head, trained as the actor's state is; its values
+    pass one layer's activations at a time and its update the layers' (no logits: the head's
+    [S, B, 1] output is nothing beside them)."""
+    from dagrl.backends.megatron.critic_rules import critic_megatron
+
+    m, update = critic_megatron(spec), spec.train.update
+    trunk = shape.params - (0 if shape.tied else shape.vocab * shape.hidden) + shape.hidden + 1
+    shape = replace(shape, params=trunk)
+    mlayout = MegatronLayout(
+        tp=layout.tp,
+        dp=layout.dp,
+        ep=m.expert_model_parallel_size,
+        etp=m.expert_tensor_parallel_size or layout.tp,
+        workers=layout.workers,
+        sequence_parallel=m.sequence_parallel,
+    )
+    fraction = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0
+    state, host = state_bytes(
+        shape, mlayout, m.param_dtype, True, m.use_distributed_optimizer, fraction, precision_aware(m)
+    )
+    idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
+    mem = RoleMemory(state, idle, host=host + parts_total(state) - parts_total(idle))
+    width = param_width(m.param_dtype)
+    forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
+    mem.phases["values"] = {
+        "activations": float(layer_activation_bytes(shape, width, mlayout) * forward.tokens)
+    }
+    mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
+    budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
+    work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
+    activations = update_bytes(shape, width, mlayout, work, recompute_layers(m, shape))["activations"]
+    mem.phases["critic_update"] = {"activations": activations}
+    return mem

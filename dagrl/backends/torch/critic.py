@@ -32,7 +32,7 @@ from dagrl.config.roles import RoleSpec
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import micro_batches
 from dagrl.objectives.base import TokenOutputs
-from dagrl.objectives.value import ValueObjective
+from dagrl.objectives.value import ValueObjective, critic_metric_names
 
 HEAD_FILE = "value_head.pt"
 
@@ -135,8 +135,7 @@ class TorchCriticBackend:
             self, self.objective, batch, self.settings, self.spec.seed, self.ctx.world_size, self.steps
         )
         self.steps += 1
-        # the loop names its figures for the actor; these are the critic's
-        return Batch(), {_critic_name(k): v for k, v in metrics.items()}
+        return Batch(), critic_metric_names(metrics)
 
     def set_lr(self, lr: float) -> None:
         set_lr(self.optimizer, lr)
@@ -183,12 +182,3 @@ class TorchCriticBackend:
         self.steps = extra["steps"]
         self.optimizer.load_state_dict(extra["optimizer"])
         _set_rng_state(extra["rng"])
-
-
-def _critic_name(key: str) -> str:
-    """actor/lr -> critic/lr, train/nonfinite_grads -> critic/nonfinite_grads: the loop's names are
-    the actor's, and the trainer counts the actor's skipped updates under train/."""
-    for prefix in ("actor/", "train/"):
-        if key.startswith(prefix):
-            return "critic/" + key[len(prefix) :]
-    return key
