@@ -53,3 +53,31 @@ def test_ppo_over_multi_turn_episodes_credits_each_turn(ray_local, tmp_path):
     assert row["multi_turn/assistant_turns"] == 3.0 and row["critic/vf_loss"] > 0
     # γ = λ = 1: every policy token's return is its reward-to-go: at least the last answer's 0.25
     assert row["critic/returns/mean"] >= 0.25
+
+
+def test_ppo_with_megatron_actor_and_megatron_critic(ray_local, tmp_path):
+    """critic.strategy=megatron beside the megatron actor on one CPU worker (gloo), two steps: the
+    values and critic_update nodes run on it, its figures are logged, and the checkpoint holds its
+    sharded state (megatron's format) beside the actor's."""
+    from dagrl.main import run
+    from tests.conftest import compose_config
+    from tests.e2e.test_grpo_run import read_metrics
+    from tests.e2e.test_megatron_run import MEGATRON
+
+    run(
+        compose_config(
+            *MEGATRON,
+            "algorithm=ppo",
+            "critic.strategy=megatron",
+            "critic.megatron.param_dtype=float32",
+            "data.max_response_length=8",
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=2",
+            f"trainer.default_local_dir={tmp_path}",
+        )
+    )
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["critic/vf_loss"] > 0 and "actor/pg_loss" in r for r in rows)
+    assert rows[0]["critic/vpred_mean"] != rows[1]["critic/vpred_mean"]  # the critic trained
+    assert (tmp_path / "global_step_2" / "critic" / ".metadata").exists()
