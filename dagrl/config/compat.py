@@ -227,8 +227,21 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "the critic runs padded micro-batches of rows (packing is the actor's: actor_rollout_ref.model.use_remove_padding)"
     ),
     "critic.model.fsdp_config": Unsupported(
-        f"the critic is data-parallel (DDP) and offloads with the actor: {A}.offload"
+        f"the torch critic is data-parallel (DDP) and offloads with the actor ({A}.offload); TP and"
+        " offload switches of its own are critic.strategy=megatron with critic.megatron.*"
     ),
+    "critic.megatron.seed": Unsupported("trainer.seed seeds every role"),
+    "critic.megatron.use_dist_checkpointing": OnlyValue(
+        (False,), "the megatron critic starts from the HF weights at critic.model.path"
+    ),
+    "critic.megatron.override_transformer_config": Unsupported(
+        "recompute is critic.megatron.recompute_granularity / recompute_method / recompute_num_layers; "
+        "other transformer settings come from the HF config"
+    ),
+    "critic.megatron.use_mbridge": Unsupported("dagrl converts HF weights itself; remove the key"),
+    **{  # as the actor's: megatron-core's CPU optimizer settings live in the megatron section
+        f"critic.optim.override_optimizer_config.{k}": Alias(f"critic.megatron.{k}") for k in _CPU_OPTIMIZER
+    },
     "critic.ppo_micro_batch_size": Unsupported(
         "give the per-device size: critic.ppo_micro_batch_size_per_gpu"
     ),

@@ -111,3 +111,28 @@ def test_verl_critic_keys_map_or_are_refused_in_one_line():
     with pytest.raises(ConfigError, match="offloads with the actor") as info:
         compose(["critic.model.fsdp_config.param_offload=true"])
     assert info.value.key == "critic.model.fsdp_config.param_offload"
+
+
+def test_verl_megatron_critic_keys_mean_the_same():
+    """verl's megatron critic section (critic.megatron.*, its optimizer's CPU-offload overrides) is
+    critic.megatron.* here; its spec takes the layout, dtype and offload switches from there."""
+    from omegaconf import OmegaConf
+
+    from dagrl.main import compose
+
+    cfg = OmegaConf.to_object(
+        compose(
+            [
+                "algorithm=ppo",
+                "critic.strategy=megatron",
+                "critic.megatron.tensor_model_parallel_size=2",
+                "critic.megatron.param_offload=True",
+                "critic.megatron.use_dist_checkpointing=False",
+                "critic.optim.override_optimizer_config.optimizer_offload_fraction=0.5",
+            ]
+        )
+    )
+    assert cfg.critic.megatron.optimizer_offload_fraction == 0.5
+    spec = role_spec(cfg, "critic")
+    assert (spec.backend, spec.parallel.tp, spec.megatron.tensor_model_parallel_size) == ("megatron", 2, 2)
+    assert spec.offload.params and spec.offload.grads and not spec.offload.optimizer
