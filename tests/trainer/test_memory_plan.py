@@ -324,3 +324,20 @@ def test_critic_phase_over_the_card_names_its_own_levers(small):
     rows = {r.phase: r for r in prepared.memory.groups[0].rows}
     assert "critic.forward_micro_batch_size_per_gpu" in phase_levers(prepared.plan, rows["values"])
     assert "critic.ppo_micro_batch_size_per_gpu" in phase_levers(prepared.plan, rows["critic_update"])
+
+
+def test_megatron_critic_is_counted_by_hand(small):
+    """critic.strategy=megatron beside the megatron actor: the trunk without a vocabulary layer (the
+    small model's is tied: nothing to take off) plus the [64, 1] head and its bias, bf16 weights,
+    fp32 grads, fp32 master + Adam; megatron's per-token layer bytes, no logits."""
+    prepared = dry(small, *SMALL_JOB, "algorithm=ppo", f"{A}.strategy=megatron", "critic.strategy=megatron")
+    rows = {r.phase: r for r in prepared.memory.groups[0].rows}
+    params = 138_112 + 64 + 1
+    # per token and layer (megatron/memory.py): 2 B × (2q + 3kv + (q + kv) + q + 4i + 2h) with
+    # q = 64, kv = 32, i = 128, h = 64, plus the norms' inputs and dropout masks 2·2h + 2h
+    layer = 2 * (128 + 96 + 96 + 64 + 512 + 128) + (4 * 64 + 2 * 64)
+    state = {"weights": 2 * params, "grads": 4 * params, "optimizer": 12 * params}
+    assert rows["values"].parts == state | {"activations": layer * 8 * 24}
+    assert rows["critic_update"].parts == state | {"activations": 2 * layer * 8 * 24}
+    # grad_offload (on unless pinned false) frees its gradient buffers while the others run
+    assert rows["update"].others["critic"] == 14 * params
