@@ -1,6 +1,7 @@
 """The megatron critic (critic.strategy=megatron) on CPU under gloo, shipped tiny model in fp32:
 its values are the torch critic's on the same weights, its update fits the returns, TP2 with
-sequence parallel equals TP1, and a save restores trunk, head, Adam state and step exactly."""
+sequence parallel equals TP1, an offload gives its weights back bit for bit, and a save restores
+trunk, head, Adam state and step exactly."""
 
 from __future__ import annotations
 
@@ -116,8 +117,14 @@ def test_update_fits_the_returns_and_tp2_with_sequence_parallel_equals_tp1():
 
 
 def _save_then_step(rank: int, world: int, batch, path: str) -> dict:
-    backend = _critic(rank, world)
+    backend = _critic(rank, world, f"{CM}.param_offload=true")
     backend.train_step(_with_values(backend, batch))
+    # the hand-over to a colocated role: the weights' storages leave and come back bit for bit
+    before = [p.detach().clone() for p in backend.chunks[0].parameters()]
+    assert backend.offload() is True
+    assert all(p.untyped_storage().nbytes() == 0 for p in backend.chunks[0].parameters())
+    backend.onload()
+    assert all(torch.equal(b, p) for b, p in zip(before, backend.chunks[0].parameters()))
     backend.save(path)
     backend.train_step(_with_values(backend, batch))
     return {
@@ -135,9 +142,9 @@ def _load_then_step(rank: int, world: int, batch, path: str) -> dict:
     }
 
 
-def test_save_and_load_restore_the_critic_exactly(tmp_path):
-    """Step 2 after a resume equals step 2 straight on: weights, head, fp32 Adam moments and the
-    step count (the LR schedule's position) all came back."""
+def test_offload_and_save_and_load_restore_the_critic_exactly(tmp_path):
+    """An offload and onload change nothing, and step 2 after a resume equals step 2 straight on:
+    weights, head, fp32 Adam moments and the step count (the LR schedule's position) came back."""
     batch = critic_batch()
     [straight] = run_distributed(_save_then_step, 1, batch, str(tmp_path))
     [resumed] = run_distributed(_load_then_step, 1, batch, str(tmp_path))

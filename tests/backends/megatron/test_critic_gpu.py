@@ -1,0 +1,90 @@
+"""The megatron critic on one GPU beside the megatron actor: colocated on one worker (bf16 trunk,
+fp32 head under megatron's distributed optimizer), each hands the device to the other (the
+critic's weights come back bit for bit), its update fits the returns; and a short PPO run with
+both on megatron and the vLLM engine colocated.
+
+Run on the GPU machine: python -m pytest -m gpu -q tests/backends/megatron/test_critic_gpu.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dagrl.backends import build_role_backend
+from dagrl.config.validate import resolve_defaults, validate
+from dagrl.core.batch import Batch
+from dagrl.core.worker import Worker
+from tests.backends.test_critic import batch
+from tests.conftest import compose_config
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a GPU", allow_module_level=True)
+pytest.importorskip("megatron.core")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+MEGATRON = ("actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron")
+
+
+def test_megatron_critic_and_actor_take_turns_on_the_device():
+    cfg = compose_config(
+        "algorithm=ppo",
+        *MEGATRON,
+        "trainer.device=cuda",
+        "actor_rollout_ref.actor.megatron.param_offload=true",
+        "critic.megatron.param_offload=true",
+        "critic.megatron.optimizer_offload=true",
+        "critic.optim.lr=1e-3",
+        "critic.optim.lr_warmup_steps=0",
+    )
+    resolve_defaults(cfg)
+    validate(cfg)
+    w = Worker(cfg, ["train", "critic"], 0, 1, "cuda", threads=1, build=build_role_backend)
+    w.setup("127.0.0.1", 0)
+    critic = w.backends["critic"]
+    head = critic.chunks[0].output_layer
+    assert (
+        head.weight.dtype == torch.float32
+        and critic.chunks[0].decoder.layers[0].mlp.linear_fc1.weight.dtype == torch.bfloat16
+    )
+    b = batch()
+    b = Batch({**b.tensors, "returns": torch.ones(4, 4) * b["response_mask"]})
+    w.activate("critic")
+    snapshot = [p.detach().clone() for p in critic.chunks[0].parameters()]
+    w.activate("train")  # the critic leaves the device
+    assert critic.chunks[0].embedding.word_embeddings.weight.untyped_storage().nbytes() == 0
+    out, _ = w.call("critic", "compute_values", b)  # and comes back bit for bit
+    assert all(torch.equal(s, p) for s, p in zip(snapshot, critic.chunks[0].parameters()))
+    assert out["values"].dtype == torch.float32 and torch.isfinite(out["values"]).all()
+    losses = []
+    for _ in range(4):
+        values = w.call("critic", "compute_values", b)[0]["values"]
+        losses.append(
+            w.call("critic", "train_step", Batch({**b.tensors, "values": values}))[1]["critic/vf_loss"]
+        )
+    assert losses[-1] < losses[0], losses
+    w.shutdown()
+
+
+def test_ppo_runs_on_megatron_with_vllm_colocated(tmp_path):
+    pytest.importorskip("vllm")
+    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    cmd = [sys.executable, "-m", "dagrl.main", "algorithm=ppo", *MEGATRON, "trainer.device=cuda"]
+    cmd += ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
+    cmd += ["trainer.critic_warmup=1", "trainer.total_training_steps=4", "trainer.test_freq=4"]
+    cmd += ["trainer.save_freq=4", "trainer.logger=[console]", "trainer.progress_bar=false"]
+    cmd += [f"trainer.default_local_dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    steps = [r for r in rows if r["step"] > 0]
+    assert steps[0]["actor/critic_warmup"] == 1.0
+    assert all(r["critic/vf_loss"] > 0 and "actor/pg_loss" in r for r in steps[1:])
+    assert (tmp_path / "global_step_4" / "critic" / ".metadata").exists()
