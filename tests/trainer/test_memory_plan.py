@@ -341,3 +341,13 @@ def test_megatron_critic_is_counted_by_hand(small):
     assert rows["critic_update"].parts == state | {"activations": 2 * layer * 8 * 24}
     # grad_offload (on unless pinned false) frees its gradient buffers while the others run
     assert rows["update"].others["critic"] == 14 * params
+
+
+def test_megatron_critic_checkpoint_counts_its_own_dtype():
+    """Preflight's disk figure for the critic's checkpoint reads critic.megatron.param_dtype, not
+    the actor's: fp32 weights carry no master copy (m, v: 8 bytes per 4)."""
+    from dagrl.backends.megatron.memory import checkpoint_size
+    from dagrl.config.roles import role_spec
+
+    cfg = compose_config("algorithm=ppo", "critic.strategy=megatron", "critic.megatron.param_dtype=float32")
+    assert checkpoint_size(cfg, role_spec(cfg, "critic"), None) == (4, 2.0)

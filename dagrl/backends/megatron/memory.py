@@ -200,8 +200,9 @@ def recompute_layers(m, shape: ModelShape) -> int:
 def checkpoint_size(cfg, spec, layout) -> tuple[int, float]:
     """(bytes per weight, optimizer factor) of one checkpoint: weights in param_dtype + fp32 m, v
     (and fp32 master weights when the params are not fp32), stored once (dist_checkpointing
-    deduplicates replicas)."""
-    width = 4 if cfg.actor_rollout_ref.actor.megatron.param_dtype == "float32" else 2
+    deduplicates replicas); the role's own megatron section (the critic's is critic.megatron)."""
+    m = getattr(spec, "megatron", None) or cfg.actor_rollout_ref.actor.megatron
+    width = 4 if m.param_dtype == "float32" else 2
     return width, (8 + (0 if width == 4 else 4)) / width
 
 
