@@ -308,16 +308,19 @@ def phase_levers(plan: Plan, row) -> str:
         "ref_logprob": f"a smaller {REF}.log_prob_micro_batch_size_per_gpu or {REF}.log_prob_use_dynamic_bsz=true "
         f"with {REF}.log_prob_max_token_len_per_gpu",
         "teacher": "a smaller teacher.log_prob_micro_batch_size_per_gpu, teacher.offload=true",
-        "values": "a smaller critic.forward_micro_batch_size_per_gpu",
-        "critic_update": "a smaller critic.ppo_micro_batch_size_per_gpu, or critic.use_dynamic_bsz=true with "
-        "critic.ppo_max_token_len_per_gpu",
+        "values": "a smaller critic.forward_micro_batch_size_per_gpu, a larger critic.megatron.tensor_model_parallel_size"
+        " (megatron)",
+        "critic_update": "critic.model.gradient_checkpointing=true, a smaller critic.ppo_micro_batch_size_per_gpu, or "
+        "critic.use_dynamic_bsz=true with critic.ppo_max_token_len_per_gpu, a larger "
+        "critic.megatron.tensor_model_parallel_size (megatron)",
         "rollout": f"a lower {R}.gpu_memory_utilization",
         **dict.fromkeys(("rm", "orm", "prm"), "a smaller reward.model.micro_batch_size_per_gpu"),
     }[row.phase]
     if any(size > 0 for size in row.others.values()):
         levers += (
             f"; what idle roles keep: {R}.free_cache_engine=true (the engine sleeps), {A}.offload=true "
-            f"(torch) or {A}.megatron.param_offload / grad_offload / optimizer_offload, teacher.offload=true"
+            f"(torch) or {A}.megatron.param_offload / grad_offload / optimizer_offload, teacher.offload=true, "
+            "critic.megatron.param_offload / optimizer_offload (a megatron critic)"
         )
     return levers
 

@@ -341,6 +341,10 @@ def test_megatron_critic_is_counted_by_hand(small):
     assert rows["critic_update"].parts == state | {"activations": 2 * layer * 8 * 24}
     # grad_offload (on unless pinned false) frees its gradient buffers while the others run
     assert rows["update"].others["critic"] == 14 * params
+    from dagrl.trainer.capacity import phase_levers
+
+    assert "critic.megatron.tensor_model_parallel_size" in phase_levers(prepared.plan, rows["critic_update"])
+    assert "critic.megatron.param_offload" in phase_levers(prepared.plan, rows["update"])
 
 
 def test_megatron_critic_checkpoint_counts_its_own_dtype():
