@@ -136,3 +136,18 @@ def test_verl_megatron_critic_keys_mean_the_same():
     spec = role_spec(cfg, "critic")
     assert (spec.backend, spec.parallel.tp, spec.megatron.tensor_model_parallel_size) == ("megatron", 2, 2)
     assert spec.offload.params and spec.offload.grads and not spec.offload.optimizer
+
+
+def test_megatron_critic_checkpointing_is_full_recompute():
+    """critic.model.gradient_checkpointing on the megatron critic is megatron's full recompute of
+    every layer, as the actor's gradient checkpointing is; explicit recompute_* settings win."""
+    from dagrl.backends.megatron.critic_rules import critic_megatron
+
+    on = ("algorithm=ppo", "critic.strategy=megatron", "critic.model.gradient_checkpointing=true")
+    m = critic_megatron(role_spec(compose_config(*on), "critic"))
+    assert (m.recompute_granularity, m.recompute_method, m.recompute_num_layers) == ("full", "uniform", 1)
+    m = critic_megatron(
+        role_spec(compose_config(*on, "critic.megatron.recompute_granularity=selective"), "critic")
+    )
+    assert (m.recompute_granularity, m.recompute_method) == ("selective", None)
+    assert critic_megatron(role_spec(compose_config(*on[:2]), "critic")).recompute_granularity is None
