@@ -90,7 +90,7 @@ def test_values_equal_the_torch_critics_on_the_same_weights():
     assert want[mask].std() > 1e-3  # values that differ per token: a misaligned read would show
 
 
-def _train(rank: int, world: int, batch, overrides: tuple, steps: int = 3) -> dict:
+def _train(rank: int, world: int, batch, overrides: tuple, steps: int = 2) -> dict:
     """Values then `steps` updates; every rank's value losses, its head and its values after."""
     backend = _critic(rank, world, *overrides)
     head = _head(backend)
