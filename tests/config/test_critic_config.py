@@ -151,3 +151,19 @@ def test_megatron_critic_checkpointing_is_full_recompute():
     )
     assert (m.recompute_granularity, m.recompute_method) == ("selective", None)
     assert critic_megatron(role_spec(compose_config(*on[:2]), "critic")).recompute_granularity is None
+
+
+def test_megatron_critic_model_is_checked_under_the_critics_key(tmp_path):
+    """A trunk the megatron backend cannot compute exactly (here a GELU MLP) is refused before Ray
+    naming critic.model.path, not the actor's key from inside a worker."""
+    import json
+    import shutil
+
+    from dagrl.backends.hf_model import resolve_model_path
+
+    model = tmp_path / "gelu"
+    shutil.copytree(resolve_model_path(None), model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
+    err = refused("algorithm=ppo", "critic.strategy=megatron", f"critic.model.path={model}")
+    assert err.key == "critic.model.path" and "SwiGLU" in str(err), str(err)

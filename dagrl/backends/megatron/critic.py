@@ -10,8 +10,8 @@ rank computes the same values and the same head gradient, and megatron's grad no
 untagged head once. Values are read where the actor reads log-probs (micro_inputs.py), so they
 sit on the [B, R] grid of the responses as the torch critic's.
 
-What it leaves out, and why: pipeline and context parallelism (megatron_critic_rules.py refuses
-them), sequence packing (the critic runs padded micro-batches, as the torch critic), LoRA.
+What it leaves out, and why: pipeline and context parallelism (critic_rules.py refuses them),
+sequence packing (the critic runs padded micro-batches, as the torch critic), LoRA.
 """
 
 from __future__ import annotations

@@ -43,9 +43,23 @@ def check_megatron_critic(cfg: DagrlConfig) -> None:
     _check_megatron_sizes(C, m)
     _check_megatron_kernels(C, m)  # refuses context parallel too
     hf = _critic_hf_config(cfg)
+    _check_critic_architecture(hf)
     _check_tensor_split(C, m, hf)
     _check_layer_split(C, m, hf)
     _check_recompute(C, m, hf)
+
+
+def _check_critic_architecture(hf) -> None:
+    """The architectures and rope settings the megatron trunk computes exactly (model.py), refused
+    here under the critic's own keys rather than in a worker under the actor's."""
+    from dagrl.backends.megatron.model import _check_architecture, rope_kwargs
+
+    try:
+        _check_architecture(hf)
+        rope_kwargs(hf)
+    except ConfigError as e:
+        fix = e.fix.replace("actor_rollout_ref.actor.strategy=torch", "critic.strategy=torch")
+        raise ConfigError("critic.model.path", e.value, fix) from e
 
 
 def _critic_hf_config(cfg: DagrlConfig):
