@@ -17,7 +17,7 @@
 #   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl defaults / fast, and fast at BEFORE (same call)
 #   bash bench/acceptance_gpu.sh OUT side_dapo    # DAPO (2 rounds a step) beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT side_ppo     # PPO with the critic colocated beside GRPO's defaults, same call
-#   bash bench/acceptance_gpu.sh OUT tests_ppo    # the critic on the GPU (tests/backends/torch/test_critic_gpu.py)
+#   bash bench/acceptance_gpu.sh OUT tests_ppo    # the critic on the GPU (tests/backends/{torch,megatron}/test_critic_gpu.py)
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
 #
@@ -91,7 +91,7 @@ side_ppo)  # GRPO's defaults first, then PPO (critic colocated): compare their S
     bash bench/vllm_gpu.sh side "$OUT/side_ppo" default ppo | grep -E "^==|SIDE" | cut -c1-600
     ;;
 tests_ppo)
-    tests tests_ppo tests/backends/torch/test_critic_gpu.py
+    tests tests_ppo tests/backends/torch/test_critic_gpu.py tests/backends/megatron/test_critic_gpu.py
     ;;
 memory)
     timeout 560 python3 bench/memory_plan_gpu.py --only 1.7b-megatron 0.6b-torch-teacher 0.6b-megatron-teacher \
