@@ -68,6 +68,7 @@ def plan_device_memory(
     make_plan = partial(plan_memory, cfg, plan, model_path, capacity, source, phases)
     memory = _resolve_recompute(cfg, plan, make_plan)
     memory = _resolve_optimizer_host(cfg, plan, make_plan, memory)
+    memory = _resolve_offload_fraction(cfg, plan, make_plan, memory)
     memory = _resolve_offload(cfg, plan, make_plan, memory)
     _specs_follow(cfg, plan)
     return memory, check_memory(cfg, memory, plan) or check_host_memory(cfg, memory)
@@ -83,6 +84,17 @@ def host_memory_gib(cfg: DagrlConfig) -> tuple[float | None, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, "this machine's memory"
 
 
+def host_over(cfg: DagrlConfig, memory: MemoryPlan) -> tuple[int, float, float, str] | None:
+    """(node, planned bytes, capacity GiB, its source) of the node whose planned host state exceeds
+    RESIDENT_SHARE of its memory; None when every node fits or there is no figure."""
+    capacity, source = host_memory_gib(cfg)
+    if capacity is None or not memory.host:
+        return None
+    node, roles = max(memory.host.items(), key=lambda item: sum(item[1].values()))
+    planned = sum(roles.values())
+    return None if planned <= RESIDENT_SHARE * capacity * GIB else (node, planned, capacity, source)
+
+
 def check_host_memory(cfg: DagrlConfig, memory: MemoryPlan) -> str | None:
     """The host state the plan puts on a node (offloaded state, a CPU optimizer's fp32 state, an
     engine's weights asleep) against RESIDENT_SHARE of the node's memory, the rest left to the
@@ -90,18 +102,17 @@ def check_host_memory(cfg: DagrlConfig, memory: MemoryPlan) -> str | None:
     or there is no figure."""
     from dagrl.trainer.memory_plan import describe_host
 
-    capacity, source = host_memory_gib(cfg)
-    if capacity is None or not memory.host:
+    over = host_over(cfg, memory)
+    if over is None:
         return None
-    node, roles = max(memory.host.items(), key=lambda item: sum(item[1].values()))
-    planned = sum(roles.values())
-    if planned <= RESIDENT_SHARE * capacity * GIB:
-        return None
+    node, planned, capacity, source = over
+    roles = memory.host[node]
     message = (
         f"the plan keeps {planned / GIB:.1f} GiB in host memory on node {node} ({describe_host(roles)}), over "
         f"{RESIDENT_SHARE:.0%} of its {capacity:.0f} GiB ({source}); levers: megatron's CPU optimizer "
         f"({A}.strategy=megatron: 12 bytes per parameter on the host, the torch backend's 16), the "
-        f"engine's weights dropped while asleep ({R}.sleep_level=2), more GPUs (tensor/pipeline "
+        f"engine's weights dropped while asleep ({R}.sleep_level=2), a smaller share of megatron's "
+        f"CPU optimizer ({A}.megatron.optimizer_offload_fraction), more GPUs (tensor/pipeline "
         f"parallel shard both), less offload ({A}.offload / megatron.*_offload), or set "
         f"trainer.host_memory_gib if the nodes have more"
     )
@@ -136,6 +147,8 @@ def _resolve_optimizer_host(
     if owner.optimizer_cpu_offload is not None:
         return memory
     owner.optimizer_cpu_offload = False
+    if spec.lora is not None:  # the adapters' optimizer state is megabytes: the host frees nothing
+        return memory
     on_device = memory.peak("update")
     peak = memory.peak()
     tight = spec.backend == "megatron" and peak > RESIDENT_SHARE * memory.card_bytes
@@ -148,6 +161,39 @@ def _resolve_optimizer_host(
         f"optimizer on the device; update {hosted.peak('update') / GIB:.1f} GiB with it on the host)"
     ]
     return hosted
+
+
+FRACTIONS = tuple(round(0.05 * k, 2) for k in range(1, 20))  # the shares auto tries below 1.0
+
+
+def _resolve_offload_fraction(
+    cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan], memory: MemoryPlan
+) -> MemoryPlan:
+    """megatron.optimizer_offload_fraction=None (auto) with the CPU optimizer on: 1.0 (every
+    parameter's optimizer state on the host) where the host holds it; else the smallest share
+    that keeps every phase within RESIDENT_SHARE of the card and the host within its share too
+    (less on the host is also a faster step: the rest steps on the device). None fits: 1.0, and
+    the host check names the figures and levers."""
+    spec = plan.specs.get(Role.train)
+    m = spec.megatron if spec is not None and spec.backend == "megatron" else None
+    if m is None or not m.optimizer_cpu_offload or m.optimizer_offload_fraction is not None:
+        return memory
+    m.optimizer_offload_fraction = 1.0
+    over = host_over(cfg, memory)
+    if over is None:
+        return memory
+    for fraction in FRACTIONS:
+        m.optimizer_offload_fraction = fraction
+        split = make_plan()
+        if split.peak() <= RESIDENT_SHARE * split.card_bytes and host_over(cfg, split) is None:
+            split.notes = memory.notes + [
+                f"{A}.megatron.optimizer_offload_fraction: auto -> {fraction} (host {over[1] / GIB:.1f} GiB "
+                f"at 1.0, over {RESIDENT_SHARE:.0%} of {over[2]:.0f} GiB; peak {split.peak() / GIB:.1f} GiB "
+                f"on the device at {fraction})"
+            ]
+            return split
+    m.optimizer_offload_fraction = 1.0
+    return memory
 
 
 def optimizer_host_key(cfg: DagrlConfig, backend: str):
@@ -289,13 +335,10 @@ def fault_plan_hint(memory: MemoryPlan | None, plan: Plan, fault) -> str:
     if fault.kind != CUDA_OOM:
         return ""
     phase = _FAULT_PHASES.get(fault.phase)
-<<<<<<< HEAD
     if fault.phase in ("score", "score_steps"):  # a reward model's pass: its role names the phase
         phase = str(fault.role)
-=======
     if str(fault.role) == Role.critic:  # the critic's two calls have phases of their own
         phase = {"compute_values": "values", "train_step": "critic_update"}.get(fault.phase)
->>>>>>> issue32-s11
     if fault.phase == "forward_logprobs":
         phase = {"ref": "ref_logprob", "teacher": "teacher"}.get(str(fault.role), "old_logprob")
     return oom_hint(memory, plan, phase) if phase else ""
