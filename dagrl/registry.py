@@ -101,7 +101,7 @@ def _no_rules(cfg: Any) -> None:
 class BackendEntry:
     """A registered backend: how to build it and what it owns besides.
 
-    - `factory(cfg, spec, ctx)` returns the backend (see dagrl/backends/registry.py).
+    - `factory(spec, ctx, objective)` returns the backend (see dagrl/backends/registry.py).
     - `rules(cfg)`: its config rules when a role uses it, before Ray starts (ConfigError).
     - `plan_rules(cfg, plan)`: rules that need the placement plan's DP sizes.
     - `estimate(cfg, spec, layout, shape, card_bytes, colocated) -> RoleMemory`: bytes per device

@@ -29,16 +29,16 @@ from dagrl.backends.vllm.rules import (
 from dagrl.config.roles import Role, RoleSpec
 
 
-def _torch(cfg, spec: RoleSpec, ctx):
+def _torch(spec: RoleSpec, ctx, objective):
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    return TorchTrainBackend.from_config(cfg, ctx, spec)  # the spec and the objective
+    return TorchTrainBackend(spec, ctx, objective)
 
 
-def _megatron(cfg, spec: RoleSpec, ctx):
+def _megatron(spec: RoleSpec, ctx, objective):
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend.from_config(cfg, ctx, spec)
+    return MegatronTrainBackend(spec, ctx, objective)
 
 
 # the train kind carries the rules of the whole backend (actor and its ref); a colocated megatron
@@ -77,7 +77,7 @@ restrict_devices(
     estimate=hf_memory.role_memory,
     reads=("micro_batch_size_per_gpu",),
 )
-def _hf(cfg, spec: RoleSpec, ctx):
+def _hf(spec: RoleSpec, ctx, objective):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
     return HFRolloutBackend(spec, ctx)
@@ -91,7 +91,7 @@ def _hf(cfg, spec: RoleSpec, ctx):
     estimate=vllm_memory.rollout_memory,
     reads=VLLM_ROLLOUT_KEYS,
 )
-def _vllm(cfg, spec: RoleSpec, ctx):
+def _vllm(spec: RoleSpec, ctx, objective):
     # imports vllm (GPU machines only); check_rollout_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
@@ -110,7 +110,7 @@ start_before_others("vllm")
     device_rules=check_teacher_device,
     estimate=vllm_memory.teacher_memory,
 )
-def _vllm_teacher(cfg, spec: RoleSpec, ctx):
+def _vllm_teacher(spec: RoleSpec, ctx, objective):
     # teacher.placement=standalone; check_teacher_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.teacher import VLLMTeacherBackend
 
@@ -121,7 +121,7 @@ def _vllm_teacher(cfg, spec: RoleSpec, ctx):
 # the memory plan counted reward models with the hf rollout's estimate before it was a registry
 # hook; kept so that the plan is unchanged (a forward-only estimate would be closer)
 @register_backend("reward_model", "hf", estimate=hf_memory.role_memory)
-def _reward_model(cfg, spec: RoleSpec, ctx):
+def _reward_model(spec: RoleSpec, ctx, objective):
     from dagrl.backends.reward_model import RewardModelBackend
 
     return RewardModelBackend(spec, ctx)
@@ -170,14 +170,14 @@ def _check_judge_device(cfg, device: str) -> None:
 
 
 @register_backend("reward_model", "hf_judge", rules=_check_judge)
-def _hf_judge(cfg, spec: RoleSpec, ctx):
+def _hf_judge(spec: RoleSpec, ctx, objective):
     from dagrl.backends.judge import HFJudgeBackend
 
     return HFJudgeBackend(spec, ctx)
 
 
 @register_backend("reward_model", "vllm_judge", rules=_check_judge, device_rules=_check_judge_device)
-def _vllm_judge(cfg, spec: RoleSpec, ctx):
+def _vllm_judge(spec: RoleSpec, ctx, objective):
     from dagrl.backends.vllm.judge import VLLMJudgeBackend
 
     return VLLMJudgeBackend(spec, ctx)

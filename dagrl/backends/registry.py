@@ -1,13 +1,15 @@
 """Backend registry: a role's backend is found under (role kind, name), as node kinds are.
 
-A factory takes (cfg, spec, ctx) and returns the backend. Built-in factories import their
-implementation inside the call, so a backend whose dependencies are missing on this machine
-(vLLM on a CPU box) costs nothing until a role asks for it:
+A factory takes (spec, ctx, objective) and returns the backend: the role's spec as the plan
+resolved it, the worker's parallel context and, for a trained role, the objective built in the
+driver (None otherwise); never the config. Built-in factories import their implementation inside
+the call, so a backend whose dependencies are missing on this machine (vLLM on a CPU box) costs
+nothing until a role asks for it:
 
     @register_backend("rollout", "vllm", rules=check_vllm)
-    def _vllm(cfg, spec, ctx):
+    def _vllm(spec, ctx, objective):
         from dagrl.backends.vllm.rollout import VLLMRolloutBackend
-        return VLLMRolloutBackend(spec, ctx)  # the spec, never the whole config
+        return VLLMRolloutBackend(spec, ctx)
 
 A backend brings its own config rules (`rules(cfg)`, `plan_rules(cfg, plan)`), its memory estimate
 (`estimate`) and its checkpoint estimate (`checkpoint`); validate, the memory plan, the capacity
@@ -25,7 +27,7 @@ from dagrl.config.roles import RoleSpec
 from dagrl.errors import ConfigError
 from dagrl.registry import BACKENDS, BackendEntry, _no_rules
 
-BackendFactory = Callable  # (cfg: DagrlConfig, spec: RoleSpec, ctx: ParallelContext) -> backend
+BackendFactory = Callable  # (spec: RoleSpec, ctx: ParallelContext, objective: Objective | None) -> backend
 
 # backend name -> devices it runs on, for backends that do not run everywhere
 _DEVICES: dict[str, set[str]] = {}
@@ -46,7 +48,7 @@ def register_backend(
     checkpoint: Callable | None = None,
     reads: tuple[str, ...] = (),
 ) -> Callable[[BackendFactory], BackendFactory]:
-    """Register a factory (or a class taking (cfg, spec, ctx)) for roles of `kind` named `name`,
+    """Register a factory (or a class taking (spec, ctx, objective)) for roles of `kind` named `name`,
     with the backend's own config rules, memory and checkpoint estimates (dagrl.registry.BackendEntry)."""
     kind = _value(kind)
 
@@ -101,16 +103,11 @@ def check_backends(specs: Iterable[RoleSpec], device: str | None = None) -> None
         BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key, how)
 
 
-def build_backend(cfg, spec: RoleSpec, ctx):
+def build_backend(spec: RoleSpec, ctx, objective=None):
+    """The backend of a role, from its spec (and a trained role's objective): what a worker runs
+    for each of its roles (dagrl/core/worker.py)."""
     check_backends([spec])
-    return BACKENDS.find(spec.kind, spec.backend).factory(cfg, spec, ctx)
-
-
-def build_role_backend(cfg, role: str, ctx):
-    """What a worker calls for each of its roles: the role's spec, then its registered backend."""
-    from dagrl.config.roles import role_spec
-
-    return build_backend(cfg, role_spec(cfg, role), ctx)
+    return BACKENDS.find(spec.kind, spec.backend).factory(spec, ctx, objective)
 
 
 def _value(kind: str | Enum) -> str:

@@ -105,13 +105,20 @@ class WorkerPool:
         setup: bool = True,
         build=None,
         startup: list[str] | None = None,
+        objectives: dict[str, Any] | None = None,
     ):
-        """build(cfg, role, ctx) -> backend runs in each worker (dagrl.backends.build_role_backend);
+        """build(spec, ctx, objective) -> backend runs in each worker (dagrl.backends.build_backend)
+        on the role's spec in `plan.specs` and its entry in `objectives` (trained roles);
         `startup`: the group's roles in the order the workers build them (None = as listed)."""
-        from dagrl.core.worker import Worker
+        from dagrl.core.worker import RoleParts, Worker, WorkerParts
 
         cls = actor_cls or Worker
         self.roles = list(group.roles)
+        objectives = objectives or {}
+        parts = WorkerParts.pack(
+            list(cfg.external_plugins),
+            {r: RoleParts(plan.specs[r], objectives.get(r)) for r in self.roles},
+        )
         self.lock = threading.Lock()
         self.infos: list[dict] = []  # node_info of each rank, to name a dead worker's node
         # set by the weight-sync service once this pool has joined a trainer -> rollout broadcast group
@@ -129,7 +136,7 @@ class WorkerPool:
                 options["num_gpus"] = 1
             self.actors.append(
                 remote.options(**options).remote(
-                    cfg, startup or self.roles, rank, len(group.slots), device, cpus, build
+                    parts, startup or self.roles, rank, len(group.slots), device, cpus, build
                 )
             )
         if setup:

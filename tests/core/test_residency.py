@@ -14,7 +14,7 @@ import ray
 import torch
 
 import tests.plugins.hidden_role  # noqa: F401  (registers the hid role's backend in the driver)
-from dagrl.backends import build_role_backend
+from dagrl.backends import build_backend
 from dagrl.config.placement import make_plan
 from dagrl.core.batch import Batch
 from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled
@@ -104,7 +104,7 @@ def hid_pool():
     )
     plan = make_plan(cfg, {"hid"}, "cpu")
     bundles = allocate(plan, timeout_s=60)
-    pool = WorkerPool(plan.groups[0], bundles, plan, cfg, build=build_role_backend)
+    pool = WorkerPool(plan.groups[0], bundles, plan, cfg, build=build_backend)
     try:
         yield cfg, pool
     finally:

@@ -37,12 +37,12 @@ from dagrl.backends.torch.packed import packed_token_outputs
 from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, teacher_phase_start
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
-from dagrl.config.roles import Role, RoleSpec, role_spec
-from dagrl.config.schema import DagrlConfig, LoraSync
+from dagrl.config.roles import RoleSpec
+from dagrl.config.schema import LoraSync
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import micro_batches
 from dagrl.core.packing import PaddingStats, sequence_lengths
-from dagrl.objectives import Objective, TokenOutputs, TokenRequest, build_objective
+from dagrl.objectives import Objective, TokenOutputs, TokenRequest
 
 
 class TorchTrainBackend:
@@ -91,13 +91,6 @@ class TorchTrainBackend:
         if ctx.distributed:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-
-    @classmethod
-    def from_config(cls, cfg: DagrlConfig, ctx, spec: RoleSpec | None = None) -> TorchTrainBackend:
-        """The registry's factory (and tests'): the role's spec (None = the train role's) and, for a
-        trained role, the objective `algorithm.name` registered; nothing below reads `cfg`."""
-        spec = spec or role_spec(cfg, Role.train)
-        return cls(spec, ctx, build_objective(cfg) if spec.trains else None)
 
     # ---- placement -----------------------------------------------------------------------------
     def dp_info(self) -> tuple[int, int, bool]:
