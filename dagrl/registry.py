@@ -103,6 +103,8 @@ class BackendEntry:
 
     - `factory(spec, ctx, objective)` returns the backend (see dagrl/backends/registry.py).
     - `rules(cfg)`: its config rules when a role uses it, before Ray starts (ConfigError).
+    - `unused_rules(cfg)`: its rules when another backend is chosen for its role kind: its own
+      config section, set there, would do nothing and is refused.
     - `plan_rules(cfg, plan)`: rules that need the placement plan's DP sizes.
     - `estimate(cfg, spec, layout, shape, card_bytes, colocated) -> RoleMemory`: bytes per device
       it keeps while it runs, per phase, while a colocated role runs, and on the host
@@ -127,6 +129,7 @@ class BackendEntry:
     device_rules: Callable[[Any, str], None] | None = None
     checkpoint: Callable[..., tuple[int, float]] | None = None
     reads: tuple[str, ...] = ()
+    unused_rules: Callable[[Any], None] | None = None
 
 
 @dataclass(frozen=True)

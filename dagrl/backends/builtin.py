@@ -13,6 +13,7 @@ from dagrl.backends.megatron.rules import (
     check_megatron,
     check_megatron_plan,
     check_megatron_teacher,
+    check_megatron_unused,
     resolve_megatron,
 )
 from dagrl.backends.registry import register_backend, restrict_devices, start_before_others
@@ -53,6 +54,7 @@ register_backend(
     Role.train,
     "megatron",
     rules=check_megatron,
+    unused_rules=check_megatron_unused,
     plan_rules=check_megatron_plan,
     resolve=resolve_megatron,
     checkpoint=megatron_memory.checkpoint_size,

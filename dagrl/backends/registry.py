@@ -47,6 +47,7 @@ def register_backend(
     device_rules: Callable | None = None,
     checkpoint: Callable | None = None,
     reads: tuple[str, ...] = (),
+    unused_rules: Callable | None = None,
 ) -> Callable[[BackendFactory], BackendFactory]:
     """Register a factory (or a class taking (spec, ctx, objective)) for roles of `kind` named `name`,
     with the backend's own config rules, memory and checkpoint estimates (dagrl.registry.BackendEntry)."""
@@ -54,7 +55,15 @@ def register_backend(
 
     def wrap(factory: BackendFactory) -> BackendFactory:
         entry = BackendEntry(
-            factory, rules or _no_rules, plan_rules, estimate, resolve, device_rules, checkpoint, reads
+            factory,
+            rules or _no_rules,
+            plan_rules,
+            estimate,
+            resolve,
+            device_rules,
+            checkpoint,
+            reads,
+            unused_rules,
         )
         BACKENDS.register(kind, name, entry)
         return factory

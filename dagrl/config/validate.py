@@ -87,8 +87,14 @@ def validate(cfg: DagrlConfig) -> None:
 
 
 def _backend_rules(cfg: DagrlConfig, spec: RoleSpec) -> None:
-    """The rules the role's backend registered with itself."""
-    BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key).rules(cfg)
+    """The rules the role's backend registered with itself, after those the other backends of its
+    kind registered for when they are not chosen (their own sections set to no effect)."""
+    entry = BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key)
+    for name in BACKENDS.names(spec.kind):
+        other = BACKENDS.find(spec.kind, name)
+        if name != spec.backend and other.unused_rules is not None:
+            other.unused_rules(cfg)
+    entry.rules(cfg)
 
 
 def check_role_rules(cfg: DagrlConfig, specs) -> None:

@@ -27,9 +27,9 @@ from dagrl.algos import logprob_temperature
 from dagrl.backends import device_memory
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
+from dagrl.backends.logprob_kernel import response_logprobs
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
-from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.model import build_model, throughput, transformer_config
 from dagrl.backends.megatron.optimizer import optimizer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
