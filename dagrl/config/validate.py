@@ -20,7 +20,7 @@ from dagrl.config.schema import (
 )
 from dagrl.config.validate_dapo import check_dapo
 from dagrl.config.validate_lora import check_lora
-from dagrl.config.validate_multi_turn import check_multi_turn
+from dagrl.config.validate_multi_turn import check_multi_turn, multi_turn_dag
 from dagrl.config.validate_rollout import (
     check_engine_keys,
     check_off_policy_settings,
@@ -51,6 +51,7 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         from dagrl.data.builtin_calculator import tiny_calculator_path
 
         cfg.actor_rollout_ref.model.path = tiny_calculator_path()  # taught the tool-call format
+    cfg.dag = multi_turn_dag(cfg)  # multi_turn.enable=true alone runs the algorithm's multi-turn DAG
     cfg.actor_rollout_ref.actor.recompute_old_logprobs = old_logprob_pass(cfg)  # auto: where needed
     train = BACKENDS.find(Role.train, cfg.actor_rollout_ref.actor.strategy)
     if train is not None and train.resolve is not None:
