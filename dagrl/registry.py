@@ -105,8 +105,9 @@ class BackendEntry:
     - `rules(cfg)`: its config rules when a role uses it, before Ray starts (ConfigError).
     - `unused_rules(cfg)`: its rules when another backend is chosen for its role kind: its own
       config section, set there, would do nothing and is refused.
-    - `plan_hooks`: a train backend's part in the plan's automatic choices and advice
-      (dagrl/backends/plan_hooks.py: PlanHooks); None = no automatic choice.
+    - `hooks`: a train backend's part in decoding its roles' specs and in the plan's automatic
+      choices and advice
+      (dagrl/backends/train_hooks.py: TrainHooks); None = no automatic choice.
     - `plan_rules(cfg, plan)`: rules that need the placement plan's DP sizes.
     - `estimate(cfg, spec, layout, shape, card_bytes, colocated) -> RoleMemory`: bytes per device
       it keeps while it runs, per phase, while a colocated role runs, and on the host
@@ -132,7 +133,7 @@ class BackendEntry:
     checkpoint: Callable[..., tuple[int, float]] | None = None
     reads: tuple[str, ...] = ()
     unused_rules: Callable[[Any], None] | None = None
-    plan_hooks: Any = None
+    hooks: Any = None
 
 
 @dataclass(frozen=True)

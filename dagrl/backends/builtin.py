@@ -9,7 +9,7 @@ from __future__ import annotations
 from dagrl.backends.hf import memory as hf_memory
 from dagrl.backends.hf.rules import check_hf_rollout
 from dagrl.backends.megatron import memory as megatron_memory
-from dagrl.backends.megatron.plan_hooks import MEGATRON_PLAN_HOOKS
+from dagrl.backends.megatron.hooks import MEGATRON_HOOKS
 from dagrl.backends.megatron.rules import (
     check_megatron,
     check_megatron_plan,
@@ -19,7 +19,7 @@ from dagrl.backends.megatron.rules import (
 )
 from dagrl.backends.registry import register_backend, restrict_devices, start_before_others
 from dagrl.backends.torch import memory as torch_memory
-from dagrl.backends.torch.plan_hooks import TORCH_PLAN_HOOKS
+from dagrl.backends.torch.hooks import TORCH_HOOKS
 from dagrl.backends.torch.rules import check_torch
 from dagrl.backends.vllm import memory as vllm_memory
 from dagrl.backends.vllm.rules import (
@@ -47,8 +47,8 @@ def _megatron(spec: RoleSpec, ctx, objective):
 # the train kind carries the rules of the whole backend (actor and its ref); a colocated megatron
 # teacher adds its own (it runs in the actor's parallel groups). Each brings its memory estimate
 # (backends/*/memory.py) and the train kind its checkpoint estimate.
-_TORCH = dict(estimate=torch_memory.role_memory, plan_hooks=TORCH_PLAN_HOOKS)
-_MEGATRON = dict(estimate=megatron_memory.role_memory, plan_hooks=MEGATRON_PLAN_HOOKS)
+_TORCH = dict(estimate=torch_memory.role_memory, hooks=TORCH_HOOKS)
+_MEGATRON = dict(estimate=megatron_memory.role_memory, hooks=MEGATRON_HOOKS)
 register_backend(Role.train, "torch", rules=check_torch, checkpoint=torch_memory.checkpoint_size, **_TORCH)(
     _torch
 )

@@ -48,7 +48,7 @@ def register_backend(
     checkpoint: Callable | None = None,
     reads: tuple[str, ...] = (),
     unused_rules: Callable | None = None,
-    plan_hooks=None,
+    hooks=None,
 ) -> Callable[[BackendFactory], BackendFactory]:
     """Register a factory (or a class taking (spec, ctx, objective)) for roles of `kind` named `name`,
     with the backend's own config rules, memory and checkpoint estimates (dagrl.registry.BackendEntry)."""
@@ -65,7 +65,7 @@ def register_backend(
             checkpoint,
             reads,
             unused_rules,
-            plan_hooks,
+            hooks,
         )
         BACKENDS.register(kind, name, entry)
         return factory

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import partial
 
 from dagrl.backends.memory import GIB
-from dagrl.backends.plan_hooks import PlanHooks
+from dagrl.backends.train_hooks import TrainHooks
 from dagrl.config.placement import Plan
 from dagrl.config.roles import OffloadPolicy, Role, RoleSpec
 from dagrl.config.schema import DagrlConfig
@@ -131,7 +131,7 @@ def _resolve_optimizer_host(
     Megatron keeps its state on the device between phases (unless megatron.*_offload say
     otherwise), so there every phase must also stay within RESIDENT_SHARE of the card; the torch
     trainer's own offload between phases is resolved after this (_resolve_offload)."""
-    hooks = train_plan_hooks(plan)
+    hooks = train_hooks_of(plan)
     if hooks is None:
         return memory
     owner, key = hooks.optimizer_host(cfg)
@@ -152,15 +152,15 @@ def _resolve_optimizer_host(
     return hosted
 
 
-def plan_hooks(spec: RoleSpec | None) -> PlanHooks | None:
+def hooks_of(spec: RoleSpec | None) -> TrainHooks | None:
     """The hooks a role's backend registered for the plan's automatic choices (None: no choice)."""
     entry = BACKENDS.find(spec.kind, spec.backend) if spec is not None else None
-    return entry.plan_hooks if entry is not None else None
+    return entry.hooks if entry is not None else None
 
 
-def train_plan_hooks(plan: Plan) -> PlanHooks | None:
+def train_hooks_of(plan: Plan) -> TrainHooks | None:
     """The train role's backend's plan hooks: the update's choices are its."""
-    return plan_hooks(plan.specs.get(Role.train))
+    return hooks_of(plan.specs.get(Role.train))
 
 
 RESIDENT_SHARE = 0.9  # auto keeps the trainer resident only with this much of the card planned
@@ -176,7 +176,7 @@ def _resolve_offload(
     torch_roles = [
         r
         for r, s in plan.specs.items()
-        if s.kind in (Role.train, Role.ref) and getattr(plan_hooks(s), "auto_offload", False)
+        if s.kind in (Role.train, Role.ref) and getattr(hooks_of(s), "auto_offload", False)
     ]
     if actor.offload is not None or not torch_roles:
         return memory
@@ -202,7 +202,7 @@ def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], Mem
     choice and both figures become a note of the plan. On megatron (with recompute_granularity
     unset) on means megatron's full recompute, one layer per unit, as the key means there."""
     model = cfg.actor_rollout_ref.model
-    hooks = train_plan_hooks(plan)
+    hooks = train_hooks_of(plan)
     if model.gradient_checkpointing is not None or hooks is None:
         return make_plan()
     if hooks.recompute_pinned(cfg):
@@ -245,7 +245,7 @@ def check_memory(cfg: DagrlConfig, memory: MemoryPlan, plan: Plan) -> str | None
 def _pinned(cfg: DagrlConfig, plan: Plan, row) -> tuple[str, object]:
     """The key to name: gradient checkpointing pinned off where recomputation is the lever, else
     the card's size."""
-    hooks = train_plan_hooks(plan)
+    hooks = train_hooks_of(plan)
     if row.phase == "update" and hooks is not None and hooks.names_recompute_key:
         if cfg.actor_rollout_ref.model.gradient_checkpointing is False:
             return f"{M}.gradient_checkpointing", False
@@ -321,7 +321,7 @@ def _update_levers(spec) -> list[str]:
     """The update's own levers, less those the spec already pulls (recomputation, the optimizer on
     the host: set by the user or chosen by auto): the backend's own (its `update_levers` hook), or
     the generic keys."""
-    hooks = plan_hooks(spec)
+    hooks = hooks_of(spec)
     if hooks is not None and hooks.update_levers is not None:
         recompute, optimizer = hooks.update_levers(spec)
     else:
