@@ -29,12 +29,6 @@ from dagrl.registry import BACKENDS, BackendEntry, _no_rules
 
 BackendFactory = Callable  # (spec: RoleSpec, ctx: ParallelContext, objective: Objective | None) -> backend
 
-# backend name -> devices it runs on, for backends that do not run everywhere
-_DEVICES: dict[str, set[str]] = {}
-_DEVICE_FIX: dict[str, str] = {}
-# backends that take a share of the device when they start (an engine's pool): built first
-_STARTS_FIRST: set[str] = set()
-
 
 def register_backend(
     kind: str | Enum,
@@ -51,7 +45,8 @@ def register_backend(
     hooks=None,
 ) -> Callable[[BackendFactory], BackendFactory]:
     """Register a factory (or a class taking (spec, ctx, objective)) for roles of `kind` named `name`,
-    with the backend's own config rules, memory and checkpoint estimates (dagrl.registry.BackendEntry)."""
+    with the backend's own config rules, memory and checkpoint estimates (dagrl.registry.BackendEntry)
+    and a train backend's `hooks` (dagrl.registry.Backend, whatever the kind)."""
     kind = _value(kind)
 
     def wrap(factory: BackendFactory) -> BackendFactory:
@@ -65,9 +60,10 @@ def register_backend(
             checkpoint,
             reads,
             unused_rules,
-            hooks,
         )
         BACKENDS.register(kind, name, entry)
+        if hooks is not None:
+            BACKENDS.backend(name).hooks = hooks
         return factory
 
     return wrap
@@ -75,29 +71,30 @@ def register_backend(
 
 def restrict_devices(name: str, devices: set[str], fix: str) -> None:
     """Backend `name` runs only on `devices` ("cpu", "cuda"); `fix` tells the user what to do instead."""
-    _DEVICES[name], _DEVICE_FIX[name] = set(devices), fix
+    backend = BACKENDS.backend(name)
+    backend.devices, backend.device_fix = set(devices), fix
 
 
 def allow_device(name: str, device: str) -> None:
     """Let backend `name` run on `device` (a plugin that makes it work there, e.g. a CPU port)."""
-    if name in _DEVICES:
-        _DEVICES[name].add(device)
+    backend = BACKENDS.backend(name)
+    if backend.devices is not None:
+        backend.devices.add(device)
 
 
 def start_before_others(name: str) -> None:
     """Backend `name` reserves a share of the device as it starts (vLLM's gpu_memory_utilization
     is checked against the memory free at that moment): colocated roles build it first, on an
     empty device, and it hands the device over before the next role is built."""
-    _STARTS_FIRST.add(name)
+    BACKENDS.backend(name).starts_first = True
 
 
 def startup_order(specs: Iterable[RoleSpec]) -> list[str]:
     """Role names in the order a worker builds them: engines that reserve a share of the device
     first, the others as listed."""
     specs = list(specs)
-    return [s.name for s in specs if s.backend in _STARTS_FIRST] + [
-        s.name for s in specs if s.backend not in _STARTS_FIRST
-    ]
+    first = [s.name for s in specs if BACKENDS.backend(s.backend).starts_first]
+    return first + [s.name for s in specs if s.name not in first]
 
 
 def backend_names(kind: str | Enum) -> list[str]:
@@ -108,8 +105,9 @@ def check_backends(specs: Iterable[RoleSpec], device: str | None = None) -> None
     """Every role's backend is registered (a ConfigError under the key that chose it otherwise)
     and, when `device` is given, runs on that device."""
     for spec in specs:
-        if device is not None and device not in _DEVICES.get(spec.backend, {device}):
-            raise ConfigError("trainer.device", device, _DEVICE_FIX[spec.backend])
+        backend = BACKENDS.backend(spec.backend)
+        if device is not None and backend.devices is not None and device not in backend.devices:
+            raise ConfigError("trainer.device", device, backend.device_fix)
         how = "" if spec.builtin else "register one with @register_backend in an external_plugins module"
         BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key, how)
 

@@ -176,8 +176,8 @@ def train_hooks(cfg: DagrlConfig):
     """The hooks the configured train backend (actor.strategy) registered for its roles' specs
     (dagrl/backends/train_hooks.py: TrainHooks); None for a backend without them (or unknown:
     validate names the key)."""
-    entry = BACKENDS.find(Role.train, cfg.actor_rollout_ref.actor.strategy)
-    return entry.hooks if entry is not None else None
+    strategy = cfg.actor_rollout_ref.actor.strategy
+    return BACKENDS.backend(strategy).hooks if BACKENDS.find(Role.train, strategy) is not None else None
 
 
 def _compute_dtype(cfg: DagrlConfig) -> str | None:

@@ -154,8 +154,7 @@ def _resolve_optimizer_host(
 
 def hooks_of(spec: RoleSpec | None) -> TrainHooks | None:
     """The hooks a role's backend registered for the plan's automatic choices (None: no choice)."""
-    entry = BACKENDS.find(spec.kind, spec.backend) if spec is not None else None
-    return entry.hooks if entry is not None else None
+    return BACKENDS.backend(spec.backend).hooks if spec is not None else None
 
 
 def train_hooks_of(plan: Plan) -> TrainHooks | None:
