@@ -19,7 +19,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dagrl.config.placement import GroupPlan, Plan
-from dagrl.core.batch import Batch
+from dagrl.core.batch import Batch, Held
 from dagrl.core.calls import Collect, Dispatch, Execute, call_spec, collect_results, dispatch_shards
 from dagrl.core.device_faults import from_task_error, rank_of
 from dagrl.core.failures import from_worker
@@ -241,7 +241,21 @@ class RoleHandle:
             self.step.count(driver=sent + tensor_bytes(results))
         if keep:
             self._locate(out, results, running)
+            if self.keep.store and args:
+                self._stored(data, running)
         return out
+
+    def _stored(self, data: Any, running: list[int]) -> None:
+        """Note the input columns this call's workers stored (Keep.store) as held, values kept."""
+        if not isinstance(data, Batch):
+            return
+        assert self.step is not None
+        for key in self.keep.store & data.tensors.keys():
+            value = data.tensors[key]
+            held = Held(self.step.run, key, len(value), self.dp_size, None, tensor_bytes(value), value)
+            held.source = HeldSource(self.pool, list(self.ranks), tuple(running), self.step)
+            self.step.stored(key, held)
+        self.step.holds(self.pool)
 
     def _in_place(self, data: Any, running: list[int]) -> Any:
         """`data` with the held columns this call's workers can read in place left held, the

@@ -187,6 +187,8 @@ class Worker:
             backend = self.activate(role)
             if args and isinstance(args[0], Batch) and args[0].held:
                 args = (self.store.resolve(args[0], self.dp_info(role)[0]), *args[1:])
+            if keep is not None and keep.store and args:
+                self.store.keep_inputs(args[0], keep)  # later calls of this run send their pieces only
             result = getattr(backend, method)(*args, **kwargs)
         if keep is None:
             return result
