@@ -42,12 +42,16 @@ def run(overrides: list[str], steps: int, out: str, mode: str) -> list[dict]:
     ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = OmegaConf.to_object(compose(config_name="config", overrides=[*overrides, *fixed]))
+
     def nothing(dag, roles, names):
         return {}
 
     outputs = scheduler.plan_residency if mode != "none" else nothing
     inputs = scheduler.plan_inputs if mode == "all" else nothing
-    with mock.patch.object(scheduler, "plan_residency", outputs), mock.patch.object(scheduler, "plan_inputs", inputs):
+    with (
+        mock.patch.object(scheduler, "plan_residency", outputs),
+        mock.patch.object(scheduler, "plan_inputs", inputs),
+    ):
         run_job(cfg)
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
