@@ -16,6 +16,7 @@
                                                  #   calculator-vllm, sample-vllm-rm (documented runs)
 #   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl defaults / fast, and fast at BEFORE (same call)
 #   bash bench/acceptance_gpu.sh OUT side_dapo    # DAPO (2 rounds a step) beside GRPO's defaults, same call
+#   bash bench/acceptance_gpu.sh OUT side_lora    # TRL + PEFT against dagrl LoRA, rank 64 (carry .anchors)
 #   bash bench/acceptance_gpu.sh OUT side_ppo     # PPO with the critic colocated beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT tests_ppo    # the critic on the GPU (tests/backends/{torch,megatron}/test_critic_gpu.py)
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
@@ -83,6 +84,18 @@ matrix)
 side)  # fast at BEFORE first, then now: the order on the machine is part of the comparison
     BEFORE=${BEFORE:-$(pwd)/.base} bash bench/vllm_gpu.sh side "$OUT/side" trl fast_before fast default \
         | grep -E "^==|SIDE" | cut -c1-600
+    ;;
+side_lora)  # TRL with a PEFT adapter, then dagrl with the same adapter (rank 64, all-linear), same call
+    bash .anchors/side_by_side.sh >/dev/null 2>&1  # builds the anchor's model and rows only
+    [ -d /tmp/trlsite ] || python3 -m pip install -q --no-index --no-deps --target /tmp/trlsite .anchors/trl/*.whl
+    PYTHONPATH=/tmp/trlsite:$PYTHONPATH timeout 300 torchrun --nproc_per_node 1 bench/trl_grpo_lora.py \
+        >"$OUT/trl_lora.log" 2>&1
+    grep -E "^SIDE|Error" "$OUT/trl_lora.log" | tail -3 | cut -c1-600
+    python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+    LORA="actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=128"
+    LORA="$LORA actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.actor.optim.lr=1e-5"
+    OUT=$OUT EXTRA="actor_rollout_ref.rollout.name=vllm $LORA" bash .anchors/side_by_side.sh dagrl \
+        | grep -E "^SIDE|rc=" | cut -c1-600
     ;;
 side_dapo)  # GRPO's defaults first, then DAPO: compare their SIDE lines only with each other
     bash bench/vllm_gpu.sh side "$OUT/side_dapo" default dapo | grep -E "^==|SIDE" | cut -c1-600

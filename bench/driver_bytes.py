@@ -4,10 +4,12 @@
     python bench/driver_bytes.py algorithm=gkd                      # GKD, colocated teacher, full vocabulary
     python bench/driver_bytes.py algorithm=gkd algorithm.gkd.gkd_logits_topk=8
 
-Runs the job twice for `--steps` steps: as it ships (outputs whose consumers run on the producer's
-workers stay there, dagrl/core/residency.py) and with that plan emptied, i.e. every output back to
-the driver and put again, the dataflow before residency (same counter, same call path). Prints
-`perf/driver_bytes` and `perf/kept_bytes` per step for both.
+Runs the job three times for `--steps` steps: with both residency plans emptied (every output back
+to the driver and put again, the data's columns sent to every reader: the dataflow before
+residency), with the outputs' plan only (outputs whose consumers run on the producer's workers
+stay there, dagrl/core/residency.py: plan_residency), and as it ships (the data's columns stored
+by their first reader's workers as well: plan_inputs). Same counter, same call path. Prints
+`perf/driver_bytes` per step for the three and `perf/kept_bytes` as it ships.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import os
 import tempfile
 from unittest import mock
 
+MODES = ("none", "outputs", "all")  # what stays on the workers: nothing, outputs, outputs and inputs
 
-def run(overrides: list[str], steps: int, out: str, keep: bool) -> list[dict]:
+
+def run(overrides: list[str], steps: int, out: str, mode: str) -> list[dict]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -38,8 +42,16 @@ def run(overrides: list[str], steps: int, out: str, keep: bool) -> list[dict]:
     ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = OmegaConf.to_object(compose(config_name="config", overrides=[*overrides, *fixed]))
-    plan = scheduler.plan_residency if keep else (lambda dag, roles, names: {})
-    with mock.patch.object(scheduler, "plan_residency", plan):
+
+    def nothing(dag, roles, names):
+        return {}
+
+    outputs = scheduler.plan_residency if mode != "none" else nothing
+    inputs = scheduler.plan_inputs if mode == "all" else nothing
+    with (
+        mock.patch.object(scheduler, "plan_residency", outputs),
+        mock.patch.object(scheduler, "plan_inputs", inputs),
+    ):
         run_job(cfg)
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -50,15 +62,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     args, overrides = ap.parse_known_args()
     rows = {}
-    for keep in (False, True):
+    for mode in MODES:
         with tempfile.TemporaryDirectory(prefix="driver-bytes-") as out:
-            rows[keep] = run(overrides, args.steps, out, keep)
+            rows[mode] = run(overrides, args.steps, out, mode)
     print(f"overrides: {' '.join(overrides) or '(default GRPO)'}")
-    print("step  driver bytes (all to driver)  driver bytes (kept on workers)  kept bytes")
-    for before, after in zip(rows[False], rows[True]):
+    print("step  driver bytes: all to driver  outputs kept  outputs and data kept  kept bytes")
+    for none, outputs, both in zip(*(rows[m] for m in MODES)):
         print(
-            f"{after['step']:>4}  {before['perf/driver_bytes']:>28,.0f}  {after['perf/driver_bytes']:>30,.0f}"
-            f"  {after['perf/kept_bytes']:>10,.0f}"
+            f"{both['step']:>4}  {none['perf/driver_bytes']:>26,.0f}  {outputs['perf/driver_bytes']:>12,.0f}"
+            f"  {both['perf/driver_bytes']:>21,.0f}  {both['perf/kept_bytes']:>10,.0f}"
         )
 
 

@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
-    from dagrl.backends.megatron.logprobs import response_logprobs
+    from dagrl.backends.logprob_kernel import response_logprobs
 
     g = torch.Generator(device="cuda").manual_seed(0)
     logits = (torch.randn(args.seq, args.rows, args.vocab, device="cuda", generator=g) * 3).to(torch.bfloat16)

@@ -157,14 +157,14 @@ def run_child(name: str, args) -> None:
     import torch
     from omegaconf import OmegaConf
 
-    from dagrl.backends import build_role_backend
+    from dagrl.backends import build_backend
     from dagrl.backends.registry import startup_order
     from dagrl.backends.weight_sync import _copy_local
     from dagrl.core.batch import Batch
     from dagrl.core.worker import Worker
     from dagrl.main import compose
     from dagrl.trainer.memory_plan import GIB
-    from dagrl.trainer.setup import prepare
+    from dagrl.trainer.setup import prepare, worker_parts
 
     models = json.loads(args.models)
     cfg = OmegaConf.to_object(compose(overrides_for(name, models, args) + ["trainer.dry_run=true"]))
@@ -174,7 +174,8 @@ def run_child(name: str, args) -> None:
     estimate = {row.phase: row.total / GIB for row in group.rows}
     roles = group.roles
     order = startup_order(prepared.plan.specs[r] for r in roles)
-    worker = Worker(prepared.cfg, order, 0, 1, "cuda", threads=4, build=build_role_backend)
+    parts = worker_parts(prepared.cfg, {r: prepared.plan.specs[r] for r in order})
+    worker = Worker(parts, order, 0, 1, "cuda", threads=4, build=build_backend)
     start = time.perf_counter()
     worker.setup("127.0.0.1", 0)
     free, total = torch.cuda.mem_get_info()

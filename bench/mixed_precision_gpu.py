@@ -172,10 +172,10 @@ def build_backend(args, cfg, mode: str):
     if args.backend == "megatron":
         from dagrl.backends.megatron.train import MegatronTrainBackend
 
-        return MegatronTrainBackend.from_config(cfg, ctx), None
+        return trained(MegatronTrainBackend, cfg, ctx), None
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    backend = TorchTrainBackend.from_config(cfg, ctx)
+    backend = trained(TorchTrainBackend, cfg, ctx)
     if mode == "pure_bf16":
         backend.optimizer = None  # frees the masters before the plain AdamW's state appears
         if args.device == "cuda":
@@ -272,6 +272,15 @@ def main() -> None:
                 ),
                 flush=True,
             )
+
+
+def trained(cls, cfg, ctx):
+    """The train role's backend built as a worker builds it: its spec and the driver's objective."""
+    from dagrl.config.roles import Role, role_spec
+    from dagrl.objectives import role_objectives
+
+    spec = role_spec(cfg, Role.train)
+    return cls(spec, ctx, role_objectives(cfg, [spec]).get(spec.name))
 
 
 if __name__ == "__main__":

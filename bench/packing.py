@@ -143,10 +143,10 @@ def make_backend(args, model_dir: str, shape: tuple):
     if args.backend == "torch":
         from dagrl.backends.torch.train import TorchTrainBackend
 
-        return TorchTrainBackend.from_config(cfg, ctx)
+        return trained(TorchTrainBackend, cfg, ctx)
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend.from_config(cfg, ctx)
+    return trained(MegatronTrainBackend, cfg, ctx)
 
 
 def set_packing(backend, on: bool) -> None:
@@ -256,6 +256,15 @@ def main(argv=None) -> list[dict]:
             print(json.dumps(row), flush=True)
             results.append(row)
     return results
+
+
+def trained(cls, cfg, ctx):
+    """The train role's backend built as a worker builds it: its spec and the driver's objective."""
+    from dagrl.config.roles import Role, role_spec
+    from dagrl.objectives import role_objectives
+
+    spec = role_spec(cfg, Role.train)
+    return cls(spec, ctx, role_objectives(cfg, [spec]).get(spec.name))
 
 
 if __name__ == "__main__":

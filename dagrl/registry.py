@@ -101,8 +101,10 @@ def _no_rules(cfg: Any) -> None:
 class BackendEntry:
     """A registered backend: how to build it and what it owns besides.
 
-    - `factory(cfg, spec, ctx)` returns the backend (see dagrl/backends/registry.py).
+    - `factory(spec, ctx, objective)` returns the backend (see dagrl/backends/registry.py).
     - `rules(cfg)`: its config rules when a role uses it, before Ray starts (ConfigError).
+    - `unused_rules(cfg)`: its rules when another backend is chosen for its role kind: its own
+      config section, set there, would do nothing and is refused.
     - `plan_rules(cfg, plan)`: rules that need the placement plan's DP sizes.
     - `estimate(cfg, spec, layout, shape, card_bytes, colocated) -> RoleMemory`: bytes per device
       it keeps while it runs, per phase, while a colocated role runs, and on the host
@@ -127,6 +129,7 @@ class BackendEntry:
     device_rules: Callable[[Any, str], None] | None = None
     checkpoint: Callable[..., tuple[int, float]] | None = None
     reads: tuple[str, ...] = ()
+    unused_rules: Callable[[Any], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -148,10 +151,44 @@ class EstimatorEntry:
 
 
 @dataclass
+class Backend:
+    """One backend by name, whatever role kinds it serves (its per-kind entries are the table's
+    `entries`): the devices it runs on, whether it starts before the other roles of its workers,
+    and a train backend's hooks.
+
+    - `devices`: None = every device; else the ones it runs on, `device_fix` telling the user what
+      to do elsewhere (megatron: GPUs only).
+    - `starts_first`: it reserves a share of the device as it starts (vLLM's
+      gpu_memory_utilization is checked against the memory free at that moment), so colocated
+      roles build it first, on an empty device.
+    - `hooks`: a train backend's part in decoding its roles' specs and in the plan's automatic
+      choices and advice (dagrl/backends/train_hooks.py: TrainHooks); None = none of its own.
+    """
+
+    name: str
+    devices: set[str] | None = None
+    device_fix: str = ""
+    starts_first: bool = False
+    hooks: Any = None
+
+
+@dataclass
 class BackendTable:
-    """Backends under (role kind, name): a name is looked up among the kind's backends."""
+    """Backends under (role kind, name): a name is looked up among the kind's backends; what a
+    backend is whatever the kind (devices, start order, hooks) is its `Backend` under `backends`."""
 
     entries: dict[tuple[str, str], BackendEntry] = field(default_factory=dict)
+    backends: dict[str, Backend] = field(default_factory=dict)
+
+    def backend(self, name: str) -> Backend:
+        """The backend named `name` (an empty one for a name nothing registered yet)."""
+        load_builtins()
+        return self.backends.setdefault(name, Backend(name))
+
+    def kinds(self, name: str) -> list[str]:
+        """The role kinds backend `name` serves."""
+        load_builtins()
+        return sorted(k for k, n in self.entries if n == name)
 
     def register(self, kind: str, name: str, entry: BackendEntry) -> None:
         old = self.entries.get((kind, name))

@@ -4,9 +4,8 @@ from dagrl.backends import builtin  # noqa: F401  (registers the built-in backen
 from dagrl.backends.registry import (
     backend_names,
     build_backend,
-    build_role_backend,
     check_backends,
     register_backend,
 )
 
-__all__ = ["backend_names", "build_backend", "build_role_backend", "check_backends", "register_backend"]
+__all__ = ["backend_names", "build_backend", "check_backends", "register_backend"]

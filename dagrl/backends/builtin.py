@@ -10,14 +10,17 @@ from dagrl.backends.hf import memory as hf_memory
 from dagrl.backends.hf.rules import check_hf_rollout
 from dagrl.backends.megatron import memory as megatron_memory
 from dagrl.backends.megatron.critic_rules import check_megatron_critic, check_megatron_critic_plan
+from dagrl.backends.megatron.hooks import MEGATRON_HOOKS
 from dagrl.backends.megatron.rules import (
     check_megatron,
     check_megatron_plan,
     check_megatron_teacher,
+    check_megatron_unused,
     resolve_megatron,
 )
 from dagrl.backends.registry import register_backend, restrict_devices, start_before_others
 from dagrl.backends.torch import memory as torch_memory
+from dagrl.backends.torch.hooks import TORCH_HOOKS
 from dagrl.backends.torch.rules import check_torch
 from dagrl.backends.vllm import memory as vllm_memory
 from dagrl.backends.vllm.rules import (
@@ -31,23 +34,23 @@ from dagrl.config.roles import Role, RoleSpec
 from dagrl.config.validate_critic import check_critic_plan
 
 
-def _torch(cfg, spec: RoleSpec, ctx):
+def _torch(spec: RoleSpec, ctx, objective):
     from dagrl.backends.torch.train import TorchTrainBackend
 
-    return TorchTrainBackend.from_config(cfg, ctx, spec)  # the spec and the objective
+    return TorchTrainBackend(spec, ctx, objective)
 
 
-def _megatron(cfg, spec: RoleSpec, ctx):
+def _megatron(spec: RoleSpec, ctx, objective):
     from dagrl.backends.megatron.train import MegatronTrainBackend
 
-    return MegatronTrainBackend.from_config(cfg, ctx, spec)
+    return MegatronTrainBackend(spec, ctx, objective)
 
 
 # the train kind carries the rules of the whole backend (actor and its ref); a colocated megatron
 # teacher adds its own (it runs in the actor's parallel groups). Each brings its memory estimate
 # (backends/*/memory.py) and the train kind its checkpoint estimate.
-_TORCH = dict(estimate=torch_memory.role_memory)
-_MEGATRON = dict(estimate=megatron_memory.role_memory)
+_TORCH = dict(estimate=torch_memory.role_memory, hooks=TORCH_HOOKS)
+_MEGATRON = dict(estimate=megatron_memory.role_memory, hooks=MEGATRON_HOOKS)
 register_backend(Role.train, "torch", rules=check_torch, checkpoint=torch_memory.checkpoint_size, **_TORCH)(
     _torch
 )
@@ -55,6 +58,7 @@ register_backend(
     Role.train,
     "megatron",
     rules=check_megatron,
+    unused_rules=check_megatron_unused,
     plan_rules=check_megatron_plan,
     resolve=resolve_megatron,
     checkpoint=megatron_memory.checkpoint_size,
@@ -73,7 +77,7 @@ register_backend(Role.teacher, "megatron", rules=check_megatron_teacher, **_MEGA
     estimate=torch_memory.critic_memory,
     checkpoint=torch_memory.checkpoint_size,
 )
-def _torch_critic(cfg, spec: RoleSpec, ctx):
+def _torch_critic(spec: RoleSpec, ctx, objective):
     from dagrl.backends.torch.critic import TorchCriticBackend
 
     return TorchCriticBackend(spec, ctx)
@@ -87,7 +91,7 @@ def _torch_critic(cfg, spec: RoleSpec, ctx):
     estimate=megatron_memory.critic_memory,
     checkpoint=megatron_memory.checkpoint_size,
 )
-def _megatron_critic(cfg, spec: RoleSpec, ctx):
+def _megatron_critic(spec: RoleSpec, ctx, objective):
     from dagrl.backends.megatron.critic import MegatronCriticBackend
 
     return MegatronCriticBackend(spec, ctx)
@@ -108,7 +112,7 @@ restrict_devices(
     estimate=hf_memory.role_memory,
     reads=("micro_batch_size_per_gpu",),
 )
-def _hf(cfg, spec: RoleSpec, ctx):
+def _hf(spec: RoleSpec, ctx, objective):
     from dagrl.backends.hf.rollout import HFRolloutBackend
 
     return HFRolloutBackend(spec, ctx)
@@ -122,7 +126,7 @@ def _hf(cfg, spec: RoleSpec, ctx):
     estimate=vllm_memory.rollout_memory,
     reads=VLLM_ROLLOUT_KEYS,
 )
-def _vllm(cfg, spec: RoleSpec, ctx):
+def _vllm(spec: RoleSpec, ctx, objective):
     # imports vllm (GPU machines only); check_rollout_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 
@@ -141,7 +145,7 @@ start_before_others("vllm")
     device_rules=check_teacher_device,
     estimate=vllm_memory.teacher_memory,
 )
-def _vllm_teacher(cfg, spec: RoleSpec, ctx):
+def _vllm_teacher(spec: RoleSpec, ctx, objective):
     # teacher.placement=standalone; check_teacher_device refuses it off the GPU, dry runs aside
     from dagrl.backends.vllm.teacher import VLLMTeacherBackend
 
@@ -149,10 +153,9 @@ def _vllm_teacher(cfg, spec: RoleSpec, ctx):
 
 
 # ---- reward models as roles (orm / prm of the sampling pipeline, rm of GRPO's reward node)
-# the memory plan counted reward models with the hf rollout's estimate before it was a registry
-# hook; kept so that the plan is unchanged (a forward-only estimate would be closer)
+# a reward model's estimate is its scoring pass (hf/memory.py: score_memory), one phase per model
 @register_backend("reward_model", "hf", estimate=hf_memory.score_memory)
-def _reward_model(cfg, spec: RoleSpec, ctx):
+def _reward_model(spec: RoleSpec, ctx, objective):
     from dagrl.backends.reward_model import RewardModelBackend
 
     return RewardModelBackend(spec, ctx)
@@ -201,14 +204,14 @@ def _check_judge_device(cfg, device: str) -> None:
 
 
 @register_backend("reward_model", "hf_judge", rules=_check_judge)
-def _hf_judge(cfg, spec: RoleSpec, ctx):
+def _hf_judge(spec: RoleSpec, ctx, objective):
     from dagrl.backends.judge import HFJudgeBackend
 
     return HFJudgeBackend(spec, ctx)
 
 
 @register_backend("reward_model", "vllm_judge", rules=_check_judge, device_rules=_check_judge_device)
-def _vllm_judge(cfg, spec: RoleSpec, ctx):
+def _vllm_judge(spec: RoleSpec, ctx, objective):
     from dagrl.backends.vllm.judge import VLLMJudgeBackend
 
     return VLLMJudgeBackend(spec, ctx)

@@ -1,13 +1,15 @@
 """Backend registry: a role's backend is found under (role kind, name), as node kinds are.
 
-A factory takes (cfg, spec, ctx) and returns the backend. Built-in factories import their
-implementation inside the call, so a backend whose dependencies are missing on this machine
-(vLLM on a CPU box) costs nothing until a role asks for it:
+A factory takes (spec, ctx, objective) and returns the backend: the role's spec as the plan
+resolved it, the worker's parallel context and, for a trained role, the objective built in the
+driver (None otherwise); never the config. Built-in factories import their implementation inside
+the call, so a backend whose dependencies are missing on this machine (vLLM on a CPU box) costs
+nothing until a role asks for it:
 
     @register_backend("rollout", "vllm", rules=check_vllm)
-    def _vllm(cfg, spec, ctx):
+    def _vllm(spec, ctx, objective):
         from dagrl.backends.vllm.rollout import VLLMRolloutBackend
-        return VLLMRolloutBackend(spec, ctx)  # the spec, never the whole config
+        return VLLMRolloutBackend(spec, ctx)
 
 A backend brings its own config rules (`rules(cfg)`, `plan_rules(cfg, plan)`), its memory estimate
 (`estimate`) and its checkpoint estimate (`checkpoint`); validate, the memory plan, the capacity
@@ -25,13 +27,7 @@ from dagrl.config.roles import RoleSpec
 from dagrl.errors import ConfigError
 from dagrl.registry import BACKENDS, BackendEntry, _no_rules
 
-BackendFactory = Callable  # (cfg: DagrlConfig, spec: RoleSpec, ctx: ParallelContext) -> backend
-
-# backend name -> devices it runs on, for backends that do not run everywhere
-_DEVICES: dict[str, set[str]] = {}
-_DEVICE_FIX: dict[str, str] = {}
-# backends that take a share of the device when they start (an engine's pool): built first
-_STARTS_FIRST: set[str] = set()
+BackendFactory = Callable  # (spec: RoleSpec, ctx: ParallelContext, objective: Objective | None) -> backend
 
 
 def register_backend(
@@ -45,16 +41,29 @@ def register_backend(
     device_rules: Callable | None = None,
     checkpoint: Callable | None = None,
     reads: tuple[str, ...] = (),
+    unused_rules: Callable | None = None,
+    hooks=None,
 ) -> Callable[[BackendFactory], BackendFactory]:
-    """Register a factory (or a class taking (cfg, spec, ctx)) for roles of `kind` named `name`,
-    with the backend's own config rules, memory and checkpoint estimates (dagrl.registry.BackendEntry)."""
+    """Register a factory (or a class taking (spec, ctx, objective)) for roles of `kind` named `name`,
+    with the backend's own config rules, memory and checkpoint estimates (dagrl.registry.BackendEntry)
+    and a train backend's `hooks` (dagrl.registry.Backend, whatever the kind)."""
     kind = _value(kind)
 
     def wrap(factory: BackendFactory) -> BackendFactory:
         entry = BackendEntry(
-            factory, rules or _no_rules, plan_rules, estimate, resolve, device_rules, checkpoint, reads
+            factory,
+            rules or _no_rules,
+            plan_rules,
+            estimate,
+            resolve,
+            device_rules,
+            checkpoint,
+            reads,
+            unused_rules,
         )
         BACKENDS.register(kind, name, entry)
+        if hooks is not None:
+            BACKENDS.backend(name).hooks = hooks
         return factory
 
     return wrap
@@ -62,29 +71,30 @@ def register_backend(
 
 def restrict_devices(name: str, devices: set[str], fix: str) -> None:
     """Backend `name` runs only on `devices` ("cpu", "cuda"); `fix` tells the user what to do instead."""
-    _DEVICES[name], _DEVICE_FIX[name] = set(devices), fix
+    backend = BACKENDS.backend(name)
+    backend.devices, backend.device_fix = set(devices), fix
 
 
 def allow_device(name: str, device: str) -> None:
     """Let backend `name` run on `device` (a plugin that makes it work there, e.g. a CPU port)."""
-    if name in _DEVICES:
-        _DEVICES[name].add(device)
+    backend = BACKENDS.backend(name)
+    if backend.devices is not None:
+        backend.devices.add(device)
 
 
 def start_before_others(name: str) -> None:
     """Backend `name` reserves a share of the device as it starts (vLLM's gpu_memory_utilization
     is checked against the memory free at that moment): colocated roles build it first, on an
     empty device, and it hands the device over before the next role is built."""
-    _STARTS_FIRST.add(name)
+    BACKENDS.backend(name).starts_first = True
 
 
 def startup_order(specs: Iterable[RoleSpec]) -> list[str]:
     """Role names in the order a worker builds them: engines that reserve a share of the device
     first, the others as listed."""
     specs = list(specs)
-    return [s.name for s in specs if s.backend in _STARTS_FIRST] + [
-        s.name for s in specs if s.backend not in _STARTS_FIRST
-    ]
+    first = [s.name for s in specs if BACKENDS.backend(s.backend).starts_first]
+    return first + [s.name for s in specs if s.name not in first]
 
 
 def backend_names(kind: str | Enum) -> list[str]:
@@ -95,22 +105,18 @@ def check_backends(specs: Iterable[RoleSpec], device: str | None = None) -> None
     """Every role's backend is registered (a ConfigError under the key that chose it otherwise)
     and, when `device` is given, runs on that device."""
     for spec in specs:
-        if device is not None and device not in _DEVICES.get(spec.backend, {device}):
-            raise ConfigError("trainer.device", device, _DEVICE_FIX[spec.backend])
+        backend = BACKENDS.backend(spec.backend)
+        if device is not None and backend.devices is not None and device not in backend.devices:
+            raise ConfigError("trainer.device", device, backend.device_fix)
         how = "" if spec.builtin else "register one with @register_backend in an external_plugins module"
         BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key, how)
 
 
-def build_backend(cfg, spec: RoleSpec, ctx):
+def build_backend(spec: RoleSpec, ctx, objective=None):
+    """The backend of a role, from its spec (and a trained role's objective): what a worker runs
+    for each of its roles (dagrl/core/worker.py)."""
     check_backends([spec])
-    return BACKENDS.find(spec.kind, spec.backend).factory(cfg, spec, ctx)
-
-
-def build_role_backend(cfg, role: str, ctx):
-    """What a worker calls for each of its roles: the role's spec, then its registered backend."""
-    from dagrl.config.roles import role_spec
-
-    return build_backend(cfg, role_spec(cfg, role), ctx)
+    return BACKENDS.find(spec.kind, spec.backend).factory(spec, ctx, objective)
 
 
 def _value(kind: str | Enum) -> str:

@@ -3,8 +3,10 @@ the learning-rate setter, device-memory figures and the teacher phase's timing a
 
 from __future__ import annotations
 
+import random
 import time
 
+import numpy as np
 import torch
 
 from dagrl.backends import device_memory
@@ -38,3 +40,16 @@ def teacher_metrics(phase: tuple[float, float], device: torch.device, offload_fr
         metrics["teacher/device_memory_used_gib"] = device_memory.note_phase_end()
         metrics["teacher/offload_freed_gib"] = offload_freed_gib  # at its last offload
     return metrics
+
+
+def host_rng_state() -> dict:
+    """The process's host random streams (Python, numpy, torch's CPU generator), for a checkpoint:
+    a resumed run draws what the uninterrupted one would have. Backends add their device streams."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_host_rng_state(state: dict) -> None:
+    """Restore what `host_rng_state` saved."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])

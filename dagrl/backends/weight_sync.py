@@ -135,7 +135,9 @@ def _join(worker, host: str, port: int, rank: int, world_size: int) -> float:
 
 
 def _bucket_limit(worker) -> int:
-    return worker.cfg.actor_rollout_ref.rollout.weight_sync_bucket_mb * 2**20
+    """rollout.weight_sync_bucket_mb, as the worker's specs carry it (a train or a rollout role's)."""
+    sizes = [s.train or s.rollout for s in worker.specs.values()]
+    return next(s.weight_sync_bucket_mb for s in sizes if s is not None) * 2**20
 
 
 def _plan_sends(worker, slots: list[Slot]) -> None:

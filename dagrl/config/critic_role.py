@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dagrl.config.roles import ModelSpec, OffloadPolicy, Role, RoleSpec, _layout, _offload, _train_settings
+from dagrl.config.roles import ModelSpec, OffloadPolicy, ParallelLayout, Role, RoleSpec, _train_settings
 from dagrl.config.schema import CriticConfig, DagrlConfig
-from dagrl.registry import ESTIMATORS
+from dagrl.registry import BACKENDS, ESTIMATORS
 
 
 def critic_runs(cfg: DagrlConfig) -> bool:
@@ -37,15 +37,19 @@ def critic_spec(cfg: DagrlConfig) -> RoleSpec:
     path = c.model.path if c.model.path is not None else arr.model.path
     mega = c.megatron if c.strategy == "megatron" else None
     on = arr.actor.offload is not False  # the actor's offload policy: the two take turns alike
-    # megatron: its own three switches (critic.megatron.*_offload), as the megatron actor's
-    offload = _offload(cfg, mega) if mega is not None else OffloadPolicy(params=on, grads=on, optimizer=on)
+    parallel, offload = ParallelLayout(), OffloadPolicy(params=on, grads=on, optimizer=on)
+    # the critic's backend reads its own section as its train kind reads the actor's (the hooks
+    # that backend registered, whatever actor.strategy is): megatron's layout and three switches
+    hooks = BACKENDS.backend(c.strategy).hooks if BACKENDS.find(Role.critic, c.strategy) else None
+    if mega is not None and hooks is not None:
+        parallel, offload = hooks.layout(mega), hooks.offload(cfg, mega)
     return RoleSpec(
         name=Role.critic.value,
         kind=Role.critic.value,
         backend=c.strategy,
         backend_key="critic.strategy",
         model=ModelSpec(path, c.model.dtype or arr.model.dtype, None, arr.model.trust_remote_code),
-        parallel=_layout(mega),
+        parallel=parallel,
         micro_batch_size=c.ppo_micro_batch_size_per_gpu,
         logprob_micro_batch_size=c.forward_micro_batch_size_per_gpu,
         trains=True,

@@ -25,6 +25,7 @@ from dagrl.config.schema import (
     TeacherPlacement,
 )
 from dagrl.errors import ConfigError
+from dagrl.registry import BACKENDS
 
 
 class Role(StrEnum):
@@ -173,27 +174,41 @@ def teacher_model_path(cfg: DagrlConfig) -> str | None:
     return cfg.teacher.model
 
 
+def train_hooks(cfg: DagrlConfig):
+    """The hooks the configured train backend (actor.strategy) registered for its roles' specs
+    (dagrl/backends/train_hooks.py: TrainHooks); None for a backend without them (or unknown:
+    validate names the key)."""
+    strategy = cfg.actor_rollout_ref.actor.strategy
+    return BACKENDS.backend(strategy).hooks if BACKENDS.find(Role.train, strategy) is not None else None
+
+
+def _compute_dtype(cfg: DagrlConfig) -> str | None:
+    """The train backend's compute dtype where it is its own (megatron's param_dtype), else None."""
+    hooks = train_hooks(cfg)
+    if hooks is None or hooks.compute_dtype is None:
+        return None
+    return hooks.compute_dtype(cfg)
+
+
 def rollout_dtype(cfg: DagrlConfig) -> str:
     """The rollout engine's weights dtype: rollout.dtype, else the trainer's compute dtype (a siiRL
     script with megatron.param_dtype=bfloat16 samples in bf16, not in model.dtype's fp32)."""
     arr = cfg.actor_rollout_ref
     if arr.rollout.dtype is not None:
-        return _dtype_name(arr.rollout.dtype)
-    if arr.actor.strategy == "megatron":
-        return _dtype_name(arr.actor.megatron.param_dtype)
-    return _dtype_name(arr.model.dtype)
+        return dtype_name(arr.rollout.dtype)
+    return _compute_dtype(cfg) or dtype_name(arr.model.dtype)
 
 
 def _sampler_dtype(cfg: DagrlConfig, model_dtype: str) -> str:
     """A distill sampler's engine dtype: as `rollout_dtype`, with the teacher's dtype in place of
     the student's model dtype."""
     arr = cfg.actor_rollout_ref
-    if arr.rollout.dtype is not None or arr.actor.strategy == "megatron":
+    if arr.rollout.dtype is not None or _compute_dtype(cfg) is not None:
         return rollout_dtype(cfg)
-    return _dtype_name(model_dtype)
+    return dtype_name(model_dtype)
 
 
-def _dtype_name(dtype) -> str:
+def dtype_name(dtype) -> str:
     return str(getattr(dtype, "value", dtype))
 
 
@@ -211,8 +226,10 @@ def role_aliases(cfg: DagrlConfig) -> dict[str, str]:
 
 
 def lora_reference_is_base(cfg: DagrlConfig) -> bool:
-    """LoRA (torch or megatron backend) with the ref role in the train role's colocate group."""
-    if policy_lora(cfg) is None or cfg.actor_rollout_ref.actor.strategy not in ("torch", "megatron"):
+    """LoRA on a train backend whose reference can be the actor's base (its hooks'
+    `lora_reference_is_base`: torch and megatron) with the ref role in the train role's colocate group."""
+    hooks = train_hooks(cfg)
+    if policy_lora(cfg) is None or hooks is None or not hooks.lora_reference_is_base:
         return False
     if cfg.placement.device_groups is not None:
         from dagrl.config.device_groups import _as_dict
@@ -263,14 +280,14 @@ def _role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
     strategy_key = "actor_rollout_ref.actor.strategy"
     if name in (Role.train, Role.ref):
         trains = name == Role.train
-        mega = _megatron(cfg, arr.actor.megatron if trains else arr.ref.megatron)
+        mega = _section(cfg, trains)
         return RoleSpec(
             name=name,
             kind=name,
             backend=arr.actor.strategy,
             backend_key=strategy_key,
             model=actor_model,
-            parallel=_layout(mega),
+            parallel=_layout(cfg, mega),
             micro_batch_size=(
                 arr.actor.ppo_micro_batch_size_per_gpu
                 if trains
@@ -426,14 +443,14 @@ def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
             logprob_micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
             engine_kwargs=dict(t.engine_kwargs),
         )
-    mega = _megatron(cfg, arr.ref.megatron)
+    mega = _section(cfg, trains=False)
     return RoleSpec(
         name=Role.teacher.value,
         kind=Role.teacher.value,
         backend=arr.actor.strategy,
         backend_key="actor_rollout_ref.actor.strategy",  # the actor's train backend, forward-only
         model=model,
-        parallel=_layout(mega),
+        parallel=_layout(cfg, mega),
         micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
         logprob_micro_batch_size=t.log_prob_micro_batch_size_per_gpu,
         offload=OffloadPolicy(params=t.offload),
@@ -461,22 +478,25 @@ def _train_settings(cfg: DagrlConfig, trains: bool) -> TrainSettings:
     )
 
 
-def _megatron(cfg: DagrlConfig, m: MegatronConfig) -> MegatronConfig | None:
-    return m if cfg.actor_rollout_ref.actor.strategy == "megatron" else None
+def _section(cfg: DagrlConfig, trains: bool) -> MegatronConfig | None:
+    """The train backend's own config section for a trained or forward-only role (None: it has
+    none, as the data-parallel torch backend)."""
+    hooks = train_hooks(cfg)
+    return hooks.section(cfg, trains) if hooks is not None and hooks.section is not None else None
 
 
-def _layout(m: MegatronConfig | None) -> ParallelLayout:
-    if m is None:
+def _layout(cfg: DagrlConfig, section) -> ParallelLayout:
+    hooks = train_hooks(cfg)
+    if section is None or hooks is None or hooks.layout is None:
         return ParallelLayout()
-    return ParallelLayout(
-        m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
-    )
+    return hooks.layout(section)
 
 
-def _offload(cfg: DagrlConfig, m: MegatronConfig | None) -> OffloadPolicy:
-    """The train/ref roles' offload: megatron's three switches, or the torch backend's one
-    (actor.offload moves params and optimizer state together)."""
-    if m is None:
-        on = cfg.actor_rollout_ref.actor.offload is not False  # null (auto) until the plan says
-        return OffloadPolicy(params=on, grads=on, optimizer=on)
-    return OffloadPolicy(m.param_offload, m.grad_offload is not False, m.optimizer_offload)
+def _offload(cfg: DagrlConfig, section) -> OffloadPolicy:
+    """The train/ref roles' offload: the backend's own switches (megatron's three), or the generic
+    actor.offload (params and optimizer state together)."""
+    hooks = train_hooks(cfg)
+    if section is not None and hooks is not None and hooks.offload is not None:
+        return hooks.offload(cfg, section)
+    on = cfg.actor_rollout_ref.actor.offload is not False  # null (auto) until the plan says
+    return OffloadPolicy(params=on, grads=on, optimizer=on)

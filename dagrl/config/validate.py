@@ -21,7 +21,7 @@ from dagrl.config.schema import (
 from dagrl.config.validate_critic import check_critic
 from dagrl.config.validate_dapo import check_dapo
 from dagrl.config.validate_lora import check_lora
-from dagrl.config.validate_multi_turn import check_multi_turn
+from dagrl.config.validate_multi_turn import check_multi_turn, multi_turn_dag
 from dagrl.config.validate_rollout import (
     check_engine_keys,
     check_off_policy_settings,
@@ -52,6 +52,7 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         from dagrl.data.builtin_calculator import tiny_calculator_path
 
         cfg.actor_rollout_ref.model.path = tiny_calculator_path()  # taught the tool-call format
+    cfg.dag = multi_turn_dag(cfg)  # multi_turn.enable=true alone runs the algorithm's multi-turn DAG
     cfg.actor_rollout_ref.actor.recompute_old_logprobs = old_logprob_pass(cfg)  # auto: where needed
     train = BACKENDS.find(Role.train, cfg.actor_rollout_ref.actor.strategy)
     if train is not None and train.resolve is not None:
@@ -89,8 +90,14 @@ def validate(cfg: DagrlConfig) -> None:
 
 
 def _backend_rules(cfg: DagrlConfig, spec: RoleSpec) -> None:
-    """The rules the role's backend registered with itself."""
-    BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key).rules(cfg)
+    """The rules the role's backend registered with itself, after those the other backends of its
+    kind registered for when they are not chosen (their own sections set to no effect)."""
+    entry = BACKENDS.lookup(spec.kind, spec.backend, spec.backend_key)
+    for name in BACKENDS.names(spec.kind):
+        other = BACKENDS.find(spec.kind, name)
+        if name != spec.backend and other.unused_rules is not None:
+            other.unused_rules(cfg)
+    entry.rules(cfg)
 
 
 def check_role_rules(cfg: DagrlConfig, specs) -> None:

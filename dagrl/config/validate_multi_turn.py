@@ -27,6 +27,15 @@ MULTI_TURN_DAGS = {
 }
 
 
+def multi_turn_dag(cfg: DagrlConfig) -> str:
+    """The DAG this config runs: with multi_turn.enable=true a built-in algorithm's DAG in its
+    multi-turn form (verl turns multi-turn on with that one key; the episodes' masks, turn ids and
+    environment rewards need the nodes that carry them), else `dag` as given."""
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        return MULTI_TURN_DAGS.get(cfg.dag, cfg.dag)
+    return cfg.dag
+
+
 def check_multi_turn(cfg: DagrlConfig) -> None:
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
@@ -34,12 +43,6 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
     from dagrl.rollout.multi_turn import load_tools
     from dagrl.tools.base import ENVIRONMENTS, PARSERS, lookup
 
-    if cfg.dag in MULTI_TURN_DAGS:
-        raise ConfigError(
-            "dag",
-            cfg.dag,
-            f"multi-turn rows need the DAG that carries their masks: dag={MULTI_TURN_DAGS[cfg.dag]}",
-        )
     lookup(ENVIRONMENTS, mt.environment, f"{MT}.environment")
     lookup(PARSERS, mt.format, f"{MT}.format")
     tools = load_tools(mt.tool_config_path)

@@ -19,7 +19,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dagrl.config.placement import GroupPlan, Plan
-from dagrl.core.batch import Batch
+from dagrl.core.batch import Batch, Held
 from dagrl.core.calls import Collect, Dispatch, Execute, call_spec, collect_results, dispatch_shards
 from dagrl.core.device_faults import from_task_error, rank_of
 from dagrl.core.failures import from_worker
@@ -105,13 +105,20 @@ class WorkerPool:
         setup: bool = True,
         build=None,
         startup: list[str] | None = None,
+        objectives: dict[str, Any] | None = None,
     ):
-        """build(cfg, role, ctx) -> backend runs in each worker (dagrl.backends.build_role_backend);
+        """build(spec, ctx, objective) -> backend runs in each worker (dagrl.backends.build_backend)
+        on the role's spec in `plan.specs` and its entry in `objectives` (trained roles);
         `startup`: the group's roles in the order the workers build them (None = as listed)."""
-        from dagrl.core.worker import Worker
+        from dagrl.core.worker import RoleParts, Worker, WorkerParts
 
         cls = actor_cls or Worker
         self.roles = list(group.roles)
+        objectives = objectives or {}
+        parts = WorkerParts.pack(
+            list(cfg.external_plugins),
+            {r: RoleParts(plan.specs[r], objectives.get(r)) for r in self.roles},
+        )
         self.lock = threading.Lock()
         self.infos: list[dict] = []  # node_info of each rank, to name a dead worker's node
         # set by the weight-sync service once this pool has joined a trainer -> rollout broadcast group
@@ -129,7 +136,7 @@ class WorkerPool:
                 options["num_gpus"] = 1
             self.actors.append(
                 remote.options(**options).remote(
-                    cfg, startup or self.roles, rank, len(group.slots), device, cpus, build
+                    parts, startup or self.roles, rank, len(group.slots), device, cpus, build
                 )
             )
         if setup:
@@ -234,7 +241,21 @@ class RoleHandle:
             self.step.count(driver=sent + tensor_bytes(results))
         if keep:
             self._locate(out, results, running)
+            if self.keep.store and args:
+                self._stored(data, running)
         return out
+
+    def _stored(self, data: Any, running: list[int]) -> None:
+        """Note the input columns this call's workers stored (Keep.store) as held, values kept."""
+        if not isinstance(data, Batch):
+            return
+        assert self.step is not None
+        for key in self.keep.store & data.tensors.keys():
+            value = data.tensors[key]
+            held = Held(self.step.run, key, len(value), self.dp_size, None, tensor_bytes(value), value)
+            held.source = HeldSource(self.pool, list(self.ranks), tuple(running), self.step)
+            self.step.stored(key, held)
+        self.step.holds(self.pool)
 
     def _in_place(self, data: Any, running: list[int]) -> Any:
         """`data` with the held columns this call's workers can read in place left held, the

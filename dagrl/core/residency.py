@@ -20,6 +20,13 @@ on the train workers for the update on the same workers. Now, per run of a DAG:
         there when asked for, just not moved when nobody asks.
     free (end of the run, also on failure):  every pool that stored entries drops the run's.
 
+The data's own columns (the DAG's `source`: prompts, their mask, ...) are planned the same way
+(`plan_inputs`): a source key read by several remote nodes on one place is stored by the workers
+of the first of them (`Keep.store`: each keeps the DP shard it was sent) and, for the readers that
+start after that call, the driver holds it as a `Held` column that still has its values (driver
+nodes read it as before); their calls send "your piece of K" only. The driver substitutes the
+column only where its batch still has the very tensor that was sent (`StepData.held_inputs`).
+
 `perf/driver_bytes` counts the tensor bytes that cross to or from the driver in a run (shards put,
 results got, columns fetched); `perf/kept_bytes` what stayed on the workers instead.
 """
@@ -43,6 +50,7 @@ class Keep:
     run: str
     stay: frozenset[str] = frozenset()
     mirror: frozenset[str] = frozenset()
+    store: frozenset[str] = frozenset()  # input keys each worker keeps of the shard it was sent
 
 
 @dataclass
@@ -55,7 +63,22 @@ class StepData:
     driver_bytes: int = 0
     kept_bytes: int = 0
     pools: list = field(default_factory=list)  # WorkerPools holding entries of this run
+    inputs: dict[str, Held] = field(default_factory=dict)  # stored input columns, values kept
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def stored(self, key: str, held: Held) -> None:
+        with self.lock:
+            self.inputs.setdefault(key, held)
+
+    def held_inputs(self, batch: Batch) -> Batch:
+        """`batch` with each column that workers stored in this run (the same tensor that was sent)
+        as a `Held` column holding its values: a call on those workers sends the pieces only."""
+        with self.lock:
+            swap = {k: h for k, h in self.inputs.items() if batch.tensors.get(k) is h.value}
+        if not swap:
+            return batch
+        tensors = {k: v for k, v in batch.tensors.items() if k not in swap}
+        return Batch(tensors, batch.meta, {**batch.held, **swap})
 
     def count(self, driver: int = 0, kept: int = 0) -> None:
         with self.lock:
@@ -110,6 +133,32 @@ def plan_residency(dag, roles: dict, names: set[str]) -> dict[str, tuple[frozens
         if stay or mirror:
             plan[producer.name] = (frozenset(stay), frozenset(mirror))
     return plan
+
+
+def plan_inputs(dag, roles: dict, names: set[str]) -> dict[str, frozenset[str]]:
+    """The source keys each remote node among `names` stores on its workers: a key read by several
+    remote nodes in one place (pool and DP layout) is stored by the one of them that most of the
+    others wait for (directly or not); those start after it and read it in place."""
+    before = _ancestors(dag)
+    nodes = [s for s in dag.nodes if s.name in names and s.role in roles]
+    plan: dict[str, set[str]] = {}
+    for key in dag.source:
+        readers = [s for s in nodes if key in s.inputs]
+        for reader in readers:
+            here = [s for s in readers if _same_place(roles[s.role], roles[reader.role])]
+            later = sum(reader.name in before[s.name] for s in here)
+            best = max(here, key=lambda s: sum(s.name in before[o.name] for o in here))
+            if later and best is reader:
+                plan.setdefault(reader.name, set()).add(key)
+    return {node: frozenset(keys) for node, keys in plan.items()}
+
+
+def _ancestors(dag) -> dict[str, set[str]]:
+    """Every node's transitive dependencies (dag.nodes are in topological order)."""
+    out: dict[str, set[str]] = {}
+    for spec in dag.nodes:
+        out[spec.name] = set(dag.deps[spec.name]).union(*(out[d] for d in dag.deps[spec.name]))
+    return out
 
 
 def _same_place(a, b) -> bool:
@@ -177,6 +226,13 @@ class WorkerStore:
             held[key] = Held(keep.run, key, len(value), dp_size, dp_rank, tensor_bytes(value), mirrored)
         out = Batch(tensors, batch.meta, held)
         return out if rest is None else (out, *rest)
+
+    def keep_inputs(self, batch, keep: Keep) -> None:
+        """Store this worker's shard of the input columns `keep.store` names (a call's data)."""
+        if not isinstance(batch, Batch) or keep.run in self.dropped:
+            return
+        for key in keep.store & batch.tensors.keys():
+            self.entries.setdefault((keep.run, key), batch.tensors[key])
 
     def resolve(self, batch: Batch, dp_rank: int) -> Batch:
         """The batch with each held piece replaced by this worker's stored tensor."""

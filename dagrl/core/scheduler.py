@@ -37,7 +37,7 @@ from dagrl.core.dag import Dag
 from dagrl.core.device_faults import DeviceError
 from dagrl.core.failures import at_node
 from dagrl.core.node import NodeResult, node_kinds
-from dagrl.core.residency import Keep, StepData, plan_residency
+from dagrl.core.residency import Keep, StepData, plan_inputs, plan_residency
 from dagrl.core.runtime import Runtime
 
 _RUNS = itertools.count(1)  # run ids: the kept columns of concurrent runs (overlap, validation) never mix
@@ -56,6 +56,7 @@ class Scheduler:
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dagrl-node")
         # per set of nodes run together: which outputs stay on the workers (residency.plan_residency)
         self.plans: dict[frozenset[str], dict[str, tuple[frozenset[str], frozenset[str]]]] = {}
+        self.input_plans: dict[frozenset[str], dict[str, frozenset[str]]] = {}  # residency.plan_inputs
 
     def run(
         self, batch: Batch, step: int, only: set[str] | None = None, sample_round: int = 0
@@ -79,8 +80,14 @@ class Scheduler:
         key = frozenset(names)
         if key not in self.plans:
             self.plans[key] = plan_residency(self.dag, self.runtime.roles, names)
+        if key not in self.input_plans:
+            self.input_plans[key] = plan_inputs(self.dag, self.runtime.roles, names)
         data = StepData(run=f"{step}.{next(_RUNS)}")
-        data.keep = {node: Keep(data.run, stay, mirror) for node, (stay, mirror) in self.plans[key].items()}
+        plan, stores = self.plans[key], self.input_plans[key]
+        data.keep = {
+            node: Keep(data.run, *plan.get(node, (frozenset(), frozenset())), stores.get(node, frozenset()))
+            for node in {*plan, *stores}
+        }
         return data
 
     def _run(
@@ -96,7 +103,7 @@ class Scheduler:
                 if spec.name in done or spec.name in running.values():
                     continue
                 if self.dag.deps[spec.name] <= done:
-                    inputs = batch.select(spec.inputs)
+                    inputs = data.held_inputs(batch.select(spec.inputs))  # stored ones: pieces only
                     view = runtime.at_node(spec.name, data)
                     running[self.pool.submit(self._run_node, view, spec.name, inputs)] = spec.name
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)

@@ -15,9 +15,11 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from dagrl.config.roles import RoleSpec
 from dagrl.core.batch import Batch
 from dagrl.core.residency import Keep, WorkerStore
 
@@ -36,14 +38,53 @@ class ParallelContext:
         return self.world_size > 1
 
 
+@dataclass
+class RoleParts:
+    """What a worker builds one role's backend from: the role's spec as the plan resolved it (the
+    plan's automatic choices included) and, for a trained role, the objective its update minimises,
+    built once in the driver. The worker never sees the config."""
+
+    spec: RoleSpec
+    objective: Any = None
+
+
+@dataclass
+class WorkerParts:
+    """A worker's whole input: the plugin modules to import, then its roles' parts. The parts
+    travel pickled and are opened after the plugins are imported, so a plugin's objective or spec
+    type resolves in the worker as in the driver."""
+
+    plugins: list[str]
+    roles: bytes  # ray.cloudpickle of dict[role, RoleParts]
+
+    @staticmethod
+    def pack(plugins: list[str], roles: dict[str, RoleParts]) -> WorkerParts:
+        from ray import cloudpickle
+
+        return WorkerParts(list(plugins), cloudpickle.dumps(roles))
+
+    def open(self) -> dict[str, RoleParts]:
+        from ray import cloudpickle
+
+        return cloudpickle.loads(self.roles)
+
+
 class Worker:
     """Not decorated: pools wrap it with ray.remote and the bundle's resources."""
 
     def __init__(
-        self, cfg, roles: list[str], rank: int, world_size: int, device_kind: str, threads: int, build=None
+        self,
+        parts: WorkerParts,
+        roles: list[str],
+        rank: int,
+        world_size: int,
+        device_kind: str,
+        threads: int,
+        build=None,
     ):
-        """build(cfg, role, ctx) -> backend: given by the launcher (backends sit above core)."""
-        self.cfg, self.roles, self.rank, self.world_size = cfg, list(roles), rank, world_size
+        """build(spec, ctx, objective) -> backend: given by the launcher (backends sit above core)."""
+        self.parts, self.roles, self.rank, self.world_size = parts, list(roles), rank, world_size
+        self.specs: dict[str, RoleSpec] = {}  # each role's spec, once the parts are opened (setup)
         self.build = build
         self.device_kind = device_kind
         self.backends: dict = {}
@@ -85,7 +126,7 @@ class Worker:
         from dagrl.core.plugins import load_plugins
 
         # plugins run in every worker too: what they register or patch must exist where backends run
-        load_plugins(list(self.cfg.external_plugins))
+        load_plugins(self.parts.plugins)
 
         start = time.perf_counter()
         self.build_roles(ctx, hand_over=self.device_kind == "cuda")
@@ -116,9 +157,11 @@ class Worker:
         there."""
         from dagrl.core.device_faults import named_faults
 
+        parts = self.parts.open()
+        self.specs = {role: parts[role].spec for role in self.roles}
         for i, role in enumerate(self.roles):
             with named_faults(role, self.rank, "setup (building its backend)"):
-                self.backends[role] = self.build(self.cfg, role, ctx)
+                self.backends[role] = self.build(parts[role].spec, ctx, parts[role].objective)
             if hand_over and i < len(self.roles) - 1:
                 self.takes_turns |= self.backends[role].offload() is not False
         self.active = self.roles[-1]
@@ -144,6 +187,8 @@ class Worker:
             backend = self.activate(role)
             if args and isinstance(args[0], Batch) and args[0].held:
                 args = (self.store.resolve(args[0], self.dp_info(role)[0]), *args[1:])
+            if keep is not None and keep.store and args:
+                self.store.keep_inputs(args[0], keep)  # later calls of this run send their pieces only
             result = getattr(backend, method)(*args, **kwargs)
         if keep is None:
             return result

@@ -35,7 +35,8 @@ from dagrl.config.schema import TeacherPlacement
 from dagrl.core.batch import Batch
 from dagrl.core.metrics import reduce_all
 from dagrl.core.node import NodeResult, register_node_kind
-from dagrl.objectives.distill import DISTILL_ALGORITHMS
+from dagrl.objectives import build_objective
+from dagrl.objectives.distill import HIDDEN_KEY, TOPK_KEYS
 
 _TOPK = ("teacher_topk_ids", "teacher_topk_logprobs")
 
@@ -104,10 +105,8 @@ class TeacherLogprobNode:
 
     @staticmethod
     def enabled(cfg) -> bool:
-        g = cfg.algorithm.gkd
-        return (cfg.algorithm.name in DISTILL_ALGORITHMS and g.gkd_logits_topk is not None) or (
-            cfg.algorithm.distill_reward.coef != 0
-        )
+        """When the objective reads the teacher's top-k, or the distillation reward its log-probs."""
+        return objective_reads(cfg, TOPK_KEYS) or cfg.algorithm.distill_reward.coef != 0
 
     def run(self, runtime, batch):
         view = with_teacher_prompts(batch)
@@ -191,11 +190,18 @@ class TeacherHiddenNode:
 
     @staticmethod
     def enabled(cfg) -> bool:
-        return cfg.algorithm.name in DISTILL_ALGORITHMS and cfg.algorithm.gkd.gkd_logits_topk is None
+        """When the objective reads the teacher's hidden states (full-vocabulary distillation)."""
+        return objective_reads(cfg, (HIDDEN_KEY,))
 
     def run(self, runtime, batch):
         out, per_rank = train_role(runtime, self.spec.role).teacher_hidden(with_teacher_prompts(batch))
         return NodeResult(out, {**reduce_all(per_rank), **prompt_kinds(batch)})
+
+
+def objective_reads(cfg, keys: tuple[str, ...]) -> bool:
+    """Whether the configured objective requires all of `keys`: a node producing them runs for
+    whatever objective reads them (GKD, OPSD, a plugin's), not for a list of algorithm names."""
+    return set(keys) <= set(build_objective(cfg).required_keys)
 
 
 def _standalone(cfg, spec) -> bool:

@@ -12,6 +12,7 @@ from dagrl.objectives.base import (
     micro_batch_weights,
     objective_entry,
     register_objective,
+    role_objectives,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "objective_entry",
     "register_estimator",
     "register_objective",
+    "role_objectives",
 ]

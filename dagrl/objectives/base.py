@@ -12,7 +12,7 @@ they are. `algorithm.name` is checked against the registered names in validate.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,6 +22,7 @@ from dagrl.core.batch import Batch
 from dagrl.registry import OBJECTIVES, ObjectiveEntry, _no_rules
 
 if TYPE_CHECKING:
+    from dagrl.config.roles import RoleSpec
     from dagrl.config.schema import DagrlConfig
 
 
@@ -106,6 +107,12 @@ def objective_entry(name: str) -> ObjectiveEntry:
 def build_objective(cfg: DagrlConfig) -> Objective:
     """The objective of `algorithm.name`, built from the config."""
     return objective_entry(cfg.algorithm.name).build(cfg)
+
+
+def role_objectives(cfg: DagrlConfig, specs: Iterable[RoleSpec]) -> dict[str, Objective]:
+    """The objective of each role that trains, built once in the driver: the workers receive it
+    with the role's spec (core/worker.py: RoleParts) and never decode the config themselves."""
+    return {spec.name: build_objective(cfg) for spec in specs if spec.trains}
 
 
 def micro_batch_weights(mini: Batch, micro_batches: list[Batch], per_token: bool) -> list[float]:

@@ -15,11 +15,13 @@ from collections.abc import Callable
 from functools import partial
 
 from dagrl.backends.memory import GIB
+from dagrl.backends.train_hooks import TrainHooks
 from dagrl.config.placement import Plan
-from dagrl.config.roles import OffloadPolicy, Role
+from dagrl.config.roles import OffloadPolicy, Role, RoleSpec
 from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import data_files
 from dagrl.errors import ConfigError
+from dagrl.registry import BACKENDS
 from dagrl.trainer.memory_plan import MemoryPlan, describe, plan_memory
 
 A, R, REF, M = (
@@ -68,6 +70,7 @@ def plan_device_memory(
     make_plan = partial(plan_memory, cfg, plan, model_path, capacity, source, phases)
     memory = _resolve_recompute(cfg, plan, make_plan)
     memory = _resolve_optimizer_host(cfg, plan, make_plan, memory)
+    memory = _resolve_offload_fraction(cfg, plan, make_plan, memory)
     memory = _resolve_offload(cfg, plan, make_plan, memory)
     _specs_follow(cfg, plan)
     return memory, check_memory(cfg, memory, plan) or check_host_memory(cfg, memory)
@@ -83,6 +86,17 @@ def host_memory_gib(cfg: DagrlConfig) -> tuple[float | None, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, "this machine's memory"
 
 
+def host_over(cfg: DagrlConfig, memory: MemoryPlan) -> tuple[int, float, float, str] | None:
+    """(node, planned bytes, capacity GiB, its source) of the node whose planned host state exceeds
+    RESIDENT_SHARE of its memory; None when every node fits or there is no figure."""
+    capacity, source = host_memory_gib(cfg)
+    if capacity is None or not memory.host:
+        return None
+    node, roles = max(memory.host.items(), key=lambda item: sum(item[1].values()))
+    planned = sum(roles.values())
+    return None if planned <= RESIDENT_SHARE * capacity * GIB else (node, planned, capacity, source)
+
+
 def check_host_memory(cfg: DagrlConfig, memory: MemoryPlan) -> str | None:
     """The host state the plan puts on a node (offloaded state, a CPU optimizer's fp32 state, an
     engine's weights asleep) against RESIDENT_SHARE of the node's memory, the rest left to the
@@ -90,18 +104,17 @@ def check_host_memory(cfg: DagrlConfig, memory: MemoryPlan) -> str | None:
     or there is no figure."""
     from dagrl.trainer.memory_plan import describe_host
 
-    capacity, source = host_memory_gib(cfg)
-    if capacity is None or not memory.host:
+    over = host_over(cfg, memory)
+    if over is None:
         return None
-    node, roles = max(memory.host.items(), key=lambda item: sum(item[1].values()))
-    planned = sum(roles.values())
-    if planned <= RESIDENT_SHARE * capacity * GIB:
-        return None
+    node, planned, capacity, source = over
+    roles = memory.host[node]
     message = (
         f"the plan keeps {planned / GIB:.1f} GiB in host memory on node {node} ({describe_host(roles)}), over "
         f"{RESIDENT_SHARE:.0%} of its {capacity:.0f} GiB ({source}); levers: megatron's CPU optimizer "
         f"({A}.strategy=megatron: 12 bytes per parameter on the host, the torch backend's 16), the "
-        f"engine's weights dropped while asleep ({R}.sleep_level=2), more GPUs (tensor/pipeline "
+        f"engine's weights dropped while asleep ({R}.sleep_level=2), a smaller share of megatron's "
+        f"CPU optimizer ({A}.megatron.optimizer_offload_fraction), more GPUs (tensor/pipeline "
         f"parallel shard both), less offload ({A}.offload / megatron.*_offload), or set "
         f"trainer.host_memory_gib if the nodes have more"
     )
@@ -129,16 +142,18 @@ def _resolve_optimizer_host(
     Megatron keeps its state on the device between phases (unless megatron.*_offload say
     otherwise), so there every phase must also stay within RESIDENT_SHARE of the card; the torch
     trainer's own offload between phases is resolved after this (_resolve_offload)."""
-    spec = plan.specs.get(Role.train)
-    if spec is None or spec.backend not in ("torch", "megatron"):
+    hooks = train_hooks_of(plan)
+    if hooks is None:
         return memory
-    owner, key = optimizer_host_key(cfg, spec.backend)
+    owner, key = hooks.optimizer_host(cfg)
     if owner.optimizer_cpu_offload is not None:
         return memory
     owner.optimizer_cpu_offload = False
+    if plan.specs[Role.train].lora is not None:  # the adapters' optimizer state is megabytes
+        return memory
     on_device = memory.peak("update")
     peak = memory.peak()
-    tight = spec.backend == "megatron" and peak > RESIDENT_SHARE * memory.card_bytes
+    tight = hooks.resident_between_phases and peak > RESIDENT_SHARE * memory.card_bytes
     if on_device <= memory.card_bytes and not tight:
         return memory
     owner.optimizer_cpu_offload = True
@@ -150,12 +165,50 @@ def _resolve_optimizer_host(
     return hosted
 
 
-def optimizer_host_key(cfg: DagrlConfig, backend: str):
-    """(the section holding optimizer_cpu_offload for this train backend, its full key)."""
-    actor = cfg.actor_rollout_ref.actor
-    if backend == "megatron":
-        return actor.megatron, f"{A}.megatron.optimizer_cpu_offload"
-    return actor, f"{A}.optimizer_cpu_offload"
+FRACTIONS = tuple(round(0.05 * k, 2) for k in range(1, 20))  # the shares auto tries below 1.0
+
+
+def _resolve_offload_fraction(
+    cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan], memory: MemoryPlan
+) -> MemoryPlan:
+    """The CPU optimizer's share left to auto (a backend's `optimizer_share` hook: megatron's
+    optimizer_offload_fraction) with the CPU optimizer on: 1.0 (every parameter's optimizer state
+    on the host) where the host holds it; else the smallest share that keeps every phase within
+    RESIDENT_SHARE of the card and the host within its share too (less on the host is also a
+    faster step: the rest steps on the device). None fits: 1.0, and the host check names the
+    figures and levers."""
+    hooks = train_hooks_of(plan)
+    if hooks is None or hooks.optimizer_share is None:
+        return memory
+    owner, key = hooks.optimizer_share(cfg)
+    name = key.rsplit(".", 1)[1]
+    if not hooks.optimizer_host(cfg)[0].optimizer_cpu_offload or getattr(owner, name) is not None:
+        return memory
+    setattr(owner, name, 1.0)
+    over = host_over(cfg, memory)
+    if over is None:
+        return memory
+    for fraction in FRACTIONS:
+        setattr(owner, name, fraction)
+        split = make_plan()
+        if split.peak() <= RESIDENT_SHARE * split.card_bytes and host_over(cfg, split) is None:
+            split.notes = memory.notes + [
+                f"{key}: auto -> {fraction} (host {over[1] / GIB:.1f} GiB at 1.0, over {RESIDENT_SHARE:.0%} "
+                f"of {over[2]:.0f} GiB; peak {split.peak() / GIB:.1f} GiB on the device at {fraction})"
+            ]
+            return split
+    setattr(owner, name, 1.0)
+    return memory
+
+
+def hooks_of(spec: RoleSpec | None) -> TrainHooks | None:
+    """The hooks a role's backend registered for the plan's automatic choices (None: no choice)."""
+    return BACKENDS.backend(spec.backend).hooks if spec is not None else None
+
+
+def train_hooks_of(plan: Plan) -> TrainHooks | None:
+    """The train role's backend's plan hooks: the update's choices are its."""
+    return hooks_of(plan.specs.get(Role.train))
 
 
 RESIDENT_SHARE = 0.9  # auto keeps the trainer resident only with this much of the card planned
@@ -164,13 +217,14 @@ RESIDENT_SHARE = 0.9  # auto keeps the trainer resident only with this much of t
 def _resolve_offload(
     cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan], memory: MemoryPlan
 ) -> MemoryPlan:
-    """actor.offload=None (auto) on the torch backend: resident (no state moved between phases)
-    when every phase fits within RESIDENT_SHARE of the card that way, else offloaded as planned."""
+    """actor.offload=None (auto) on a backend whose offload follows it (the torch backend's
+    `auto_offload` hook): resident (no state moved between phases) when every phase fits within
+    RESIDENT_SHARE of the card that way, else offloaded as planned."""
     actor = cfg.actor_rollout_ref.actor
     torch_roles = [
         r
         for r, s in plan.specs.items()
-        if s.backend == "torch" and s.kind in (Role.train, Role.ref, Role.critic)
+        if s.kind in (Role.train, Role.ref, Role.critic) and getattr(hooks_of(s), "auto_offload", False)
     ]
     if actor.offload is not None or not torch_roles:
         return memory
@@ -196,11 +250,11 @@ def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], Mem
     choice and both figures become a note of the plan. On megatron (with recompute_granularity
     unset) on means megatron's full recompute, one layer per unit, as the key means there."""
     model = cfg.actor_rollout_ref.model
-    spec = plan.specs.get(Role.train)
-    if model.gradient_checkpointing is not None or spec is None or spec.backend not in ("torch", "megatron"):
+    hooks = train_hooks_of(plan)
+    if model.gradient_checkpointing is not None or hooks is None:
         return make_plan()
-    if spec.backend == "megatron" and cfg.actor_rollout_ref.actor.megatron.recompute_granularity is not None:
-        return make_plan()  # recompute_* set: the user's choice
+    if hooks.recompute_pinned(cfg):
+        return make_plan()  # the backend's own recompute keys set (megatron's recompute_*): the user's choice
     model.gradient_checkpointing = False
     memory = make_plan()
     without = memory.peak("update")
@@ -208,10 +262,7 @@ def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], Mem
         memory.notes.append(f"{M}.gradient_checkpointing: auto -> false (update {without / GIB:.1f} GiB)")
         return memory
     model.gradient_checkpointing = True
-    if spec.backend == "megatron":
-        from dagrl.backends.megatron.rules import recompute_for_checkpointing
-
-        recompute_for_checkpointing(cfg)
+    hooks.enable_recompute(cfg)
     memory = make_plan()
     memory.notes.append(
         f"{M}.gradient_checkpointing: auto -> true (update {without / GIB:.1f} GiB without, "
@@ -242,15 +293,15 @@ def check_memory(cfg: DagrlConfig, memory: MemoryPlan, plan: Plan) -> str | None
 def _pinned(cfg: DagrlConfig, plan: Plan, row) -> tuple[str, object]:
     """The key to name: gradient checkpointing pinned off where recomputation is the lever, else
     the card's size."""
-    spec = plan.specs.get(Role.train)
-    if row.phase == "update" and spec is not None and spec.backend == "torch":
+    hooks = train_hooks_of(plan)
+    if row.phase == "update" and hooks is not None and hooks.names_recompute_key:
         if cfg.actor_rollout_ref.model.gradient_checkpointing is False:
             return f"{M}.gradient_checkpointing", False
-    if row.phase == "update" and spec is not None and spec.backend in ("torch", "megatron"):
-        owner, key = optimizer_host_key(cfg, spec.backend)
+    if row.phase == "update" and hooks is not None:
+        owner, key = hooks.optimizer_host(cfg)
         if owner.optimizer_cpu_offload is False:  # pinned: auto moves it to the host when over
             return key, False
-    if row.role != Role.train and row.others.get(Role.train) and spec is not None and spec.backend == "torch":
+    if row.role != Role.train and row.others.get(Role.train) and hooks is not None and hooks.auto_offload:
         if cfg.actor_rollout_ref.actor.offload is False:  # pinned resident while another role runs
             return f"{A}.offload", False
     return "trainer.gpu_memory_gib", cfg.trainer.gpu_memory_gib
@@ -327,24 +378,26 @@ def phase_levers(plan: Plan, row) -> str:
 
 def _update_levers(spec) -> list[str]:
     """The update's own levers, less those the spec already pulls (recomputation, the optimizer on
-    the host: set by the user or chosen by auto)."""
-    megatron = spec is not None and spec.megatron is not None and spec.backend == "megatron"
+    the host: set by the user or chosen by auto): the backend's own (its `update_levers` hook), or
+    the generic keys."""
+    hooks = hooks_of(spec)
+    if hooks is not None and hooks.update_levers is not None:
+        recompute, optimizer = hooks.update_levers(spec)
+    else:
+        recompute, optimizer = _generic_update_levers(spec)
+    batch = f"a smaller {A}.ppo_micro_batch_size_per_gpu or {A}.use_dynamic_bsz=true with {A}.ppo_max_token_len_per_gpu"
+    return [lever for lever in (recompute, batch, optimizer) if lever is not None]
+
+
+def _generic_update_levers(spec) -> tuple[str | None, str | None]:
+    """model.gradient_checkpointing and actor.optimizer_cpu_offload, unless the spec pulls them."""
     train = spec.train if spec is not None else None
-    levers = []
-    if megatron and spec.megatron.recompute_granularity is None:
-        levers.append(f"{A}.megatron.recompute_granularity=full")
-    elif not megatron and not (train is not None and train.gradient_checkpointing):
-        levers.append(f"{M}.gradient_checkpointing=true")
-    levers.append(
-        f"a smaller {A}.ppo_micro_batch_size_per_gpu or {A}.use_dynamic_bsz=true with {A}.ppo_max_token_len_per_gpu"
+    recompute = (
+        None if train is not None and train.gradient_checkpointing else f"{M}.gradient_checkpointing=true"
     )
-    if megatron and not spec.megatron.optimizer_cpu_offload:
-        levers.append(f"the optimizer on the host ({A}.megatron.optimizer_cpu_offload=true)")
-    elif not megatron and not (
-        train is not None and train.update is not None and train.update.optimizer_cpu_offload
-    ):
-        levers.append(f"the optimizer on the host ({A}.optimizer_cpu_offload=true)")
-    return levers
+    hosted = train is not None and train.update is not None and train.update.optimizer_cpu_offload
+    optimizer = None if hosted else f"the optimizer on the host ({A}.optimizer_cpu_offload=true)"
+    return recompute, optimizer
 
 
 def check_dataset_size(cfg: DagrlConfig) -> None:

@@ -14,7 +14,7 @@ from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_mod
 from dagrl.backends.registry import check_backends
 from dagrl.config.enums import SelfTeacher
 from dagrl.config.placement import Plan, make_plan
-from dagrl.config.roles import build_role_specs
+from dagrl.config.roles import RoleSpec, build_role_specs
 from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import (
     check_role_devices,
@@ -244,17 +244,31 @@ def init_ray(cfg: DagrlConfig) -> None:
         ray.init(address="local", include_dashboard=False, log_to_driver=True, configure_logging=False)
 
 
+def worker_parts(cfg: DagrlConfig, specs: dict[str, RoleSpec]):
+    """What a worker hosting `specs` is started with, outside a pool (a bench, a GPU test): the
+    plugins, each role's spec and a trained role's objective (core/worker.py: WorkerParts)."""
+    from dagrl.core.worker import RoleParts, WorkerParts
+    from dagrl.objectives import role_objectives
+
+    objectives = role_objectives(cfg, specs.values())
+    parts = {role: RoleParts(spec, objectives.get(role)) for role, spec in specs.items()}
+    return WorkerParts.pack(list(cfg.external_plugins), parts)
+
+
 def launch(prepared: Prepared, tokenizer, rewarder):
     """Start (or join) Ray, reserve bundles, build pools and role handles. Returns (runtime, pools,
     bundles): the role handles and the driver's state, the worker pools to shut down at the end,
     and the placement-group bundles to release after them."""
-    from dagrl.backends import build_role_backend
+    from dagrl.backends import build_backend
     from dagrl.backends.handles import make_handle
     from dagrl.backends.registry import startup_order
     from dagrl.core.pools import WorkerPool, allocate
     from dagrl.core.runtime import Runtime
+    from dagrl.objectives import role_objectives
 
     init_ray(prepared.cfg)
+    # the workers get the specs as the plan resolved them, and the objectives built here
+    objectives = role_objectives(prepared.cfg, prepared.plan.specs.values())
     bundles = allocate(prepared.plan)
     pools: list[WorkerPool] = []
     try:
@@ -262,7 +276,13 @@ def launch(prepared: Prepared, tokenizer, rewarder):
             startup = startup_order(prepared.plan.specs[r] for r in group.roles)  # engines first
             pools.append(
                 WorkerPool(
-                    group, bundles, prepared.plan, prepared.cfg, build=build_role_backend, startup=startup
+                    group,
+                    bundles,
+                    prepared.plan,
+                    prepared.cfg,
+                    build=build_backend,
+                    startup=startup,
+                    objectives=objectives,
                 )
             )
     except BaseException:

@@ -25,6 +25,7 @@ from dagrl.config.roles import role_spec
 from dagrl.config.validate import resolve_defaults
 from dagrl.core.batch import Batch, sequence_inputs
 from dagrl.core.worker import ParallelContext
+from dagrl.objectives import role_objectives
 from dagrl.registry import BACKENDS
 from tests.conftest import compose_config
 
@@ -46,6 +47,12 @@ OFFLOAD = {  # each backend's switches that make offload() move its state
     "torch": ("actor_rollout_ref.actor.offload=true",),
     "megatron": ("actor_rollout_ref.actor.megatron.param_offload=true",),
 }
+
+
+def train_backend_of(cfg, ctx):
+    """The train role's registered backend, built as a worker builds it (spec and objective)."""
+    spec = role_spec(cfg, "train")
+    return build_backend(spec, ctx, role_objectives(cfg, [spec]).get("train"))
 
 
 def contract_config(strategy: str):
@@ -92,7 +99,7 @@ def _weights(backend) -> dict[str, torch.Tensor]:
 def run_train_contract(rank: int, world: int, strategy: str, tmp: str) -> dict:
     """Everything a train backend is asked, in order, on one rank; what the test checks."""
     cfg = contract_config(strategy)
-    backend = build_backend(cfg, role_spec(cfg, "train"), ParallelContext(rank, world, torch.device("cpu")))
+    backend = train_backend_of(cfg, ParallelContext(rank, world, torch.device("cpu")))
     batch = _batch()
     logprobs = backend.forward_logprobs(batch.select(list(INPUT_KEYS)), "old_logprobs")[0]["old_logprobs"]
     start = _weights(backend)
@@ -180,7 +187,7 @@ def test_rollout_backend_contract(name):
     cfg = compose_config(*COMMON, f"actor_rollout_ref.rollout.name={name}", *util)
     resolve_defaults(cfg)
     ctx = ParallelContext(0, 1, device)
-    rollout = build_backend(cfg, role_spec(cfg, "rollout"), ctx)
+    rollout = build_backend(role_spec(cfg, "rollout"), ctx)
     prompts = _batch().select(["prompts", "prompt_mask"])
     out, _ = rollout.generate(prompts, seed=3)
     assert out["responses"].shape == out["response_mask"].shape == out["rollout_logprobs"].shape
@@ -198,7 +205,7 @@ def test_rollout_backend_contract(name):
     again, _ = rollout.generate(prompts, seed=3)
     assert torch.equal(again["responses"], out["responses"])
     tcfg = contract_config("torch")
-    trainer = build_backend(tcfg, role_spec(tcfg, "train"), ParallelContext(0, 1, device))
+    trainer = train_backend_of(tcfg, ParallelContext(0, 1, device))
     with torch.no_grad():
         for p in trainer.model.parameters():
             p.mul_(0.5)  # weights the engine has not seen

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.backends.precision_check import LR, STEPS, assert_update_matches_fp32, flat_update
+from tests.train_backends import train_backend
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -34,7 +35,7 @@ def _torch_backend(*overrides: str):
 
     cfg = compose_config(*SMALL, *LR, "trainer.device=cuda", *overrides)
     resolve_defaults(cfg)
-    return TorchTrainBackend.from_config(cfg, ParallelContext(0, 1, torch.device("cuda", 0)))
+    return train_backend(TorchTrainBackend, cfg, ParallelContext(0, 1, torch.device("cuda", 0)))
 
 
 def _torch_update(*overrides: str):
@@ -71,7 +72,9 @@ def _megatron_weights(rank, world, cfg, batch):
     from dagrl.core.batch import Batch
     from dagrl.core.worker import ParallelContext
 
-    backend = MegatronTrainBackend.from_config(cfg, ParallelContext(rank, world, torch.device("cuda", rank)))
+    backend = train_backend(
+        MegatronTrainBackend, cfg, ParallelContext(rank, world, torch.device("cuda", rank))
+    )
     keys = ("prompts", "prompt_mask", "responses", "response_mask")
     old, _ = backend.forward_logprobs(batch.select(keys), "old_logprobs")
     batch = batch.union(Batch({"old_logprobs": old["old_logprobs"]}))

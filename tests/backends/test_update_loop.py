@@ -10,6 +10,7 @@ from dagrl.backends.update_loop import lr_at, run_update
 from dagrl.config.schema import OptimConfig
 from dagrl.core.batch import Batch
 from tests.conftest import compose_config
+from tests.train_backends import train_backend
 
 SMALL = (
     "data.train_batch_size=2",
@@ -31,7 +32,7 @@ def torch_backend(*overrides: str):
 
     cfg = compose_config(*SMALL, *overrides)
     resolve_defaults(cfg)
-    return TorchTrainBackend.from_config(cfg, ParallelContext(0, 1, torch.device("cpu")))
+    return train_backend(TorchTrainBackend, cfg, ParallelContext(0, 1, torch.device("cpu")))
 
 
 def make_batch(backend, rows: int = 8) -> Batch:

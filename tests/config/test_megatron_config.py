@@ -605,7 +605,7 @@ def test_megatron_on_cpu_needs_gpus_outside_the_test_patch(monkeypatch):
     from dagrl.trainer.setup import prepare
 
     registry.backend_names("train")  # the built-ins (and their device limits) are registered
-    monkeypatch.setitem(registry._DEVICES, "megatron", {"cuda"})
+    monkeypatch.setattr(registry.BACKENDS.backend("megatron"), "devices", {"cuda"})
     cfg = compose_config("actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu")
     with pytest.raises(ConfigError) as exc:
         prepare(cfg)

@@ -40,19 +40,26 @@ def test_verl_and_ms_swift_keys():
     "override, key",
     [
         ("data.max_response_length=20", "data.max_response_length"),
-        ("dag=grpo", "dag"),
         (f"{MT}.tool_config_path=/nonexistent.yaml", f"{MT}.tool_config_path"),
         (f"{MT}.tool_config_path=null", f"{MT}.tool_config_path"),
         (f"{MT}.format=json", f"{MT}.format"),
         (f"{MT}.environment=gym", f"{MT}.environment"),
-        ("dag=gkd", "dag"),  # the single-turn distillation DAGs drop the masks
-        ("dag=opsd", "dag"),
     ],
 )
 def test_rules_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:
         checked(*OK, override)
     assert e.value.key == key
+
+
+@pytest.mark.parametrize("dag", ["grpo", "gkd", "opsd"])
+def test_multi_turn_enable_alone_runs_the_multi_turn_dag(dag):
+    """verl's one key turns multi-turn on: the algorithm's DAG follows (it was refused until
+    dag=<name>_multi_turn was added, the single-turn DAGs dropping the episodes' masks)."""
+    cfg = compose_config(*OK[1:], f"dag={dag}")
+    resolve_defaults(cfg)
+    assert cfg.dag == f"{dag}_multi_turn"
+    assert checked(*OK[1:]).dag == "grpo_multi_turn"  # the default algorithm's, no dag key given
 
 
 def test_budget_rule_counts_turns_observation_and_template():

@@ -66,6 +66,7 @@ def test_torch_roles_offload_per_actor_offload(on):
 
     from dagrl.backends import build_backend
     from dagrl.core.worker import ParallelContext
+    from dagrl.objectives import role_objectives
 
     cfg = compose_config(
         f"actor_rollout_ref.actor.offload={str(on).lower()}", "actor_rollout_ref.actor.use_kl_loss=true"
@@ -75,7 +76,8 @@ def test_torch_roles_offload_per_actor_offload(on):
     ctx = ParallelContext(0, 1, torch.device("cpu"))
     for role in ("train", "ref"):
         assert specs[role].offload.params is on and specs[role].offload.optimizer is on
-        assert build_backend(cfg, specs[role], ctx).offload() is on  # False = stays resident
+        backend = build_backend(specs[role], ctx, role_objectives(cfg, [specs[role]]).get(role))
+        assert backend.offload() is on  # False = stays resident
 
 
 def test_teacher_colocated_joins_the_train_group():

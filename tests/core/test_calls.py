@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import ray
 import torch
 
-from dagrl.backends import build_role_backend
+from dagrl.backends import build_backend
 from dagrl.config.placement import make_plan
 from dagrl.core.batch import Batch
 from dagrl.core.calls import CallSpec, Collect, Dispatch, Execute, collect_results, dispatch_shards
@@ -16,6 +18,8 @@ from tests.conftest import compose_config
 from tests.plugins.echo_role import CounterRole
 
 WORKERS = 3
+PLANNED_MICRO_BATCH = 5  # the config leaves roles.echo at 1
+OBJECTIVE = ("an objective", 7)  # what the driver built for the role: it travels as built
 pytestmark = pytest.mark.own_ray  # a Ray of 3 CPU slots
 
 
@@ -30,8 +34,12 @@ def echo_handle():
         f"trainer.n_gpus_per_node={WORKERS}",
     )
     plan = make_plan(cfg, {"echo"}, "cpu")
+    # the plan's spec differs from what the config decodes to (as after the plan's automatic
+    # choices), and the role gets an objective: the workers must build from these, not the config
+    plan.specs["echo"] = replace(plan.specs["echo"], micro_batch_size=PLANNED_MICRO_BATCH)
     bundles = allocate(plan, timeout_s=60)
-    pool = WorkerPool(plan.groups[0], bundles, plan, cfg, build=build_role_backend)
+    objectives = {"echo": OBJECTIVE}
+    pool = WorkerPool(plan.groups[0], bundles, plan, cfg, build=build_backend, objectives=objectives)
     try:
         yield RoleHandle("echo", pool)
     finally:
@@ -48,6 +56,10 @@ def test_slice_all_flatten_gives_each_worker_its_dp_shard(echo_handle):
     assert out["echo_tokens"].tolist() == [1, 2, 3, 4, 1, 2]  # rows back in order
     rows = echo_handle.call(CounterRole.tag_rows, list(range(6)))
     assert rows == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (5, 2)]  # contiguous shards, one per rank
+
+
+def test_workers_build_from_the_plans_spec_and_the_drivers_objective(echo_handle):
+    assert echo_handle.call(CounterRole.parts) == [(PLANNED_MICRO_BATCH, OBJECTIVE)] * WORKERS
 
 
 def test_all_all_none_returns_one_result_per_worker(echo_handle):

@@ -14,14 +14,14 @@ import ray
 import torch
 
 import tests.plugins.hidden_role  # noqa: F401  (registers the hid role's backend in the driver)
-from dagrl.backends import build_role_backend
+from dagrl.backends import build_backend
 from dagrl.config.placement import make_plan
 from dagrl.core.batch import Batch
 from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled
 from dagrl.core.failures import RunFailure
 from dagrl.core.node import NodeResult, register_node_kind
 from dagrl.core.pools import RoleHandle, WorkerPool, allocate
-from dagrl.core.residency import Keep, WorkerStore, plan_residency
+from dagrl.core.residency import Keep, WorkerStore, plan_inputs, plan_residency
 from dagrl.core.runtime import Runtime
 from dagrl.core.scheduler import Scheduler
 from tests.conftest import compose_config
@@ -104,7 +104,7 @@ def hid_pool():
     )
     plan = make_plan(cfg, {"hid"}, "cpu")
     bundles = allocate(plan, timeout_s=60)
-    pool = WorkerPool(plan.groups[0], bundles, plan, cfg, build=build_role_backend)
+    pool = WorkerPool(plan.groups[0], bundles, plan, cfg, build=build_backend)
     try:
         yield cfg, pool
     finally:
@@ -153,10 +153,11 @@ def test_hidden_states_stay_on_the_workers(tmp_path, hid_pool):
     # each DP rank read its own rows (a swapped piece would not be its prompts' hidden states)
     assert metrics["right_rows"] == 1.0
     assert torch.equal(out["scores"], hidden_of(prompts_batch()["prompts"]).sum((1, 2)))
-    # they never crossed: the driver sent prompts twice and got the scores back, nothing more
+    # they never crossed: the driver sent the prompts once (the producer's workers stored them for
+    # the consumer on the same workers: residency.plan_inputs) and got the scores back, nothing more
     prompts_bytes = ROWS * WIDTH * 8
     assert metrics["perf/kept_bytes"] == HIDDEN_BYTES
-    assert metrics["perf/driver_bytes"] == 2 * prompts_bytes + ROWS * 4 < HIDDEN_BYTES
+    assert metrics["perf/driver_bytes"] == prompts_bytes + ROWS * 4 < HIDDEN_BYTES
     assert "teacher_hidden" not in out  # freed with the step
     assert entries(pool) == [0, 0]
 
@@ -231,6 +232,28 @@ def test_plan_keeps_what_the_default_dags_read_on_the_same_workers():
     assert "old_logprob" not in plan()  # on-policy by default: the update's own log-probs
     kl = plan("algorithm.use_kl_in_reward=true")
     assert kl["old_logprob"] == (set(), {"old_logprobs"}) and kl["ref_logprob"] == (set(), {"ref_logprobs"})
+
+
+def test_the_data_is_stored_by_the_first_of_its_readers_in_one_place():
+    """Colocated GRPO: the rollout stores the prompts for the update on the same workers; with the
+    rollout on a pool of its own, the train pool's first reader stores them (the update waits for
+    it), and a key read in one place once is sent as before."""
+
+    class Handle:
+        def __init__(self, pool):
+            self.pool, self.ranks = pool, [(0, 1, True)]
+
+    cfg = compose_config("actor_rollout_ref.actor.recompute_old_logprobs=true")
+    source, specs = load_dag_specs(cfg.dag)
+    dag = build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout"})
+    names = {s.name for s in dag.nodes}
+    same = Handle("pool")
+    assert plan_inputs(dag, {"train": same, "rollout": same}, names) == {
+        "rollout": {"prompts", "prompt_mask"}
+    }
+    apart = {"train": Handle("train pool"), "rollout": Handle("rollout pool")}
+    assert plan_inputs(dag, apart, names) == {"old_logprob": {"prompts", "prompt_mask"}}
+    assert plan_inputs(dag, apart, names - {"actor_update"}) == {}
 
 
 def test_worker_store_keeps_the_first_of_two_calls_and_refuses_a_dropped_run():

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from dagrl.backends import build_role_backend
+from dagrl.backends import build_backend
 from dagrl.backends.registry import startup_order
 from dagrl.config.roles import build_role_specs
 from dagrl.config.validate import resolve_defaults
 from dagrl.core.worker import ParallelContext, Worker
+from dagrl.trainer.setup import worker_parts
 from tests.conftest import compose_config
 
 
@@ -30,8 +31,9 @@ def test_each_role_hands_the_device_over_before_the_next_is_built():
     resolve_defaults(cfg)
     events: list[str] = []
 
-    def build(cfg, role, ctx):
-        backend = build_role_backend(cfg, role, ctx)
+    def build(spec, ctx, objective):
+        backend = build_backend(spec, ctx, objective)
+        role = spec.name
         events.append(f"build {role}")
         offload = backend.offload
 
@@ -42,7 +44,8 @@ def test_each_role_hands_the_device_over_before_the_next_is_built():
         backend.offload = recorded
         return backend
 
-    worker = Worker(cfg, ["rollout", "train"], 0, 1, "cpu", threads=1, build=build)
+    parts = worker_parts(cfg, build_role_specs(cfg, ["rollout", "train"]))
+    worker = Worker(parts, ["rollout", "train"], 0, 1, "cpu", threads=1, build=build)
     worker.build_roles(ParallelContext(0, 1, torch.device("cpu")), hand_over=True)
     assert events == ["build rollout", "offload rollout", "build train"]
     assert worker.active == "train"

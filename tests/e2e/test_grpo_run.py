@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
+from tests.train_backends import train_backend
 
 # Small and fast: a few prompts, short steps, no validation unless asked.
 FAST = [
@@ -119,7 +120,7 @@ def test_exported_hf_model_reloads_with_identical_logits(tmp_path):
         "actor_rollout_ref.rollout.n=2",
     )
     resolve_defaults(cfg)
-    backend = TorchTrainBackend.from_config(cfg, ParallelContext(0, 1, torch.device("cpu")))
+    backend = train_backend(TorchTrainBackend, cfg, ParallelContext(0, 1, torch.device("cpu")))
     g = torch.Generator().manual_seed(0)
     batch = Batch(
         {

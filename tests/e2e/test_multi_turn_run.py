@@ -1,6 +1,6 @@
 """A multi-turn GRPO run end to end (Ray workers, hf rollout, torch trainer) with an environment
 plugin written only in tests/: resumed from a checkpoint it equals the uninterrupted run, metrics
-and weights bit for bit."""
+and weights bit for bit. multi_turn.enable=true alone picks the multi-turn DAG, as in verl."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ def test_multi_turn_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
     rows = resume_matches(
         tmp_path,
         "external_plugins=[tests/plugins/quiz_env.py]",
-        "dag=grpo_multi_turn",
         f"{MT}.enable=true",
         f"{MT}.environment=quiz",
         f"{MT}.max_tool_response_length=8",

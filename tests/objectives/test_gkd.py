@@ -17,6 +17,7 @@ from dagrl.data.builtin import tiny_model_path, tiny_teacher_path
 from dagrl.errors import ConfigError
 from dagrl.objectives import build_objective
 from tests.conftest import compose_config
+from tests.train_backends import train_backend
 
 G = "algorithm.gkd"
 
@@ -119,9 +120,9 @@ def _backend(cfg, forward_only: bool):
 
     ctx = ParallelContext(0, 1, torch.device("cpu"))
     if not forward_only:
-        return TorchTrainBackend.from_config(cfg, ctx)
+        return train_backend(TorchTrainBackend, cfg, ctx)
     spec = build_role_specs(cfg, {"train", "teacher"})["teacher"]
-    return TorchTrainBackend.from_config(cfg, ctx, spec)
+    return train_backend(TorchTrainBackend, cfg, ctx, spec)
 
 
 def _response_logits(model, batch: Batch) -> torch.Tensor:

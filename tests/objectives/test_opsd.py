@@ -225,7 +225,7 @@ def test_self_teacher_reads_the_students_output_layer():
     """`teacher.model=self` (full vocabulary): the update recomputes the teacher's logits with the
     output layer of the student's initial checkpoint; it was handed an empty path."""
     from dagrl.backends.hf_model import load_causal_lm, resolve_model_path
-    from dagrl.backends.torch.distill import load_output_layer, output_layer
+    from dagrl.backends.output_layer import load_output_layer, output_layer
 
     cfg = opsd_config("teacher.model=self")
     resolve_defaults(cfg)

@@ -2,7 +2,8 @@
 backends raise the real exceptions a GPU run meets, inside the real Ray workers.
 
 `trainer.experiment_name` picks the fault, so that loading this module in a process (the driver,
-a test session) changes nothing else:
+a test session) changes nothing else; the name reaches the workers in the role specs the driver
+builds (under `engine_kwargs`), as everything a backend reads does:
 - `fault-oom-update`: the torch train backend's `train_step` raises `torch.OutOfMemoryError`
   (constructed with CUDA's own wording) on every rank, as an update that does not fit does;
 - `fault-vllm-start`: the rollout backend's construction raises the ValueError vLLM raises when
@@ -14,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from dagrl.backends.torch.train import TorchTrainBackend
+from dagrl.config import roles
 from dagrl.registry import BACKENDS
 
 OOM = (
@@ -26,8 +28,19 @@ VLLM = (
     " other processes."
 )
 
+FAULT = "test_fault"  # the spec's engine_kwargs entry that carries the fault's name
 _train_step = TorchTrainBackend.train_step
-_hf = BACKENDS.find("rollout", "hf")  # the rollout backend gets its spec, not the run's name
+_hf = BACKENDS.find("rollout", "hf")
+_torch = BACKENDS.find("train", "torch")
+_role_spec = roles.role_spec
+
+
+def _spec_with_fault(cfg, name):
+    spec = _role_spec(cfg, name)
+    fault = cfg.trainer.experiment_name
+    if not fault.startswith("fault-"):
+        return spec
+    return replace(spec, engine_kwargs={**spec.engine_kwargs, FAULT: fault})
 
 
 def _failing_train_step(self, batch):
@@ -36,21 +49,19 @@ def _failing_train_step(self, batch):
     return _train_step(self, batch)
 
 
-_torch = BACKENDS.find("train", "torch")  # the backend gets its spec, not the run's name: note it
-
-
-def _noting_train_factory(cfg, spec, ctx):
-    backend = _torch.factory(cfg, spec, ctx)
-    backend.fault = cfg.trainer.experiment_name
+def _noting_train_factory(spec, ctx, objective):
+    backend = _torch.factory(spec, ctx, objective)
+    backend.fault = spec.engine_kwargs.get(FAULT)
     return backend
 
 
-def _failing_rollout_factory(cfg, spec, ctx):
-    if cfg.trainer.experiment_name == "fault-vllm-start":
+def _failing_rollout_factory(spec, ctx, objective):
+    if spec.engine_kwargs.get(FAULT) == "fault-vllm-start":
         raise ValueError(VLLM)
-    return _hf.factory(cfg, spec, ctx)
+    return _hf.factory(spec, ctx, objective)
 
 
+roles.role_spec = _spec_with_fault
 TorchTrainBackend.train_step = _failing_train_step
 BACKENDS.entries[("train", "torch")] = replace(_torch, factory=_noting_train_factory)
 BACKENDS.entries[("rollout", "hf")] = replace(_hf, factory=_failing_rollout_factory)

@@ -15,8 +15,14 @@ declare_key("echo_tokens", "[B] prompt tokens of each row, counted on the echo r
 class CounterRole:
     """Counts prompt tokens. No model: the point is the calls, not the work."""
 
-    def __init__(self, cfg, spec, ctx):
+    def __init__(self, spec, ctx, objective=None):
         self.rank, self.world = ctx.rank, ctx.world_size
+        self.spec, self.objective = spec, objective
+
+    @role_method(dispatch=Dispatch.all, execute=Execute.all, collect=Collect.none)
+    def parts(self) -> tuple:
+        """What this worker was built from: its spec's micro-batch size and its objective."""
+        return self.spec.micro_batch_size, self.objective
 
     @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
     def count(self, batch: Batch) -> Batch:
@@ -44,8 +50,8 @@ class CounterRole:
 
 
 @register_backend("echo", "counter")
-def _counter(cfg, spec, ctx):
-    return CounterRole(cfg, spec, ctx)
+def _counter(spec, ctx, objective):
+    return CounterRole(spec, ctx, objective)
 
 
 @register_node_kind("echo_count")

@@ -17,7 +17,7 @@ def hidden_of(prompts: torch.Tensor) -> torch.Tensor:
 
 
 class HiddenRole:
-    def __init__(self, cfg, spec, ctx):
+    def __init__(self, spec, ctx):
         self.rank = ctx.rank
 
     @role_method(dispatch=Dispatch.slice, execute=Execute.all, collect=Collect.flatten)
@@ -38,5 +38,5 @@ def stored_entries(worker) -> int:
 
 
 @register_backend("hid", "hidden")
-def _hidden(cfg, spec, ctx):
-    return HiddenRole(cfg, spec, ctx)
+def _hidden(spec, ctx, objective):
+    return HiddenRole(spec, ctx)

@@ -9,6 +9,7 @@ import torch
 from dagrl.core.batch import Batch
 from dagrl.core.plugins import load_plugins
 from tests.conftest import compose_config
+from tests.train_backends import train_backend
 
 MT = "actor_rollout_ref.rollout.multi_turn"
 QUIZ = [
@@ -78,7 +79,7 @@ def episodes():
         out, metrics = rollout.generate(batch.select(("prompts", "prompt_mask", "extra_info")), seed=7)
     finally:
         hf_rollout.HFTurnSampler = original
-    trainer = TorchTrainBackend.from_config(cfg, ctx)
+    trainer = train_backend(TorchTrainBackend, cfg, ctx)
     return cfg, batch, out, metrics, recorder["sampler"], trainer
 
 

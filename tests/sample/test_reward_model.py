@@ -77,7 +77,7 @@ def test_reward_model_backend_is_open_by_name():
     )
     entries = dict(BACKENDS.entries)
     try:
-        register_backend("reward_model", "my_rm")(lambda cfg, spec, ctx: None)
+        register_backend("reward_model", "my_rm")(lambda spec, ctx, objective: None)
         prepared = prepare(compose_config(*on, "reward.model.backend=my_rm"))
         assert prepared.plan.specs[Role.rm].backend == "my_rm"
     finally:

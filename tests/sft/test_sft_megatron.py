@@ -9,6 +9,7 @@ import torch
 from tests.backends.megatron.test_backend import COMMON, M, _assert_weights_close, make_batch
 from tests.conftest import compose_config
 from tests.megatron_cpu_patch import run_distributed
+from tests.train_backends import train_backend
 
 pytest.importorskip("megatron.core")
 
@@ -35,7 +36,9 @@ def _megatron_step(rank: int, world: int, cfg, batch):
     from dagrl.backends.megatron.train import MegatronTrainBackend
     from dagrl.core.worker import ParallelContext
 
-    backend = MegatronTrainBackend.from_config(cfg, ParallelContext(rank, world, torch.device("cpu")), False)
+    backend = train_backend(
+        MegatronTrainBackend, cfg, ParallelContext(rank, world, torch.device("cpu")), False
+    )
     _, metrics = backend.train_step(batch)
     weights = {k: v.clone() for bucket in backend.export_weights(to_cpu=True) for k, v in bucket.items()}
     return metrics, weights
@@ -48,7 +51,7 @@ def test_megatron_sft_step_matches_torch(tp):
 
     batch = sft_batch()
     torch_cfg = compose_config(*COMMON, *SFT)
-    backend = TorchTrainBackend.from_config(torch_cfg, ParallelContext(0, 1, torch.device("cpu")))
+    backend = train_backend(TorchTrainBackend, torch_cfg, ParallelContext(0, 1, torch.device("cpu")))
     _, want = backend.train_step(batch)
     want_weights = {k: v.clone() for b in backend.export_weights(to_cpu=True) for k, v in b.items()}
     cfg = compose_config(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dagrl.backends.memory import GIB
+from dagrl.backends.model_shape import read_model_shape
 from dagrl.errors import ConfigError
 from dagrl.trainer.capacity import check_memory
 from dagrl.trainer.memory_plan import CONTEXT_BYTES, format_memory_plan
@@ -355,3 +356,47 @@ def test_megatron_critic_checkpoint_counts_its_own_dtype():
 
     cfg = compose_config("algorithm=ppo", "critic.strategy=megatron", "critic.megatron.param_dtype=float32")
     assert checkpoint_size(cfg, role_spec(cfg, "critic"), None) == (4, 2.0)
+
+
+def test_8b_megatron_on_a_141_gib_card_splits_the_cpu_optimizer_to_fit_a_128_gb_host(tmp_path):
+    """Qwen3-8B shape, megatron + vLLM colocated on an H200 beside a 125 GiB host: the CPU
+    optimizer's 16 bytes per parameter (fp32 copy, pinned gradient, m, v: 122 GiB) and the sleeping
+    engine's weights do not fit the host, so auto keeps part of the optimizer on the card: the
+    smallest share on the host (0.6) whose phases stay within 90 % of the card. Before, the plan
+    refused 8B there, and counted the freed gradient buffers as host bytes."""
+    model = qwen3_dir(tmp_path / "q8b", 4096, 36, 32, 8, 128, 12288, 151936)
+    overrides = (
+        f"{A}.strategy=megatron",
+        f"{M}.dtype=bfloat16",
+        "data.train_batch_size=16",
+        f"{A}.ppo_mini_batch_size=16",
+        f"{R}.n=4",
+        "data.max_response_length=512",
+        "data.max_prompt_length=128",
+        "trainer.gpu_memory_gib=139.8",
+        "trainer.host_memory_gib=125",
+    )
+    prepared = dry(model, *overrides)
+    m = prepared.cfg.actor_rollout_ref.actor.megatron
+    share = m.optimizer_offload_fraction
+    assert prepared.warnings == () and m.optimizer_cpu_offload and share == 0.55
+    assert prepared.plan.specs["train"].megatron.optimizer_offload_fraction == share  # what the worker builds
+    params = read_model_shape(model).params
+    host = prepared.memory.host[0]
+    # 16 B for each parameter of that share on the host, nothing for the freed gradient buffers;
+    # the engine's bf16 weights asleep beside them
+    assert host["train"] == pytest.approx(16 * share * params, rel=1e-6)
+    assert host["rollout"] == pytest.approx(2 * params, rel=0.01)
+    assert prepared.memory.peak() <= 0.9 * 139.8 * GIB
+    assert f"optimizer_offload_fraction: auto -> {share}" in format_memory_plan(prepared.memory)
+    # the smallest such share: 0.05 less keeps more on the card than 90 % of it
+    cpu = f"{A}.megatron.optimizer_cpu_offload=true"  # a pinned share needs the CPU optimizer pinned
+    less = dry(model, *overrides, cpu, f"{A}.megatron.optimizer_offload_fraction={share - 0.05:.2f}")
+    assert less.memory.peak() > 0.9 * 139.8 * GIB
+
+    # a host with room: all of it on the host, as before
+    roomy = dry(model, *overrides, "trainer.host_memory_gib=500")
+    assert roomy.cfg.actor_rollout_ref.actor.megatron.optimizer_offload_fraction == 1.0
+    # pinned at 1.0: refused for the host, naming the share as a lever
+    [warning] = dry(model, *overrides, cpu, f"{A}.megatron.optimizer_offload_fraction=1.0").warnings
+    assert "host memory" in warning and "optimizer_offload_fraction" in warning

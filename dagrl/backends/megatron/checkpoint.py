@@ -24,19 +24,18 @@ hangs (the writer dies before reporting), so the `megatron` extra must install p
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
-import numpy as np
 import torch
 from megatron.core import dist_checkpointing, tensor_parallel
 from megatron.core import parallel_state as mpu
 from megatron.core.dist_checkpointing import ShardedObject
 from megatron.core.utils import unwrap_model
 
+from dagrl.backends.train_common import host_rng_state, set_host_rng_state
 from dagrl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -274,9 +273,7 @@ def _rng_object(layout: CheckpointLayout, rng_state: dict | None) -> ShardedObje
 
 def _rng_state() -> dict:
     state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
+        **host_rng_state(),
         "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         "tracker": None,
     }
@@ -288,9 +285,7 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    set_host_rng_state(state)
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
     if state["tracker"] is not None:

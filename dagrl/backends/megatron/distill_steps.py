@@ -30,7 +30,7 @@ from dagrl.backends.megatron.distillation import (
     vocab_parallel_logprobs_at,
     vocab_parallel_topk_from_hidden,
 )
-from dagrl.backends.torch.distill import load_output_layer
+from dagrl.backends.output_layer import load_output_layer
 from dagrl.objectives import TokenRequest
 
 

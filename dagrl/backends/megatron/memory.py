@@ -56,6 +56,11 @@ def precision_aware(m) -> bool:
     return bool(m.optimizer_cpu_offload) and m.use_distributed_optimizer
 
 
+def offload_fraction(m) -> float:
+    """megatron.optimizer_offload_fraction resolved: null (auto, before the plan chooses) = 1.0."""
+    return 1.0 if m.optimizer_offload_fraction is None else m.optimizer_offload_fraction
+
+
 def state_bytes(
     shape: ModelShape,
     layout: MegatronLayout,
@@ -65,10 +70,11 @@ def state_bytes(
     optimizer_host_fraction: float = 0.0,
     masters_on_host: bool = True,
 ) -> tuple[dict[str, float], float]:
-    """(weights, grads, optimizer bytes on the device while the role runs; optimizer bytes the
-    CPU optimizer keeps on the host). Without `masters_on_host` (precision-aware off) the
-    distributed optimizer keeps its fp32 main params on the device beside the CPU optimizer's
-    copy: 4 bytes per offloaded parameter more on the device."""
+    """(weights, grads, optimizer bytes on the device while the role runs; bytes the CPU
+    optimizer keeps on the host: per offloaded parameter an fp32 copy, its pinned fp32 gradient and
+    Adam's m and v, 16 bytes whatever the param dtype). Without `masters_on_host` (precision-aware
+    off) the distributed optimizer keeps its fp32 main params on the device beside the CPU
+    optimizer's copy: 4 bytes per offloaded parameter more on the device."""
     dense, experts = shape.params - shape.expert_params, shape.expert_params
     local_dense = dense / (layout.tp * layout.pp)
     local_experts = experts / (layout.etp * layout.ep * layout.pp)
@@ -85,7 +91,7 @@ def state_bytes(
     parts["optimizer"] = optimizer * (1 - optimizer_host_fraction)
     if optimizer_host_fraction and not masters_on_host and width != 4:
         parts["main_params"] = 4.0 * (local_dense + local_experts) * optimizer_host_fraction
-    return parts, optimizer * optimizer_host_fraction
+    return parts, 16.0 * (local_dense + local_experts) * optimizer_host_fraction
 
 
 def lora_state_bytes(
@@ -166,7 +172,7 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
         workers=layout.workers,
         sequence_parallel=m.sequence_parallel,
     )
-    fraction = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0  # on the host
+    fraction = offload_fraction(m) if m.optimizer_cpu_offload else 0.0  # on the host
     state, host = state_bytes(
         shape, mlayout, m.param_dtype, spec.trains, m.use_distributed_optimizer, fraction, precision_aware(m)
     )
@@ -176,7 +182,10 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
             0.0,
         )
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
-    mem = RoleMemory(state, idle, host=host + parts_total(state) - parts_total(idle))
+    # host: the CPU optimizer's state, and what offload copies there while another role runs (the
+    # gradient buffers are freed, not copied: the next update zeroes them)
+    moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
+    mem = RoleMemory(state, idle, host=host + parts_total(moved))
     width = param_width(m.param_dtype)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
         mem.phases[phase] = forward_bytes(shape, width, mlayout, work)

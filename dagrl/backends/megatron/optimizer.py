@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from dagrl.backends.megatron.memory import offload_fraction
 from dagrl.backends.megatron.memory import precision_aware as resolved_precision_aware
 from dagrl.backends.megatron.probes import transformer_engine_available
 from dagrl.config.schema import ActorConfig, MegatronConfig
@@ -34,7 +35,7 @@ def optimizer_config(actor: ActorConfig, m: MegatronConfig, dtype: torch.dtype):
     if m.optimizer_cpu_offload:
         offload = dict(
             optimizer_cpu_offload=True,
-            optimizer_offload_fraction=m.optimizer_offload_fraction,
+            optimizer_offload_fraction=offload_fraction(m),
             overlap_cpu_optimizer_d2h_h2d=m.overlap_cpu_optimizer_d2h_h2d,
         )
     precision_aware = resolved_precision_aware(m)

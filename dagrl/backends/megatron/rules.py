@@ -7,12 +7,13 @@ sizes) and, once placement is planned, the DP sizes. Each failure is a ConfigErr
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 from dagrl.backends.megatron import probes
 from dagrl.backends.megatron.lora_rules import check_megatron_lora
-from dagrl.backends.megatron.precision_rules import check_megatron_precision
+from dagrl.backends.megatron.precision_rules import (
+    changed_optimizer_knobs,
+    check_megatron_precision,
+    check_ref_has_no_optimizer,
+)
 from dagrl.config.placement import Plan
 from dagrl.config.roles import Role
 from dagrl.config.schema import (
@@ -24,7 +25,7 @@ from dagrl.config.schema import (
     SelfTeacher,
     TeacherPlacement,
 )
-from dagrl.errors import ConfigError, DagrlError
+from dagrl.errors import ConfigError
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -78,6 +79,21 @@ def check_no_megatron_knobs(cfg: DagrlConfig) -> None:
                 )
 
 
+def check_megatron_unused(cfg: DagrlConfig) -> None:
+    """Another train backend is chosen (the torch one, data-parallel only): the reference's
+    optimizer knobs, megatron's optimizer knobs and its model-parallel knobs would be ignored."""
+    check_ref_has_no_optimizer(cfg)
+    m = cfg.actor_rollout_ref.actor.megatron
+    for key in changed_optimizer_knobs(m):
+        raise ConfigError(
+            f"{A}.megatron.{key}",
+            getattr(m, key),
+            f"megatron's optimizer setting needs {A}.strategy=megatron; the torch backend's optimizer "
+            f"CPU offload is {A}.optimizer_cpu_offload=true",
+        )
+    check_no_megatron_knobs(cfg)
+
+
 def recompute_for_checkpointing(cfg: DagrlConfig) -> None:
     """verl/siiRL's gradient checkpointing under strategy=megatron is megatron's activation recompute:
     full recompute of every layer (uniform, 1 layer per unit) unless recompute_* are set."""
@@ -92,28 +108,10 @@ def recompute_for_checkpointing(cfg: DagrlConfig) -> None:
 # memory between phases, on any device, and grad_offload without param_offload is a valid choice.
 
 
-LOGPROB_KERNEL_ENV = "DAGRL_LOGPROB_KERNEL"
-
-
-def logprob_kernel_override() -> str | None:
-    """`DAGRL_LOGPROB_KERNEL` (torch | triton) forcing the log-prob implementation, or None for the
-    default (Triton on CUDA, torch passes elsewhere); any other value is an error."""
-    value = os.environ.get(LOGPROB_KERNEL_ENV) or None
-    if value not in (None, "torch", "triton"):
-        raise DagrlError(
-            f"environment variable {LOGPROB_KERNEL_ENV}={value!r}: use 'torch' or 'triton', or unset "
-            "it for the default (Triton kernels on CUDA, torch passes elsewhere)"
-        )
-    if value == "triton" and importlib.util.find_spec("triton") is None:
-        raise DagrlError(
-            f"environment variable {LOGPROB_KERNEL_ENV}=triton but triton is not installed: "
-            "pip install triton, or unset the variable"
-        )
-    return value
-
-
 def check_megatron(cfg: DagrlConfig) -> None:
     """Rules of strategy=megatron that need the config and the model's config.json."""
+    from dagrl.backends.logprob_kernel import logprob_kernel_override  # not at import: triton
+
     check_megatron_precision(cfg)
     logprob_kernel_override()
     hf = _hf_config(cfg)

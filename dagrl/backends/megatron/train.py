@@ -27,10 +27,10 @@ from dagrl.algos import logprob_temperature
 from dagrl.backends import device_memory
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
+from dagrl.backends.logprob_kernel import response_logprobs
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron import lora as lora_layers
-from dagrl.backends.megatron.logprobs import response_logprobs
 from dagrl.backends.megatron.micro_inputs import MicroInputs, micro_inputs
 from dagrl.backends.megatron.model import build_model, throughput, transformer_config
 from dagrl.backends.megatron.optimizer import optimizer_config
@@ -40,12 +40,12 @@ from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, 
 from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, teacher_phase_start
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
-from dagrl.config.roles import Role, RoleSpec, role_spec
-from dagrl.config.schema import DagrlConfig, LoraSync
+from dagrl.config.roles import RoleSpec
+from dagrl.config.schema import LoraSync
 from dagrl.core.batch import Batch
 from dagrl.core.micro_batches import micro_batches
 from dagrl.core.packing import PaddingStats
-from dagrl.objectives import Objective, TokenOutputs, build_objective
+from dagrl.objectives import Objective, TokenOutputs
 
 
 class MegatronTrainBackend:
@@ -95,13 +95,6 @@ class MegatronTrainBackend:
         self.offload_freed_gib = 0.0
         self._host = HostStore()  # pinned host copies of the params' storages, reused
         self._resident = True  # False between offload() and onload()
-
-    @classmethod
-    def from_config(cls, cfg: DagrlConfig, ctx, spec: RoleSpec | None = None) -> MegatronTrainBackend:
-        """The registry's factory (and tests'): the role's spec (None = the train role's) and, for a
-        trained role, the objective `algorithm.name` registered; nothing below reads `cfg`."""
-        spec = spec or role_spec(cfg, Role.train)
-        return cls(spec, ctx, build_objective(cfg) if spec.trains else None)
 
     def _wrap(self, actor):
         """megatron DDP + optimizer for the actor; the reference stays a bare forward-only model.

@@ -25,8 +25,7 @@ from dagrl.backends import device_memory
 from dagrl.backends.hf_model import resolve_model_path, torch_dtype
 from dagrl.backends.host_store import HostStore
 from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
-from dagrl.backends.torch.train import _rng_state, _set_rng_state
-from dagrl.backends.train_common import set_lr
+from dagrl.backends.train_common import host_rng_state, set_host_rng_state, set_lr
 from dagrl.backends.update_loop import run_update
 from dagrl.config.roles import RoleSpec
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
@@ -165,7 +164,7 @@ class TorchCriticBackend:
         if self.ctx.rank == 0:
             self.model.trunk.save_pretrained(path, safe_serialization=True)
             torch.save(self.model.head.state_dict(), os.path.join(path, HEAD_FILE))
-        state = {"rng": _rng_state(), "steps": self.steps, "optimizer": self.optimizer.state_dict()}
+        state = {"rng": host_rng_state(), "steps": self.steps, "optimizer": self.optimizer.state_dict()}
         torch.save(state, os.path.join(path, f"critic_state_rank{self.ctx.rank}.pt"))
 
     def load(self, path: str) -> None:
@@ -181,4 +180,4 @@ class TorchCriticBackend:
         extra = torch.load(os.path.join(path, f"critic_state_rank{self.ctx.rank}.pt"), weights_only=False)
         self.steps = extra["steps"]
         self.optimizer.load_state_dict(extra["optimizer"])
-        _set_rng_state(extra["rng"])
+        set_host_rng_state(extra["rng"])

@@ -84,7 +84,7 @@ def _head_on(module: torch.nn.Module, flat_index: torch.Tensor):
 
 def _fused(logits, targets, temperature: float, entropy: bool):
     """GPU: the Triton pass over the bf16 logits (no fp32 [N, V] copy), as the padded path uses."""
-    from dagrl.backends.megatron.logprobs import response_logprobs  # torch + triton, no megatron
+    from dagrl.backends.logprob_kernel import response_logprobs
 
     # response_logprobs reads logits[positions[i], rows[i]] of an [S, B, V] tensor: here [N, 1, V]
     positions = torch.arange(len(targets), device=targets.device)

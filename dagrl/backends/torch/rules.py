@@ -3,8 +3,6 @@ by validate when a role uses it, before Ray starts."""
 
 from __future__ import annotations
 
-from dagrl.backends.megatron.precision_rules import changed_optimizer_knobs, check_ref_has_no_optimizer
-from dagrl.backends.megatron.rules import check_no_megatron_knobs
 from dagrl.config.schema import DagrlConfig, ModelDtype
 from dagrl.errors import ConfigError
 
@@ -12,10 +10,10 @@ A = "actor_rollout_ref.actor"
 
 
 def check_torch(cfg: DagrlConfig) -> None:
-    """Data-parallel only (no model-parallel knob), and packing only for models transformers
-    implements itself; the precision and optimizer-offload settings it can honour."""
+    """Packing only for models transformers implements itself; the precision it can honour.
+    (Model-parallel and megatron optimizer knobs set for it are refused by the megatron backend's
+    rules for when it is not chosen: backends/megatron/rules.py, check_megatron_unused.)"""
     _check_precision(cfg)
-    check_no_megatron_knobs(cfg)
     model = cfg.actor_rollout_ref.model
     if model.use_remove_padding and model.trust_remote_code:
         # packing relies on transformers' own masks reading sequence starts from the position ids
@@ -50,8 +48,7 @@ def check_lora_targets(cfg: DagrlConfig) -> None:
 
 def _check_precision(cfg: DagrlConfig) -> None:
     """bf16/fp32 weights train (bf16 through fp32 master weights, mixed_precision.py); fp16 would
-    need loss scaling, which this backend does not do. megatron's optimizer knobs are refused."""
-    check_ref_has_no_optimizer(cfg)
+    need loss scaling, which this backend does not do."""
     arr = cfg.actor_rollout_ref
     if arr.model.dtype in (ModelDtype.float16, ModelDtype.fp16):
         raise ConfigError(
@@ -59,11 +56,4 @@ def _check_precision(cfg: DagrlConfig) -> None:
             arr.model.dtype.value,
             "fp16 training needs loss scaling, which the torch backend does not do; use bfloat16 "
             f"(fp32 master weights keep small updates) or {A}.strategy=megatron (dynamic loss scaling)",
-        )
-    for key in changed_optimizer_knobs(arr.actor.megatron):
-        raise ConfigError(
-            f"{A}.megatron.{key}",
-            getattr(arr.actor.megatron, key),
-            f"megatron's optimizer setting needs {A}.strategy=megatron; the torch backend's optimizer "
-            f"CPU offload is {A}.optimizer_cpu_offload=true",
         )

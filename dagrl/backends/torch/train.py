@@ -12,37 +12,41 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 
 from dagrl.algos import entropy_from_logits, logprob_temperature, logprobs_from_logits
 from dagrl.backends import device_memory
 from dagrl.backends.hf_model import load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
+from dagrl.backends.output_layer import load_output_layer, output_layer
 from dagrl.backends.torch import lora as lora_layers
 from dagrl.backends.torch.distill import (
     final_hidden,
     grid_logprobs_at,
     hidden_divergence,
-    load_output_layer,
-    output_layer,
     student_logprobs_at,
     teacher_topk,
 )
 from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
 from dagrl.backends.torch.packed import packed_token_outputs
-from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, teacher_phase_start
+from dagrl.backends.train_common import (
+    allocated_gib,
+    host_rng_state,
+    set_host_rng_state,
+    set_lr,
+    teacher_metrics,
+    teacher_phase_start,
+)
 from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
-from dagrl.config.roles import Role, RoleSpec, role_spec
-from dagrl.config.schema import DagrlConfig, LoraSync
+from dagrl.config.roles import RoleSpec
+from dagrl.config.schema import LoraSync
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
 from dagrl.core.micro_batches import micro_batches
 from dagrl.core.packing import PaddingStats, sequence_lengths
-from dagrl.objectives import Objective, TokenOutputs, TokenRequest, build_objective
+from dagrl.objectives import Objective, TokenOutputs, TokenRequest
 
 
 class TorchTrainBackend:
@@ -91,13 +95,6 @@ class TorchTrainBackend:
         if ctx.distributed:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-
-    @classmethod
-    def from_config(cls, cfg: DagrlConfig, ctx, spec: RoleSpec | None = None) -> TorchTrainBackend:
-        """The registry's factory (and tests'): the role's spec (None = the train role's) and, for a
-        trained role, the objective `algorithm.name` registered; nothing below reads `cfg`."""
-        spec = spec or role_spec(cfg, Role.train)
-        return cls(spec, ctx, build_objective(cfg) if spec.trains else None)
 
     # ---- placement -----------------------------------------------------------------------------
     def dp_info(self) -> tuple[int, int, bool]:
@@ -168,7 +165,7 @@ class TorchTrainBackend:
         """GPU path: the output layer runs on the R+1 last positions only (prompt positions need no
         logits), and one fused pass over the bf16 logits gives log-probs and entropy without a
         fp32 [B, R, V] copy (the Triton kernel the megatron backend uses)."""
-        from dagrl.backends.megatron.logprobs import response_logprobs  # torch + triton, no megatron
+        from dagrl.backends.logprob_kernel import response_logprobs
 
         logits = module(
             input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=resp_len + 1
@@ -363,7 +360,7 @@ class TorchTrainBackend:
             self.model.save_pretrained(path, safe_serialization=True)
         elif self.ctx.rank == 0:
             self.export_hf(path)
-        state = {"rng": _rng_state(), "steps": self.steps}
+        state = {"rng": host_rng_state(), "steps": self.steps}
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
         torch.save(state, os.path.join(path, f"train_state_rank{self.ctx.rank}.pt"))
@@ -387,7 +384,7 @@ class TorchTrainBackend:
         self.steps = extra["steps"]
         if self.optimizer is not None:
             self.optimizer.load_state_dict(extra["optimizer"])
-        _set_rng_state(extra["rng"])
+        set_host_rng_state(extra["rng"])
 
     def export_hf(self, path: str) -> None:
         if self.ctx.rank != 0:  # DDP replicas hold the same weights: one writer
@@ -398,13 +395,3 @@ class TorchTrainBackend:
         else:  # a merged HF model at path, the PEFT adapter directory under it
             lora_layers.save_merged(self.model, path)
         load_tokenizer(self.path).save_pretrained(path)
-
-
-def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])

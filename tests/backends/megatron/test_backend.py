@@ -11,6 +11,7 @@ import torch
 
 from tests.conftest import compose_config
 from tests.megatron_cpu_patch import run_distributed
+from tests.train_backends import train_backend
 
 pytest.importorskip("megatron.core")
 
@@ -64,7 +65,7 @@ def _backend(cfg, rank: int, world: int, forward_only: bool = False):
     from dagrl.core.worker import ParallelContext
 
     spec = role_spec(cfg, "ref" if forward_only else "train")
-    return MegatronTrainBackend.from_config(cfg, ParallelContext(rank, world, torch.device("cpu")), spec)
+    return train_backend(MegatronTrainBackend, cfg, ParallelContext(rank, world, torch.device("cpu")), spec)
 
 
 def _logprobs_then_step(rank: int, world: int, cfg, batch):
@@ -92,7 +93,7 @@ def _torch_reference(cfg, batch):
     from dagrl.core.batch import Batch
     from dagrl.core.worker import ParallelContext
 
-    backend = TorchTrainBackend.from_config(cfg, ParallelContext(0, 1, torch.device("cpu")))
+    backend = train_backend(TorchTrainBackend, cfg, ParallelContext(0, 1, torch.device("cpu")))
     logprobs = backend.forward_logprobs(batch, "old_logprobs")[0]["old_logprobs"]
     # perturbed old log-probs: ratios away from 1, so clipping is exercised too
     old = logprobs + 0.1 * torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(1))

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
+from tests.train_backends import train_backend
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("megatron.core")
@@ -112,7 +113,9 @@ def _megatron_logprobs(rank, world, cfg, batch, offload_check=False):
     from dagrl.backends.megatron.train import MegatronTrainBackend
     from dagrl.core.worker import ParallelContext
 
-    backend = MegatronTrainBackend.from_config(cfg, ParallelContext(rank, world, torch.device("cuda", rank)))
+    backend = train_backend(
+        MegatronTrainBackend, cfg, ParallelContext(rank, world, torch.device("cuda", rank))
+    )
     dp_rank, dp_size, returns = backend.dp_info()
     out, metrics = backend.forward_logprobs(batch, "ref_logprobs")
     result = {"logprobs": out["ref_logprobs"] if returns else None, "returns": returns, "metrics": metrics}
@@ -141,8 +144,8 @@ def _hf_logprobs(cfg, batch):
     from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
 
-    backend = TorchTrainBackend.from_config(
-        cfg, ParallelContext(0, 1, torch.device("cuda", 0)), role_spec(cfg, "ref")
+    backend = train_backend(
+        TorchTrainBackend, cfg, ParallelContext(0, 1, torch.device("cuda", 0)), role_spec(cfg, "ref")
     )
     return backend.forward_logprobs(batch, "ref_logprobs")[0]["ref_logprobs"]
 

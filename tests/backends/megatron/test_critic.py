@@ -80,7 +80,7 @@ def test_values_equal_the_torch_critics_on_the_same_weights():
     from dagrl.core.worker import ParallelContext
 
     cfg = compose_config(*COMMON, "critic.strategy=torch")
-    torch_critic = build_backend(cfg, role_spec(cfg, "critic"), ParallelContext(0, 1, torch.device("cpu")))
+    torch_critic = build_backend(role_spec(cfg, "critic"), ParallelContext(0, 1, torch.device("cpu")))
     batch = critic_batch()
     want = torch_critic.compute_values(batch)[0]["values"]
     head = {"weight": torch_critic.model.head.weight.detach(), "bias": torch_critic.model.head.bias.detach()}

@@ -16,6 +16,7 @@ from dagrl.core.batch import Batch
 from tests.backends.megatron.test_backend import COMMON, INPUT_KEYS, M, make_batch
 from tests.conftest import compose_config
 from tests.megatron_cpu_patch import run_distributed
+from tests.train_backends import train_backend
 
 pytest.importorskip("megatron.core")
 
@@ -54,8 +55,8 @@ def _torch_reference(batch: Batch) -> dict:
     for mode in MODES:
         cfg = gkd_config(mode)
         spec = role_spec(cfg, "teacher")
-        teacher = TorchTrainBackend.from_config(cfg, ctx, spec)
-        student = TorchTrainBackend.from_config(cfg, ctx)
+        teacher = train_backend(TorchTrainBackend, cfg, ctx, spec)
+        student = train_backend(TorchTrainBackend, cfg, ctx)
         scored = _teacher_outputs(teacher, batch, mode)
         _, metrics = student.train_step(batch.union(scored))
         out[mode] = {"teacher": scored, "metrics": metrics, "weights": _weights(student)}
@@ -76,8 +77,8 @@ def _gkd_rank(rank: int, world: int, overrides: tuple[str, ...], batch: Batch) -
         megatron = ("actor_rollout_ref.actor.strategy=megatron", f"{M}.param_dtype=float32")
         cfg = gkd_config(mode, *megatron, "teacher.offload=true", *overrides)
         spec = role_spec(cfg, "teacher")
-        teacher = MegatronTrainBackend.from_config(cfg, ctx, spec)
-        student = MegatronTrainBackend.from_config(cfg, ctx)
+        teacher = train_backend(MegatronTrainBackend, cfg, ctx, spec)
+        student = train_backend(MegatronTrainBackend, cfg, ctx)
         returns = student.dp_info()[2]
         scored = _teacher_outputs(teacher, batch, mode)
         _, metrics = student.train_step(batch.union(scored))

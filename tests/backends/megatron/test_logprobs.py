@@ -37,7 +37,7 @@ def case(seed: int, seq=9, rows=4, cols=70, vocab=64, tokens=20):
 
 
 def fused_and_reference(seed: int, temperature: float, entropy: bool, cols=70, vocab=64):
-    from dagrl.backends.megatron.logprobs import response_logprobs
+    from dagrl.backends.logprob_kernel import response_logprobs
 
     logits, rows, positions, targets, (g_lp, g_ent) = case(seed, cols=cols, vocab=vocab)
     ours = logits.clone().requires_grad_()
@@ -62,7 +62,7 @@ def test_matches_float64_math(temperature, entropy):
 
 
 def test_unselected_positions_get_exactly_zero_gradient():
-    from dagrl.backends.megatron.logprobs import response_logprobs
+    from dagrl.backends.logprob_kernel import response_logprobs
 
     logits, rows, positions, targets, _ = case(1)
     logits.requires_grad_()
@@ -75,7 +75,7 @@ def test_unselected_positions_get_exactly_zero_gradient():
 
 def test_detached_entropy_skips_its_gradient():
     """With the entropy only logged (detached), the gradient is that of the log-probs alone."""
-    from dagrl.backends.megatron.logprobs import response_logprobs
+    from dagrl.backends.logprob_kernel import response_logprobs
 
     logits, rows, positions, targets, _ = case(2)
     a = logits.clone().requires_grad_()
@@ -88,7 +88,7 @@ def test_detached_entropy_skips_its_gradient():
 
 def _split_vocab(rank: int, world: int, seed: int):
     """Rank r holds columns [r*35, r*35 + 35) of 70 (64 real): the second has 29 real + padding."""
-    from dagrl.backends.megatron.logprobs import response_logprobs
+    from dagrl.backends.logprob_kernel import response_logprobs
 
     logits, rows, positions, targets, (g_lp, g_ent) = case(seed)
     shard = logits.shape[-1] // world

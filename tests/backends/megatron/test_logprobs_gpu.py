@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 
 
 def run(kernel: str, logits, rows, positions, targets, grads, temperature, vocab):
-    from dagrl.backends.megatron.logprobs import response_logprobs
+    from dagrl.backends.logprob_kernel import response_logprobs
 
     os.environ["DAGRL_LOGPROB_KERNEL"] = kernel
     try:

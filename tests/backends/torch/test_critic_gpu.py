@@ -15,10 +15,12 @@ import sys
 import pytest
 import torch
 
-from dagrl.backends import build_role_backend
+from dagrl.backends import build_backend
+from dagrl.config.roles import build_role_specs
 from dagrl.config.validate import resolve_defaults, validate
 from dagrl.core.batch import Batch
 from dagrl.core.worker import Worker
+from dagrl.trainer.setup import worker_parts
 from tests.backends.test_critic import batch
 from tests.conftest import compose_config
 
@@ -45,7 +47,8 @@ def test_critic_and_actor_take_turns_on_the_device():
     )
     resolve_defaults(cfg)
     validate(cfg)
-    w = Worker(cfg, ["train", "critic"], 0, 1, "cuda", threads=1, build=build_role_backend)
+    parts = worker_parts(cfg, build_role_specs(cfg, ["train", "critic"]))
+    w = Worker(parts, ["train", "critic"], 0, 1, "cuda", threads=1, build=build_backend)
     w.setup("127.0.0.1", 0)
     critic = w.backends["critic"]
     b = batch()

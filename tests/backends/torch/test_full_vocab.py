@@ -16,6 +16,7 @@ from dagrl.core.batch import Batch, left_pad, sequence_inputs
 from dagrl.core.worker import ParallelContext
 from dagrl.objectives import build_objective
 from tests.conftest import compose_config
+from tests.train_backends import train_backend
 
 VOCAB = 6000
 G = "algorithm.gkd"
@@ -85,8 +86,8 @@ def test_full_vocab_gkd_equals_unchunked_reference(models, beta, monkeypatch):
     monkeypatch.setattr(distillation, "_CHUNK_ELEMENTS", 3 * VOCAB)  # 3 tokens per chunk: 4 chunks
     ctx = ParallelContext(0, 1, torch.device("cpu"))
     spec = build_role_specs(cfg, {"train", "teacher"})["teacher"]
-    teacher = TorchTrainBackend.from_config(cfg, ctx, spec)
-    student = TorchTrainBackend.from_config(cfg, ctx)
+    teacher = train_backend(TorchTrainBackend, cfg, ctx, spec)
+    student = train_backend(TorchTrainBackend, cfg, ctx)
     b = batch()
     out, metrics = teacher.teacher_hidden(b)
     assert out["teacher_hidden"].shape == (3, 4, 24) and metrics["timing_s/teacher_forward"] > 0

@@ -17,6 +17,7 @@ from dagrl.core.batch import Batch
 from dagrl.core.worker import ParallelContext
 from tests.backends.test_contract import COMMON, INPUT_KEYS, _batch
 from tests.conftest import compose_config
+from tests.train_backends import train_backend
 
 CPU = ParallelContext(0, 1, torch.device("cpu"))
 LORA = (
@@ -49,7 +50,7 @@ def trained(tmp_path_factory):
     reference), a checkpoint, a second update straight after it; what each test reads."""
     tmp = tmp_path_factory.mktemp("lora")
     cfg = _config()
-    backend = TorchTrainBackend.from_config(cfg, CPU)
+    backend = train_backend(TorchTrainBackend, cfg, CPU)
     batch = _train_batch(backend)
     inputs = batch.select(list(INPUT_KEYS))
     seen = {"base": backend.forward_logprobs(inputs, "old_logprobs")[0]["old_logprobs"]}
@@ -123,7 +124,7 @@ def test_resume_equals_straight(trained):
     Adam's moments, the dropout RNG)."""
     cfg, _, batch, seen, tmp = trained
     straight = seen["straight"]
-    resumed = TorchTrainBackend.from_config(cfg, CPU)
+    resumed = train_backend(TorchTrainBackend, cfg, CPU)
     resumed.load(str(tmp / "ckpt"))
     resumed.train_step(batch)
     got = _adapters(resumed)
@@ -153,7 +154,7 @@ def test_save_hf_writes_a_merged_model_and_the_adapter(trained):
 
 def test_bf16_base_stays_bf16_with_fp32_adapters_and_no_master_copy():
     cfg = _config("actor_rollout_ref.model.dtype=bfloat16")
-    backend = TorchTrainBackend.from_config(cfg, CPU)
+    backend = train_backend(TorchTrainBackend, cfg, CPU)
     frozen = {p.dtype for p in backend.model.parameters() if not p.requires_grad}
     trained = {p.dtype for p in backend.model.parameters() if p.requires_grad}
     assert frozen == {torch.bfloat16} and trained == {torch.float32}

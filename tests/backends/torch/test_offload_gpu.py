@@ -10,9 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dagrl.backends import build_role_backend
+from dagrl.backends import build_backend
+from dagrl.config.roles import build_role_specs
 from dagrl.config.validate import resolve_defaults, validate
 from dagrl.core.worker import Worker
+from dagrl.trainer.setup import worker_parts
 from tests.backends.torch.test_full_vocab import batch, save_tiny_qwen2
 from tests.conftest import compose_config
 
@@ -34,7 +36,8 @@ def worker(tmp_path, *overrides) -> Worker:
     )
     resolve_defaults(cfg)
     validate(cfg)
-    w = Worker(cfg, ["train", "teacher"], 0, 1, "cuda", threads=1, build=build_role_backend)
+    parts = worker_parts(cfg, build_role_specs(cfg, ["train", "teacher"]))
+    w = Worker(parts, ["train", "teacher"], 0, 1, "cuda", threads=1, build=build_backend)
     w.setup("127.0.0.1", 0)
     return w
 

@@ -19,6 +19,7 @@ from dagrl.core.batch import Batch
 from dagrl.core.worker import ParallelContext
 from dagrl.objectives import TokenRequest
 from tests.conftest import compose_config
+from tests.train_backends import train_backend
 
 VOCAB = 64
 SIZES = dict(
@@ -81,7 +82,7 @@ def backend(model_dir: str, packing: bool, *overrides: str):
         "trainer.device=cpu",
         *overrides,
     )
-    return TorchTrainBackend.from_config(cfg, ParallelContext(0, 1, torch.device("cpu")))
+    return train_backend(TorchTrainBackend, cfg, ParallelContext(0, 1, torch.device("cpu")))
 
 
 def outputs_and_grads(be, batch: Batch):

@@ -38,7 +38,7 @@ def test_teacher_backend_uses_its_own_model_and_micro_batch():
     )
     resolve_defaults(cfg)
     spec = role_spec(cfg, "teacher")
-    teacher = build_backend(cfg, spec, CTX)
+    teacher = build_backend(spec, CTX)
     assert teacher.forward_only and teacher.path == resolve_model_path(cfg.teacher.model)
     assert teacher.path != resolve_model_path(cfg.actor_rollout_ref.model.path)
     assert cfg.actor_rollout_ref.model.path is None  # the config itself is left as it was

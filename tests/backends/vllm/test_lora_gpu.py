@@ -27,6 +27,7 @@ from dagrl.config.roles import role_spec  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from tests.backends.vllm.test_vllm_gpu import greedy, prompts  # noqa: E402, F401  (the fixture)
 from tests.conftest import compose_config  # noqa: E402
+from tests.train_backends import train_backend  # noqa: E402
 
 DTYPE = "bfloat16"
 CTX = ParallelContext(0, 1, torch.device("cuda", 0))
@@ -53,7 +54,7 @@ def synced(cfg, prompts):  # noqa: F811
     spec = role_spec(cfg, "rollout")
     assert spec.lora.sync == "adapter"
     engine = VLLMRolloutBackend(spec, CTX)
-    trainer = TorchTrainBackend.from_config(cfg, CTX)
+    trainer = train_backend(TorchTrainBackend, cfg, CTX)
     with torch.no_grad():  # B starts at zero (the base): an adapter that changes the outputs
         for name, p in trainer.model.named_parameters():
             if "lora_B" in name:

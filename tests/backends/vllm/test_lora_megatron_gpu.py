@@ -76,9 +76,10 @@ def _adapter_vs_merged(rank: int, world: int, layer_spec: str, prompts) -> dict:
     from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
     from tests.backends.vllm.test_vllm_gpu import greedy
+    from tests.train_backends import train_backend
 
     cfg, ctx = _config(layer_spec), ParallelContext(0, 1, torch.device("cuda", 0))
-    trainer = MegatronTrainBackend.from_config(cfg, ctx)
+    trainer = train_backend(MegatronTrainBackend, cfg, ctx)
     with torch.no_grad():  # B starts at zero (the base): adapters that change the outputs
         for a in trainer.adapted:
             a.adapter.B.normal_(0, 0.2)

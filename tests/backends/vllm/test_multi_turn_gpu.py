@@ -23,6 +23,7 @@ from dagrl.config.roles import role_spec  # noqa: E402
 from dagrl.core.plugins import load_plugins  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from tests.conftest import validated_config  # noqa: E402
+from tests.train_backends import train_backend  # noqa: E402
 
 DTYPE = os.environ.get("DAGRL_TEST_VLLM_DTYPE", "float32")
 # prompt 32 + response 48 is past the tiny model's 64 positions (RoPE: the trainer extrapolates the
@@ -52,7 +53,7 @@ def setup():
     )
     rollout, trainer = (
         VLLMRolloutBackend(role_spec(cfg, "rollout"), CTX),
-        TorchTrainBackend.from_config(cfg, CTX),
+        train_backend(TorchTrainBackend, cfg, CTX),
     )
     yield cfg, rollout, trainer
     rollout.shutdown()

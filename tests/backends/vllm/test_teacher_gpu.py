@@ -24,6 +24,7 @@ from dagrl.config.roles import role_spec  # noqa: E402
 from dagrl.core.batch import Batch  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from tests.conftest import compose_config  # noqa: E402
+from tests.train_backends import train_backend  # noqa: E402
 from tools.random_qwen3 import build_random_qwen3  # noqa: E402
 
 DTYPE = os.environ.get("DAGRL_TEST_VLLM_DTYPE", "bfloat16")
@@ -61,8 +62,8 @@ def cfg(model_dir):
 @pytest.fixture(scope="module")
 def teachers(cfg):
     standalone = VLLMTeacherBackend(role_spec(cfg, "teacher"), CTX)
-    colocated = TorchTrainBackend.from_config(
-        cfg, CTX, role_spec(cfg, "ref")
+    colocated = train_backend(
+        TorchTrainBackend, cfg, CTX, role_spec(cfg, "ref")
     )  # the actor model is the teacher's here
     yield standalone, colocated
     standalone.shutdown()

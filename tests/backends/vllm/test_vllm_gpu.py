@@ -24,6 +24,7 @@ from dagrl.config.roles import role_spec  # noqa: E402
 from dagrl.core.batch import Batch  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from tests.conftest import compose_config  # noqa: E402
+from tests.train_backends import train_backend  # noqa: E402
 
 DTYPE = os.environ.get("DAGRL_TEST_VLLM_DTYPE", "float32")
 CTX = ParallelContext(0, 1, torch.device("cuda", 0))
@@ -47,7 +48,7 @@ def engines(cfg):
     spec = role_spec(cfg, "rollout")
     vllm_backend = VLLMRolloutBackend(spec, CTX)
     hf_backend = HFRolloutBackend(spec, CTX)
-    trainer = TorchTrainBackend.from_config(cfg, CTX)
+    trainer = train_backend(TorchTrainBackend, cfg, CTX)
     yield vllm_backend, hf_backend, trainer
     vllm_backend.shutdown()
 

@@ -1,5 +1,6 @@
-"""Token log-probs and entropy of the response tokens, straight from megatron's vocab-parallel
-logits [S, B, V/TP] in the model's dtype.
+"""Token log-probs and entropy of the response tokens, straight from (vocab-parallel) logits
+[S, B, V/TP] in the model's dtype: megatron's output layer, or the torch backend's on CUDA (TP = 1).
+Plain torch and Triton, no megatron: both train backends import it.
 
 One autograd function does what a chain of torch ops did before (gather the response positions,
 upcast to fp32, divide by the temperature, max, exp, sum, cross-entropy, entropy), each of which
@@ -16,10 +17,13 @@ Gradients: d log p(y) / dz = onehot(y) - p; dH / dz = -p * (log p + H).
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import torch
 import torch.distributed as dist
 
-from dagrl.backends.megatron.rules import logprob_kernel_override
+from dagrl.errors import DagrlError
 
 NEG = -1e30  # the logit of vocabulary padding: finite, so p * z is 0 * NEG = 0, not nan
 _CHUNK_BYTES = 256 * 2**20  # fp32 working set of the torch path per chunk of tokens
@@ -29,6 +33,26 @@ try:  # ships with CUDA builds of torch; absent on the CPU build
     import triton.language as tl
 except ImportError:
     triton = None
+
+
+LOGPROB_KERNEL_ENV = "DAGRL_LOGPROB_KERNEL"
+
+
+def logprob_kernel_override() -> str | None:
+    """`DAGRL_LOGPROB_KERNEL` (torch | triton) forcing the log-prob implementation, or None for the
+    default (Triton on CUDA, torch passes elsewhere); any other value is an error."""
+    value = os.environ.get(LOGPROB_KERNEL_ENV) or None
+    if value not in (None, "torch", "triton"):
+        raise DagrlError(
+            f"environment variable {LOGPROB_KERNEL_ENV}={value!r}: use 'torch' or 'triton', or unset "
+            "it for the default (Triton kernels on CUDA, torch passes elsewhere)"
+        )
+    if value == "triton" and importlib.util.find_spec("triton") is None:
+        raise DagrlError(
+            f"environment variable {LOGPROB_KERNEL_ENV}=triton but triton is not installed: "
+            "pip install triton, or unset the variable"
+        )
+    return value
 
 
 def response_logprobs(

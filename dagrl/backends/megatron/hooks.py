@@ -1,0 +1,73 @@
+"""The megatron train backend's part in the plan's automatic choices
+(dagrl/backends/train_hooks.py): the optimizer's place is `megatron.optimizer_cpu_offload`, state
+stays on the device between phases (unless `megatron.*_offload` say otherwise), and
+`model.gradient_checkpointing=true` means megatron's full recompute unless `recompute_*` are set."""
+
+from __future__ import annotations
+
+from dagrl.backends.megatron.rules import recompute_for_checkpointing
+from dagrl.backends.train_hooks import TrainHooks
+from dagrl.config.roles import OffloadPolicy, ParallelLayout, dtype_name
+
+A = "actor_rollout_ref.actor"
+
+
+def _optimizer_host(cfg):
+    return cfg.actor_rollout_ref.actor.megatron, f"{A}.megatron.optimizer_cpu_offload"
+
+
+def _optimizer_share(cfg):
+    return cfg.actor_rollout_ref.actor.megatron, f"{A}.megatron.optimizer_offload_fraction"
+
+
+def _recompute_pinned(cfg) -> bool:
+    return cfg.actor_rollout_ref.actor.megatron.recompute_granularity is not None
+
+
+def _update_levers(spec) -> tuple[str | None, str | None]:
+    m = spec.megatron
+    recompute = f"{A}.megatron.recompute_granularity=full" if m.recompute_granularity is None else None
+    optimizer = (
+        None
+        if m.optimizer_cpu_offload
+        else f"the optimizer on the host ({A}.megatron.optimizer_cpu_offload=true)"
+    )
+    return recompute, optimizer
+
+
+def _section(cfg, trains: bool):
+    """actor.megatron for the trained role, ref.megatron for a forward-only one (ref, teacher)."""
+    arr = cfg.actor_rollout_ref
+    return arr.actor.megatron if trains else arr.ref.megatron
+
+
+def _layout(m) -> ParallelLayout:
+    return ParallelLayout(
+        m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
+    )
+
+
+def _offload(cfg, m) -> OffloadPolicy:
+    """megatron's three switches (grad_offload auto = on)."""
+    return OffloadPolicy(m.param_offload, m.grad_offload is not False, m.optimizer_offload)
+
+
+def _compute_dtype(cfg) -> str:
+    """megatron.param_dtype: a siiRL script with param_dtype=bfloat16 samples in bf16, not in
+    model.dtype's fp32."""
+    return dtype_name(cfg.actor_rollout_ref.actor.megatron.param_dtype)
+
+
+MEGATRON_HOOKS = TrainHooks(
+    section=_section,
+    layout=_layout,
+    offload=_offload,
+    compute_dtype=_compute_dtype,
+    optimizer_host=_optimizer_host,
+    resident_between_phases=True,
+    recompute_pinned=_recompute_pinned,
+    enable_recompute=recompute_for_checkpointing,
+    update_levers=_update_levers,
+    lora_reference_is_base=True,  # megatron LoRA: the adapters switched off (lora.py)
+    optimizer_share=_optimizer_share,
+)
