@@ -346,6 +346,17 @@ def test_megatron_critic_is_counted_by_hand(small):
 
     assert "critic.megatron.tensor_model_parallel_size" in phase_levers(prepared.plan, rows["critic_update"])
     assert "critic.megatron.param_offload" in phase_levers(prepared.plan, rows["update"])
+    # host: what its offload copies there (the weights), not the freed gradient buffers
+    assert prepared.memory.host[0].get("critic", 0) == 0
+    offloaded = dry(
+        small,
+        *SMALL_JOB,
+        "algorithm=ppo",
+        f"{A}.strategy=megatron",
+        "critic.strategy=megatron",
+        "critic.megatron.param_offload=true",
+    )
+    assert offloaded.memory.host[0]["critic"] == 2 * params
 
 
 def test_megatron_critic_checkpoint_counts_its_own_dtype():

@@ -233,12 +233,14 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
         workers=layout.workers,
         sequence_parallel=m.sequence_parallel,
     )
-    fraction = m.optimizer_offload_fraction if m.optimizer_cpu_offload else 0.0
+    fraction = offload_fraction(m) if m.optimizer_cpu_offload else 0.0
     state, host = state_bytes(
         shape, mlayout, m.param_dtype, True, m.use_distributed_optimizer, fraction, precision_aware(m)
     )
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
-    mem = RoleMemory(state, idle, host=host + parts_total(state) - parts_total(idle))
+    # host, as the actor's: what offload copies there (freed gradient buffers are copied nowhere)
+    moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
+    mem = RoleMemory(state, idle, host=host + parts_total(moved))
     width = param_width(m.param_dtype)
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
     mem.phases["values"] = {
