@@ -289,13 +289,10 @@ def fault_plan_hint(memory: MemoryPlan | None, plan: Plan, fault) -> str:
     if fault.kind != CUDA_OOM:
         return ""
     phase = _FAULT_PHASES.get(fault.phase)
-<<<<<<< HEAD
     if fault.phase in ("score", "score_steps"):  # a reward model's pass: its role names the phase
         phase = str(fault.role)
-=======
     if str(fault.role) == Role.critic:  # the critic's two calls have phases of their own
         phase = {"compute_values": "values", "train_step": "critic_update"}.get(fault.phase)
->>>>>>> issue32-s11
     if fault.phase == "forward_logprobs":
         phase = {"ref": "ref_logprob", "teacher": "teacher"}.get(str(fault.role), "old_logprob")
     return oom_hint(memory, plan, phase) if phase else ""
