@@ -1,0 +1,105 @@
+"""Every multi-GPU acceptance row (bench/multi_gpu_rows.py) plans on the CPU: its exact command,
+with config-only model shapes, dry-runs with rc 0 and plans the GPUs its CUDA_VISIBLE_DEVICES
+gives it. A row that would die at start on the GPU machine (a refused layout, a key the YAML or
+script does not take, a plan needing more cards than it is given) fails here instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import main_in_process
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+sys.path.insert(0, BENCH)
+import multi_gpu_rows  # noqa: E402
+from real_size_gpu import SHAPES  # noqa: E402
+
+# the interpreter the launch scripts call (their PYTHON): it writes the argv it was given, which the
+# test then runs in process (a fresh interpreter per row costs seconds of imports on 2 cores)
+ARGV_WRITER = '#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGV_FILE"\n'
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """model(shape) -> a config-only Qwen3 directory of that shape (a dry run reads no weights)."""
+    from tools.random_qwen3 import build_random_qwen3
+
+    root = tmp_path_factory.mktemp("shapes")
+    paths = {}
+    for shape, dims in SHAPES.items():
+        paths[shape] = build_random_qwen3(str(root / shape), *dims, 151936, head_dim=128, config_only=True)
+    return paths.__getitem__
+
+
+@pytest.fixture(scope="module")
+def gsm8k(tmp_path_factory):
+    return multi_gpu_rows.gsm8k_data(str(tmp_path_factory.mktemp("gsm8k")))
+
+
+def in_process_argv(cmd: list[str], env: dict, tmp_path) -> tuple[list[str], dict]:
+    """The dagrl.main arguments `cmd` ends in: `env VAR=.. python -m dagrl.main ...` directly, a
+    launch script (`env VAR=.. bash SCRIPT ...`) run by bash with the argv writer as its python."""
+    assert cmd[0] == "env"
+    rest = cmd[1:]
+    variables = {}
+    while "=" in rest[0] and not rest[0].startswith("/"):
+        key, _, value = rest.pop(0).partition("=")
+        variables[key] = value
+    if rest[1:3] == ["-m", "dagrl.main"]:
+        return rest[3:], variables
+    writer, argv_file = tmp_path / "python", tmp_path / "argv"
+    writer.write_text(ARGV_WRITER)
+    writer.chmod(0o755)
+    script_env = {**env, **variables, "PYTHON": str(writer), "ARGV_FILE": str(argv_file)}
+    proc = subprocess.run(
+        [*rest, "trainer.dry_run=true"], env=script_env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argv = argv_file.read_bytes().decode().split("\0")[:-1]
+    assert argv[:2] == ["-m", "dagrl.main"], argv
+    return argv[2:], variables
+
+
+ALL_ROWS = {**multi_gpu_rows.ROWS, **multi_gpu_rows.PLAN_ONLY}
+
+
+@pytest.mark.parametrize("name", list(ALL_ROWS))
+def test_row_plans_its_gpus(shapes, gsm8k, tmp_path, monkeypatch, capsys, isolated_plugins, request, name):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cmd, env, _ = multi_gpu_rows.command(name, str(run_dir), shapes, gsm8k)
+    argv, variables = in_process_argv(cmd, env, tmp_path)
+    row = ALL_ROWS[name]
+    assert variables["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, range(row.gpus)))
+    argv = [a for a in argv if a != "trainer.dry_run=true"]
+    if "trainer.ray_address=auto" in argv:  # on the GPU machine: the two raylets the group starts
+        ray = request.getfixturevalue("ray_local")
+        monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    if isinstance(row, multi_gpu_rows.ScriptRow) and row.run_dir:  # save/resume share a directory
+        argv.append(f"trainer.default_local_dir={run_dir}")
+    code, out = main_in_process(capsys, *argv, "trainer.dry_run=true")
+    assert code == 0, out
+    used = re.findall(r"^cluster: .*, (\d+) used$", out, re.M)
+    assert used == [str(row.gpus)], out
+    assert "OVER" not in out, out  # every row's plan fits its card (80 GiB; 141 for the 14B row)
+
+
+def test_compare_reads_two_rows_step_by_step(tmp_path):
+    """The save/resume and TP/one-GPU comparisons: steps both rows logged, the largest relative gap."""
+    for name, grad in (("a", [1.0, 2.0]), ("b", [1.0, 2.2])):
+        metrics = tmp_path / f"{name}.jsonl"
+        metrics.write_text(
+            "".join(json.dumps({"step": s + 1, "actor/grad_norm": g}) + "\n" for s, g in enumerate(grad))
+        )
+        (tmp_path / f"{name}.json").write_text(json.dumps({"metrics": str(metrics)}))
+    result = multi_gpu_rows.compare(str(tmp_path), "a", "b")
+    assert result["steps"] == [1, 2]
+    assert result["max_rel_gap"] == {"actor/grad_norm": round(0.2 / 2.2, 4)}
