@@ -205,7 +205,7 @@ def run_row(out: str, name: str, timeout: int, command=None) -> dict:
 
 def medians(rows: list[dict]) -> dict[str, float]:
     """The median of each MEDIAN_KEYS figure over `rows` (the steps after the first)."""
-    keys = {k for r in rows for k, v in r.items() if k.startswith(MEDIAN_KEYS) and isinstance(v, float)}
+    keys = {k for r in rows for k, v in r.items() if k.startswith(MEDIAN_KEYS) and type(v) in (int, float)}
     out = {}
     for key in sorted(keys):
         seen = sorted(r[key] for r in rows if key in r)

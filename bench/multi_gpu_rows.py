@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_matrix import SHORT, run_row, table_row  # noqa: E402
-from real_size_gpu import REPO, build, run_command  # noqa: E402
+from real_size_gpu import REPO, run_command  # noqa: E402
 from real_size_gpu import overrides as real_size_overrides  # noqa: E402
 
 MODELS = "/tmp/dagrl_models"
@@ -178,10 +178,20 @@ def script_command(row: ScriptRow, model, data: str, run_dir: str) -> list[str]:
     return ["env", visible(row.gpus), *env, "bash", script, *tail]
 
 
+def built_model(shape: str) -> str:
+    """A random-weight shape under MODELS, built by a process of its own: the weights are made on
+    a GPU, and a CUDA context left in this process would sit on card 0 through the row's run."""
+    path = os.path.join(MODELS, f"qwen3-{shape}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        code = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); from real_size_gpu import build; build({MODELS!r}, {shape!r})"
+        subprocess.run([sys.executable, "-c", code], check=True)
+    return path
+
+
 def command(name: str, run_dir: str, model=None, data: str | None = None) -> tuple[list[str], dict, str]:
     """A row's argv, environment and metrics file; `model(shape)` gives a model directory (default:
     random weights built under MODELS), `data` the gsm8k parquet directory of the script rows."""
-    model = model or (lambda shape: build(MODELS, shape))
+    model = model or built_model
     row = {**ROWS, **PLAN_ONLY}[name]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
     if isinstance(row, GrpoRow):
