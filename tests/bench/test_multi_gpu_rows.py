@@ -85,11 +85,14 @@ def test_row_plans_its_gpus(shapes, gsm8k, tmp_path, monkeypatch, capsys, isolat
         monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     if isinstance(row, multi_gpu_rows.ScriptRow) and row.run_dir:  # save/resume share a directory
         argv.append(f"trainer.default_local_dir={run_dir}")
-    code, out = main_in_process(capsys, *argv, "trainer.dry_run=true")
+    # the lent machine's host memory (a dry run elsewhere assumes none): a real run refuses more
+    host = f"trainer.host_memory_gib={multi_gpu_rows.HOST_GIB[row.gpus]}"
+    code, out = main_in_process(capsys, *argv, host, "trainer.dry_run=true")
     assert code == 0, out
     used = re.findall(r"^cluster: .*, (\d+) used$", out, re.M)
     assert used == [str(row.gpus)], out
-    assert "OVER" not in out, out  # every row's plan fits its card (80 GiB; 141 for the 14B row)
+    # every row's plan fits its cards (80 GiB; 141 for the 14B row) and its host
+    assert "OVER" not in out and "warning:" not in out, out
 
 
 def test_compare_reads_two_rows_step_by_step(tmp_path):
