@@ -120,7 +120,10 @@ def row_command(name: str, run_dir: str) -> tuple[list[str], dict, str]:
 
 USED_LINE = re.compile(r"^cluster: .*, (\d+) used$", re.M)
 # per-step figures a row reports as their median over steps 2..N (multi-GPU rows: bench/multi_gpu_rows.py)
-MEDIAN_KEYS = ("timing_s/", "weight_sync/", "rollout_corr/logprob_abs_diff", "perf/", "teacher/")
+MEDIAN_KEYS = (
+    "timing_s/", "weight_sync/", "rollout_corr/logprob_abs_diff", "perf/", "teacher/", "rollout/tokens_per_s",
+    "rollout/generate_s",
+)  # fmt: skip
 
 
 def run_row(out: str, name: str, timeout: int, command=None) -> dict:
@@ -188,6 +191,20 @@ def run_row(out: str, name: str, timeout: int, command=None) -> dict:
         "metrics": metrics,
         "peak_gib": peaks,
         "plan_gib": {p: plan.get(p) for p in ("rollout", "update")},
+        # every planned phase's figure beside the run's (teacher, ref_logprob, ...: where the run logs one)
+        "phases_gib": {
+            p: [
+                v,
+                max(
+                    (r[f"{p}/device_memory_used_gib"] for r in rows if f"{p}/device_memory_used_gib" in r),
+                    default=None,
+                ),
+            ]
+            for p, v in plan.items()
+        },
+        # devices per role: the plan's groups and where each pool's ranks landed
+        "plan_groups": [ln for ln in dry.stdout.splitlines() if ln.startswith("group ")],
+        "placed": [ln for ln in open(log).read().splitlines() if ln.startswith("placed ")],
         "handover": handover,
         "wall_s": round(time.perf_counter() - start, 1),
         "tail": [t[-300:] for t in tail],

@@ -231,7 +231,7 @@ def derived(result: dict) -> dict:
             out[key.replace("_tflops_per_gpu", "_mfu")] = round(value / PEAK_TFLOPS, 4)
         if key.startswith("weight_sync/") and ("GBps" in key or key.endswith("bytes")):
             out[key] = value
-        if key.startswith("perf/teacher") and key.endswith("tokens_per_s"):
+        if key.endswith("tokens_per_s"):
             out[key] = value
     return out
 
