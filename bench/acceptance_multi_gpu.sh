@@ -19,7 +19,8 @@
 #     2. dp2            ~9: 1g-0.6b-colocate (CUDA_VISIBLE_DEVICES=0), 2g-0.6b-dp2 at 64 prompts:
 #                           scaling = 1g step / 2g step; the colocated mismatch beside separate's
 #     3. tp             ~9: 1g-0.6b-megatron, 2g TP2+SP with vLLM TP2: step 1 side by side, MFU
-#     4. pp             ~7: 2g PP2 beside 1g-0.6b-megatron (from `tp`, same OUT)
+#     4. pp             ~9: 2g PP2 beside 1g-0.6b-megatron (from `tp`, same OUT); the 2-GPU megatron
+#                           tests (log-probs of a fixed batch at TP2, PP2, TP2+SP equal one GPU's)
 #     5. gkd3a          ~9: ms-swift's colocate/colocate (sized to 2) and separate YAMLs via run.sh
 #     6. gkd3b          ~7: ms-swift's standalone-teacher YAML (1 + 1): the teacher's tokens/s
 #     7. big            ~10: Qwen3-8B shape, megatron TP2+SP, vLLM TP2, optimizer on the host (the plan's)
@@ -33,7 +34,7 @@
 #    12. mega8b_resume  ~9: the same saved at 5 and resumed to 10, step by step beside `mega8b`; then
 #                           the 8-GPU TP2 x PP4 plan (dry run, per device beside mega8b's peaks)
 #    13. dp4            ~9: 0.6B DP=1 (one card) and DP=4 at the same per-GPU batch: scaling
-# Expected device time: 2 GPUs ~68 min worst case (~45 typical) + ~2 per machine start and the
+# Expected device time: 2 GPUs ~70 min worst case (~45 typical) + ~2 per machine start and the
 # install: three 30-minute sessions (1-3, 4-6, 7-8); 4 GPUs ~46 (~32 typical): two sessions (9-11, 12-13).
 #
 # Every group's commands plan on the CPU in tests/bench/test_multi_gpu_rows.py.
@@ -75,8 +76,18 @@ tp)
     pair 1g-0.6b-megatron 2g-0.6b-megatron-tp2-sp
     ;;
 pp)
-    ROW_TIMEOUT=${ROW_TIMEOUT:-400} rows 2g-0.6b-megatron-pp2
+    ROW_TIMEOUT=${ROW_TIMEOUT:-300} rows 2g-0.6b-megatron-pp2
     pair 1g-0.6b-megatron 2g-0.6b-megatron-pp2
+    # the fixed-batch checks (the same rows through one GPU and through two): megatron's log-probs at
+    # TP2, PP2 and TP2+SP against one GPU; they skip on a one-GPU machine, so only here do they run
+    timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/megatron/test_backend_gpu.py \
+        tests/backends/megatron/test_spec_gpu.py -k "two_gpu or tp2" >"$OUT/tests_2gpu.log" 2>&1
+    CODE=$?
+    SUMMARY=$(grep -E "[0-9]+ (passed|failed|error)" "$OUT/tests_2gpu.log" | tail -n 1)
+    echo "== 2-GPU tests rc=$CODE: $SUMMARY"; grep -E "^(FAILED|ERROR)" "$OUT/tests_2gpu.log" | cut -c1-300
+    PASSED=$(echo "$SUMMARY" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+")
+    TOTAL=$(echo "$SUMMARY" | grep -oE "[0-9]+ (passed|failed|error)" | awk '{s += $1} END {print s + 0}')
+    echo "| tests_2gpu (megatron TP2 / PP2 / TP2+SP vs one GPU) | $(nvidia-smi -L | grep -c ^GPU)× $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1) | $CODE | ${PASSED:-0}/${TOTAL:-0} | | | |" >>"$OUT/rows.md"
     ;;
 gkd3a)  # run.sh dry-runs the plan itself before each run (its GPU check): ~15 s a row more
     ROW_TIMEOUT=${ROW_TIMEOUT:-240} rows 2g-gkd-colocate 2g-gkd-separate
