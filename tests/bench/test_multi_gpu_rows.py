@@ -8,21 +8,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import main_in_process
+from tests.launch_scripts import dagrl_argv
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
 sys.path.insert(0, BENCH)
 import multi_gpu_rows  # noqa: E402
 from real_size_gpu import SHAPES  # noqa: E402
-
-# the interpreter the launch scripts call (their PYTHON): it writes the argv it was given, which the
-# test then runs in process (a fresh interpreter per row costs seconds of imports on 2 cores)
-ARGV_WRITER = '#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGV_FILE"\n'
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +40,7 @@ def gsm8k(tmp_path_factory):
 
 def in_process_argv(cmd: list[str], env: dict, tmp_path) -> tuple[list[str], dict]:
     """The dagrl.main arguments `cmd` ends in: `env VAR=.. python -m dagrl.main ...` directly, a
-    launch script (`env VAR=.. bash SCRIPT ...`) run by bash with the argv writer as its python."""
+    launch script (`env VAR=.. bash SCRIPT ...`) through tests/launch_scripts.py."""
     assert cmd[0] == "env"
     rest = cmd[1:]
     variables = {}
@@ -53,17 +49,8 @@ def in_process_argv(cmd: list[str], env: dict, tmp_path) -> tuple[list[str], dic
         variables[key] = value
     if rest[1:3] == ["-m", "dagrl.main"]:
         return rest[3:], variables
-    writer, argv_file = tmp_path / "python", tmp_path / "argv"
-    writer.write_text(ARGV_WRITER)
-    writer.chmod(0o755)
-    script_env = {**env, **variables, "PYTHON": str(writer), "ARGV_FILE": str(argv_file)}
-    proc = subprocess.run(
-        [*rest, "trainer.dry_run=true"], env=script_env, capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    argv = argv_file.read_bytes().decode().split("\0")[:-1]
-    assert argv[:2] == ["-m", "dagrl.main"], argv
-    return argv[2:], variables
+    argv = dagrl_argv([*rest, "trainer.dry_run=true"], {**env, **variables}, tmp_path)
+    return argv, variables
 
 
 ALL_ROWS = {**multi_gpu_rows.ROWS, **multi_gpu_rows.PLAN_ONLY}
