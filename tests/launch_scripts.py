@@ -11,13 +11,13 @@ from pathlib import Path
 ARGV_WRITER = '#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGV_FILE"\n'
 
 
-def dagrl_argv(cmd: list[str], env: dict[str, str], tmp_path: Path) -> list[str]:
-    """Run `cmd` (bash SCRIPT args...) with `env`; the arguments after `-m dagrl.main` it ran."""
+def dagrl_argv(cmd: list[str], env: dict[str, str], tmp_path: Path, cwd: Path | None = None) -> list[str]:
+    """Run `cmd` (bash SCRIPT args...) with `env` in `cwd`; the arguments after `-m dagrl.main` it ran."""
     writer, argv_file = tmp_path / "argv_writer", tmp_path / "argv"
     writer.write_text(ARGV_WRITER)
     writer.chmod(0o755)
     script_env = {**env, "PYTHON": str(writer), "ARGV_FILE": str(argv_file)}
-    proc = subprocess.run(cmd, env=script_env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(cmd, env=script_env, cwd=cwd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     argv = argv_file.read_bytes().decode().split("\0")[:-1]
     assert argv[:2] == ["-m", "dagrl.main"], argv
