@@ -209,15 +209,23 @@ def run_row(out: str, name: str, timeout: int, command=None) -> dict:
         "wall_s": round(time.perf_counter() - start, 1),
         "tail": [t[-300:] for t in tail],
     }
-    try:
-        import torch
-
-        result["device"] = torch.cuda.get_device_name(0)
-        if result["gpus"] and result["gpus"] > 1:  # the card count names a multi-GPU row's device
-            result["device"] = f"{result['gpus']}× {result['device']}"
-    except Exception:  # noqa: BLE001 (the figure is optional)
-        result["device"] = "?"
+    result["device"] = card_name()
+    if result["gpus"] and result["gpus"] > 1:  # the card count names a multi-GPU row's device
+        result["device"] = f"{result['gpus']}× {result['device']}"
     return result
+
+
+def card_name() -> str:
+    """The first card's name from nvidia-smi, not torch: a CUDA context of this process would sit
+    on card 0 through the next row's run."""
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
+    except OSError:  # no driver here
+        return "?"
+    names = smi.stdout.strip().splitlines()
+    return names[0] if smi.returncode == 0 and names else "?"
 
 
 def medians(rows: list[dict]) -> dict[str, float]:
