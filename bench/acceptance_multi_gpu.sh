@@ -37,6 +37,9 @@
 # Expected device time: 2 GPUs ~70 min worst case (~45 typical) + ~2 per machine start and the
 # install: three 30-minute sessions (1-3, 4-6, 7-8); 4 GPUs ~46 (~32 typical): two sessions (9-11, 12-13).
 #
+# OUT is the call's own folder ($OUT of the device tool). Rows' JSON are also kept in
+# /tmp/dagrl_multi_gpu_rows on the machine: `dp2` reads `separate`'s mismatch, `pp` compares with
+# `tp`'s one-GPU run and `mega8b_resume` with `mega8b`, so run those pairs on the same warm machine.
 # Every group's commands plan on the CPU in tests/bench/test_multi_gpu_rows.py.
 set -u
 OUT=${1:?OUT}
@@ -50,11 +53,13 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 rows() {  # rows NAME...: bench/multi_gpu_rows.py, its ROW lines
     ROW_TIMEOUT=${ROW_TIMEOUT:-250} python3 bench/multi_gpu_rows.py "$OUT" "$@" 2>&1 | grep -E "^(ROW|PLAN)|rror" | cut -c1-2500
 }
-field() {  # field ROW KEY: a figure of a row's JSON (OUT/ROW.json), empty when absent
-    python3 -c "import json,sys; r=json.load(open('$OUT/$1.json')); print(r.get('$2', r['median'].get('$2', '')))" 2>/dev/null
+# every row's JSON is also kept on the machine (KEEP): a later call compares with an earlier one's rows
+KEEP=${MULTI_GPU_KEEP:-/tmp/dagrl_multi_gpu_rows}
+field() {  # field ROW KEY: a figure of a row's JSON (KEEP/ROW.json), empty when absent
+    python3 -c "import json,sys; r=json.load(open('$KEEP/$1.json')); print(r.get('$2', r['median'].get('$2', '')))" 2>/dev/null
 }
-pair() {  # pair A B: step 1 and medians of two rows side by side, and their per-step comparison
-    python3 bench/multi_gpu_rows.py --compare "$OUT" "$1" "$2" | cut -c1-1500
+pair() {  # pair A B: two rows' per-step loss, grad norm and reward side by side, the largest gap
+    python3 bench/multi_gpu_rows.py --compare "$KEEP" "$1" "$2" | tee -a "$OUT/compare.log" | cut -c1-1500
 }
 
 case $WHAT in

@@ -8,7 +8,8 @@ columns a row's `ROW {...}` line carries step 1's loss and grad norm and the med
 of the weight sync, log-prob mismatch, per-phase seconds, tokens/s and TFLOPs per GPU.
 
     python bench/multi_gpu_rows.py OUT ROW...          (names: ROWS; groups: bench/acceptance_multi_gpu.sh)
-    python bench/multi_gpu_rows.py --compare OUT A B   (A's and B's per-step figures side by side)
+    python bench/multi_gpu_rows.py --compare DIR A B   (A's and B's per-step figures side by side;
+                                                        DIR holds their JSON: OUT, or KEEP below)
 
 tests/bench/test_multi_gpu_rows.py dry-runs every row's command on the CPU with config-only shapes.
 """
@@ -33,6 +34,9 @@ A, R, MEGA = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_roll
 PEAK_TFLOPS = 989.0
 SWIFT = os.path.join(REPO, "examples", "ms_swift")
 RESUME_DIR = "/tmp/mg_8b_resume"
+# every row's JSON also lands here: each device call has an OUT of its own, and a later call on the
+# same (warm) machine compares with an earlier one's rows (pp with tp's one-GPU run, resume with mega8b)
+KEEP = os.environ.get("MULTI_GPU_KEEP", "/tmp/dagrl_multi_gpu_rows")
 # host memory the kernel reports on the lent machines (GiB; 2 GPUs: 256 nominal, 4: 512, 8: 560)
 HOST_GIB = {1: 251, 2: 251, 4: 503, 8: 550}  # the save-at-5 and resume-to-10 rows share their run directory
 
@@ -300,8 +304,10 @@ def main() -> None:
             continue
         result = run_row(out, name, timeout, command)
         result.update(derived(result))
-        with open(os.path.join(out, f"{name}.json"), "w") as f:
-            json.dump(result, f)
+        for where in (out, KEEP):  # KEEP: later calls on the same machine compare with this row
+            os.makedirs(where, exist_ok=True)
+            with open(os.path.join(where, f"{name}.json"), "w") as f:
+                json.dump(result, f)
         print("ROW " + json.dumps(result), flush=True)
         with open(os.path.join(out, "rows.md"), "a") as f:
             f.write(table_row(result) + "\n")
