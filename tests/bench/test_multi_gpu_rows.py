@@ -56,7 +56,15 @@ def in_process_argv(cmd: list[str], env: dict, tmp_path) -> tuple[list[str], dic
 ALL_ROWS = {**multi_gpu_rows.ROWS, **multi_gpu_rows.PLAN_ONLY}
 
 
-@pytest.mark.parametrize("name", list(ALL_ROWS))
+# the two-node row plans against a live cluster (trainer.ray_address=auto is probed before the plan):
+# the session's Ray, used among the last tests (own_ray's order), when earlier tests have started it
+# and no test that asserts Ray is not running comes after
+ROW_PARAMS = [
+    pytest.param(name, marks=pytest.mark.own_ray) if name.startswith("2n") else name for name in ALL_ROWS
+]
+
+
+@pytest.mark.parametrize("name", ROW_PARAMS)
 def test_row_plans_its_gpus(shapes, gsm8k, tmp_path, monkeypatch, capsys, isolated_plugins, request, name):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
