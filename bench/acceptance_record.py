@@ -18,7 +18,8 @@ NOTE = """
 - peak GiB: the device in use (`torch.cuda.mem_get_info`) at the end of the rollout / of the update,
   the largest over the run's steps; plan GiB: the dry run's figure for the same two phases.
 - Runs: `bench/gpu_matrix.py` (random-weight Qwen3 shapes, `rollout.name=vllm` and the defaults);
-  test groups: `bench/acceptance_gpu.sh OUT tests_a|tests_b|tests_c`.
+  test groups: `bench/acceptance_gpu.sh OUT tests_a|tests_b|tests_c`; two- and four-GPU rows:
+  `bench/acceptance_multi_gpu.sh OUT GROUP` (the device column names the card count).
 """
 
 

@@ -118,12 +118,23 @@ def row_command(name: str, run_dir: str) -> tuple[list[str], dict, str]:
     return cmd, env, os.path.join(run_dir, "metrics.jsonl")
 
 
-def run_row(out: str, name: str, timeout: int) -> dict:
+USED_LINE = re.compile(r"^cluster: .*, (\d+) used$", re.M)
+# per-step figures a row reports as their median over steps 2..N (multi-GPU rows: bench/multi_gpu_rows.py)
+MEDIAN_KEYS = (
+    "timing_s/", "weight_sync/", "rollout_corr/logprob_abs_diff", "perf/", "teacher/", "rollout/tokens_per_s",
+    "rollout/generate_s",
+)  # fmt: skip
+
+
+def run_row(out: str, name: str, timeout: int, command=None) -> dict:
+    """Dry-run then run one row; command(name, run_dir) -> (argv, env, metrics path), row_command
+    unless given."""
     run_dir = tempfile.mkdtemp(prefix=f"{name}_", dir="/tmp")
-    cmd, env, metrics = row_command(name, run_dir)
+    cmd, env, metrics = (command or row_command)(name, run_dir)
     dry_cmd = cmd + ["trainer.dry_run=true"]
     dry = subprocess.run(dry_cmd, env=env, capture_output=True, text=True, cwd=REPO)
     plan = plan_phases(dry.stdout)
+    used = USED_LINE.findall(dry.stdout)
     start = time.perf_counter()
     log = os.path.join(out, f"{name}.log")
     try:
@@ -167,25 +178,64 @@ def run_row(out: str, name: str, timeout: int) -> dict:
         # what the row learns, first and last step: divergence (GKD), reward (GRPO, multi-turn, samples)
         "first_last": {
             k: [round(rows[0][k], 4), round(rows[-1][k], 4)]
-            for k in sorted(rows[0])
-            if rows
-            and k in rows[-1]
+            for k in sorted(rows[0] if rows else {})
+            if k in rows[-1]
             and isinstance(rows[0][k], float)
             and ("loss" in k or "reward/mean" in k or "divergence" in k or "score" in k)
         },
+        "step1": {
+            k: rows[0][k] for k in ("actor/pg_loss", "actor/grad_norm", "actor/loss") if rows and k in rows[0]
+        },
+        "median": medians(rows[1:] or rows),
+        "gpus": int(used[-1]) if used else None,
+        "metrics": metrics,
         "peak_gib": peaks,
         "plan_gib": {p: plan.get(p) for p in ("rollout", "update")},
+        # every planned phase's figure beside the run's (teacher, ref_logprob, ...: where the run logs one)
+        "phases_gib": {
+            p: [
+                v,
+                max(
+                    (r[f"{p}/device_memory_used_gib"] for r in rows if f"{p}/device_memory_used_gib" in r),
+                    default=None,
+                ),
+            ]
+            for p, v in plan.items()
+        },
+        # devices per role: the plan's groups and where each pool's ranks landed
+        "plan_groups": [ln for ln in dry.stdout.splitlines() if ln.startswith("group ")],
+        "placed": [ln for ln in open(log).read().splitlines() if ln.startswith("placed ")],
         "handover": handover,
         "wall_s": round(time.perf_counter() - start, 1),
         "tail": [t[-300:] for t in tail],
     }
-    try:
-        import torch
-
-        result["device"] = torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001 (the figure is optional)
-        result["device"] = "?"
+    result["device"] = card_name()
+    if result["gpus"] and result["gpus"] > 1:  # the card count names a multi-GPU row's device
+        result["device"] = f"{result['gpus']}× {result['device']}"
     return result
+
+
+def card_name() -> str:
+    """The first card's name from nvidia-smi, not torch: a CUDA context of this process would sit
+    on card 0 through the next row's run."""
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
+    except OSError:  # no driver here
+        return "?"
+    names = smi.stdout.strip().splitlines()
+    return names[0] if smi.returncode == 0 and names else "?"
+
+
+def medians(rows: list[dict]) -> dict[str, float]:
+    """The median of each MEDIAN_KEYS figure over `rows` (the steps after the first)."""
+    keys = {k for r in rows for k, v in r.items() if k.startswith(MEDIAN_KEYS) and type(v) in (int, float)}
+    out = {}
+    for key in sorted(keys):
+        seen = sorted(r[key] for r in rows if key in r)
+        out[key] = round(seen[len(seen) // 2], 4)
+    return out
 
 
 def table_row(r: dict) -> str:

@@ -32,6 +32,7 @@ SHAPES = {
     "1.7b": (2048, 28, 16, 8, 6144),
     "4b": (2560, 36, 32, 8, 9728),
     "8b": (4096, 36, 32, 8, 12288),
+    "14b": (5120, 40, 40, 8, 17408),
 }
 A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
 MEGA = f"{A}.megatron"

@@ -38,8 +38,9 @@ BUDGET=()
 [ "$MAX_TOKENS" != 0 ] && BUDGET=($A.use_dynamic_bsz=true $A.ppo_max_token_len_per_gpu="$MAX_TOKENS")
 DRY=()
 [ "$DRY_RUN" = 1 ] && DRY=(trainer.dry_run=true)
+PY=${PYTHON:-python3}  # the interpreter (a virtual environment's python, say)
 
-python3 -m dagrl.main \
+"$PY" -m dagrl.main \
     data.train_files="$TRAIN_FILE" data.val_files="$VAL_FILE" \
     data.train_batch_size="$TRAIN_BATCH_SIZE" data.max_prompt_length="$MAX_PROMPT_LENGTH" \
     data.max_response_length="$MAX_RESPONSE_LENGTH" \

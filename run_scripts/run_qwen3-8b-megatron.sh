@@ -55,11 +55,12 @@ TOTAL_STEPS=${TOTAL_STEPS:-null}  # null = run TOTAL_EPOCHS
 RESUME_MODE=${RESUME_MODE:-auto}
 CKPT_DIR=${CKPT_DIR:-checkpoints/$PROJECT_NAME/$EXPERIMENT_NAME}
 
+PY=${PYTHON:-python3}  # the interpreter (a virtual environment's python, say)
 EXTRA=()
 if [[ ${DRY_RUN:-0} == 1 ]]; then EXTRA+=(trainer.dry_run=true); fi
 
 set -x
-python3 -m dagrl.main \
+"$PY" -m dagrl.main \
     data.train_files="$TRAIN_FILE" \
     data.val_files="$VAL_FILE" \
     data.train_batch_size="$TRAIN_BATCH_SIZE" \

@@ -1,7 +1,9 @@
 """Folding metrics of micro-batches, mini-batches and DP ranks into one value per key.
 
 Keys ending in `_max` / `_min` keep the extreme; every other key is a (weighted) mean. Backends
-fold device tensors (no sync per micro-batch) and convert once per mini-batch.
+fold device tensors (no sync per micro-batch) and convert once per mini-batch. Across ranks, a
+card's memory in use (`<phase>/device_memory_used_gib`) keeps the fullest card: that is what the
+memory plan's per-device figure must cover, and pipeline stages or uneven DP shards are not alike.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def fold(acc: dict, new: dict, weight: float) -> dict:
 def reduce(key: str, values: Iterable[float]) -> float:
     """One value from several mini-batches or ranks."""
     values = [float(v) for v in values]
-    if key.endswith("_max"):
+    if key.endswith(("_max", "device_memory_used_gib")):
         return max(values)
     if key.endswith("_min"):
         return min(values)

@@ -19,6 +19,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dagrl.config.placement import GroupPlan, Plan
+from dagrl.console import log
 from dagrl.core.batch import Batch, Held
 from dagrl.core.calls import Collect, Dispatch, Execute, call_spec, collect_results, dispatch_shards
 from dagrl.core.device_faults import from_task_error, rank_of
@@ -86,6 +87,16 @@ def _cpu_group_slots(plan: Plan) -> list[int]:
     return [s for g in plan.groups if g.device == "cpu" for s in g.slots]
 
 
+def describe_placement(roles: list[str], infos: list[dict]) -> str:
+    """One line naming where each rank of a pool landed: on a multi-node cluster the plan's node
+    numbers are Ray's choice, so the run says which node and card each role actually got."""
+    ranks = "; ".join(
+        f"rank {i} node {info['node_id'][:8]} ({info['ip']}) GPU {','.join(info['gpu_ids']) or '-'}"
+        for i, info in enumerate(infos)
+    )
+    return f"placed {','.join(str(r) for r in roles)}: {ranks}"
+
+
 class WorkerPool:
     """The actors of one colocate group: one per slot, ranks in slot order.
 
@@ -148,6 +159,7 @@ class WorkerPool:
 
     def setup(self) -> None:
         self.infos = self.get([a.node_info.remote() for a in self.actors])
+        log(describe_placement(self.roles, self.infos))
         port = self.get(self.actors[0].free_port.remote())
         self.get([a.setup.remote(self.infos[0]["ip"], port) for a in self.actors])
 

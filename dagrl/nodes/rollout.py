@@ -62,7 +62,7 @@ class RolloutNode:
             seed=step_seed(seed, runtime.step, runtime.sample_round),
         )
         out = out.select(self.spec.outputs)
-        metrics = reduce_all(per_rank)  # replicas' means (memory per phase, generate seconds)
+        metrics = reduce_all(per_rank)  # the fullest card per phase, mean generate seconds
         metrics["rollout/tokens_per_s"] = sum(m["rollout/tokens_per_s"] for m in per_rank)  # all replicas
         if "off_policy" in self.spec.outputs:
             out = out.union(Batch({"off_policy": torch.zeros(len(batch))}))

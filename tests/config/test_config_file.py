@@ -16,6 +16,7 @@ from dagrl.errors import ConfigError, DagError
 from dagrl.main import compose, main, parse_args
 from dagrl.trainer.setup import prepare
 from tests.config.test_config import REPO
+from tests.conftest import main_in_process
 
 SWIFT = REPO / "examples" / "ms_swift"
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
@@ -122,15 +123,19 @@ def test_a_users_edited_yaml_runs_its_own_settings_and_overrides_come_after(tmp_
     assert cfg.algorithm.gkd.beta == 0.2  # the command line wins over the file's `beta: 0.5`
 
 
-def test_run_sh_runs_the_users_file_not_the_preset_of_that_name(tmp_path):
+def test_run_sh_runs_the_users_file_not_the_preset_of_that_name(tmp_path, capsys):
+    from tests.launch_scripts import dagrl_argv
+
     path = tmp_path / "rollout_colocate_teacher_colocate.yaml"
     text = (SWIFT / "rollout_separate_teacher_colocate.yaml").read_text()
     path.write_text(text.replace("gpus: 1\n\nrollout:", "gpus: 2\n\nrollout:"))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHON": shutil.which("python") or "python"}
-    cmd = ["bash", "run_scripts/gkd/run.sh", str(path), "trainer.dry_run=true"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "cluster: 1 node(s) × 3 GPU(s), 3 used" in proc.stdout  # train 2 + rollout 1, separate
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = ["bash", str(REPO / "run_scripts/gkd/run.sh"), str(path), "trainer.dry_run=true"]
+    argv = dagrl_argv(cmd, env, tmp_path, REPO)  # the command run.sh runs, planned in process
+    assert argv[:2] == ["--config", str(path)], argv
+    code, out = main_in_process(capsys, *argv, f"trainer.default_local_dir={tmp_path}")
+    assert code == 0, out
+    assert "cluster: 1 node(s) × 3 GPU(s), 3 used" in out  # train 2 + rollout 1, separate
     missing = subprocess.run(
         ["bash", "run_scripts/gkd/run.sh", "/path/to/my_edit.yaml"],
         cwd=REPO,

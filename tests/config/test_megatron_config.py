@@ -7,8 +7,6 @@ device), written by transformers into tmp_path.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from dagrl.config.placement import format_plan, make_plan
 from dagrl.config.validate import validate_with_plan
 from dagrl.errors import ConfigError, DagrlError, PlacementError
 from dagrl.trainer.setup import prepare
-from tests.conftest import compose_config, validated_config
+from tests.conftest import compose_config, main_in_process, validated_config
 
 REPO = Path(__file__).resolve().parents[2]
 A = "actor_rollout_ref.actor"
@@ -537,27 +535,17 @@ def write_gsm8k_like(directory: Path) -> tuple[str, str]:
     return train, val
 
 
-def run_script(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def run_script(tmp_path: Path, capsys, env: dict[str, str], *args: str) -> tuple[int, str]:
+    """run_scripts/run_qwen3-8b-megatron.sh with DRY_RUN=1: the command it builds, planned in process."""
+    from tests.launch_scripts import dagrl_argv
+
     train, val = write_gsm8k_like(tmp_path)
-    full_env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3 = this venv's
-        "HYDRA_FULL_ERROR": "0",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "TRAIN_FILE": train,
-        "VAL_FILE": val,
-        "DRY_RUN": "1",
-        **env,
-    }
-    cmd = [
-        "bash",
-        str(REPO / "run_scripts/run_qwen3-8b-megatron.sh"),
-        *args,
-    ]
-    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=180)
+    full_env = {**os.environ, "TRAIN_FILE": train, "VAL_FILE": val, "DRY_RUN": "1", **env}
+    argv = dagrl_argv(["bash", str(REPO / "run_scripts/run_qwen3-8b-megatron.sh"), *args], full_env, tmp_path)
+    return main_in_process(capsys, *argv)
 
 
-def test_script_dry_run_plans_tp2_pp4(tmp_path):
+def test_script_dry_run_plans_tp2_pp4(tmp_path, capsys):
     small = {
         "MODEL_PATH": qwen3_dir(tmp_path / "model"),
         "TRAIN_BATCH_SIZE": "8",
@@ -569,9 +557,8 @@ def test_script_dry_run_plans_tp2_pp4(tmp_path):
         "MAX_RESPONSE_LENGTH": "8",
         "VPP": "2",
     }
-    proc = run_script(tmp_path, small, "trainer.seed=7")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    code, out = run_script(tmp_path, capsys, small, "trainer.seed=7")
+    assert code == 0, out
     assert "cluster: 1 node(s) × 8 GPU(s), 8 used" in out
     assert "train: 8 workers, DP=1 TP=2 PP=4 CP=1" in out
     assert "ref: 8 workers, DP=1 TP=2 PP=4 CP=1" in out
@@ -579,7 +566,7 @@ def test_script_dry_run_plans_tp2_pp4(tmp_path):
     assert "dry run: plan printed, no workers started" in out
 
 
-def test_script_defaults_fit_a_qwen3_8b_config(tmp_path):
+def test_script_defaults_fit_a_qwen3_8b_config(tmp_path, capsys):
     """The script's defaults pass every rule for Qwen3-8B's shape (config.json only, nothing loaded)."""
     shape = dict(
         vocab_size=151936,
@@ -593,9 +580,8 @@ def test_script_defaults_fit_a_qwen3_8b_config(tmp_path):
     from transformers import Qwen3Config
 
     Qwen3Config(**shape).save_pretrained(tmp_path / "qwen3-8b")
-    proc = run_script(tmp_path, {"MODEL_PATH": str(tmp_path / "qwen3-8b")})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    code, out = run_script(tmp_path, capsys, {"MODEL_PATH": str(tmp_path / "qwen3-8b")})
+    assert code == 0, out
     assert "train: 8 workers, DP=1 TP=2 PP=4 CP=1" in out
 
 

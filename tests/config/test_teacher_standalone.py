@@ -13,7 +13,7 @@ from dagrl.backends.vllm.rules import check_teacher_device
 from dagrl.config.placement import format_plan
 from dagrl.errors import ConfigError
 from dagrl.trainer.setup import prepare
-from tests.conftest import compose_config
+from tests.conftest import compose_config, main_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESETS = {
@@ -157,8 +157,18 @@ def test_run_sh_says_how_many_gpus_the_placement_needs():
     )
     assert out.returncode == 1
     assert "needs 3 GPU(s)" in out.stderr and "CUDA_VISIBLE_DEVICES=0,1 exposes 2" in out.stderr
-    out = _run_sh("gkd/rollout_colocate_teacher_colocate.yaml", "trainer.dry_run=true", visible="")
-    assert out.returncode == 0 and "dry run: plan printed" in out.stdout + out.stderr
+
+
+def test_run_sh_plans_a_preset_without_gpus(tmp_path, capsys):
+    """trainer.dry_run=true needs no GPU (none visible): run.sh hands the preset to dagrl as is."""
+    from tests.launch_scripts import dagrl_argv
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    cmd = ["bash", os.path.join(ROOT, "run_scripts/gkd/run.sh"), "gkd/rollout_colocate_teacher_colocate.yaml"]
+    argv = dagrl_argv([*cmd, "trainer.dry_run=true"], env, tmp_path, ROOT)
+    assert argv[0] == "experiment=gkd/rollout_colocate_teacher_colocate", argv
+    code, out = main_in_process(capsys, *argv, f"trainer.default_local_dir={tmp_path}")
+    assert code == 0 and "dry run: plan printed" in out, out
 
 
 def test_train_devices_are_handed_over_during_standalone_scoring_only():

@@ -272,3 +272,18 @@ def test_plan_names_each_role_engine_and_backend():
     assert ", train backend megatron (forward only)" in text  # ref
     text = format_plan(make_plan(compose_config(), ROLES, "cpu"))
     assert "rollout engine hf" in text and "train backend torch" in text
+
+
+def test_describe_placement_names_each_ranks_node_and_card():
+    """The line a run prints per pool (the two-node acceptance reads it to check where roles went)."""
+    from dagrl.core.pools import describe_placement
+
+    infos = [
+        {"node_id": "a1b2c3d4e5f6", "ip": "10.0.0.1", "gpu_ids": ["0"]},
+        {"node_id": "ffee00112233", "ip": "10.0.0.2", "gpu_ids": []},
+    ]
+    line = describe_placement(["train", "ref"], infos)
+    assert (
+        line
+        == "placed train,ref: rank 0 node a1b2c3d4 (10.0.0.1) GPU 0; rank 1 node ffee0011 (10.0.0.2) GPU -"
+    )

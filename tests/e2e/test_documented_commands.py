@@ -166,32 +166,27 @@ def test_gpu_command_plans(stand_ins, tmp_path, monkeypatch, capsys, isolated_pl
     )
 
 
-def test_vllm_script_plans_from_any_directory(stand_ins, tmp_path):
+def test_vllm_script_plans_from_any_directory(stand_ins, tmp_path, monkeypatch, capsys):
     """run_scripts/run_qwen3-0.6b-vllm.sh with DRY_RUN=1 (its header's command): the one-GPU vLLM
-    plan for a Qwen3-0.6B-shape model on gsm8k parquet."""
+    plan for a Qwen3-0.6B-shape model on gsm8k parquet, the command the script builds planned in
+    process from a directory outside the checkout."""
     import os
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from tests.launch_scripts import dagrl_argv
 
     env = {
         **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3 = this venv's
         "MODEL_PATH": str(stand_ins / "model"),
         "TRAIN_FILE": str(stand_ins / "gsm8k" / "train.parquet"),
         "VAL_FILE": str(stand_ins / "gsm8k" / "test.parquet"),
         "DRY_RUN": "1",
     }
     script = ROOT / "run_scripts" / "run_qwen3-0.6b-vllm.sh"
-    proc = subprocess.run(
-        ["bash", str(script), f"trainer.default_local_dir={tmp_path / 'run'}"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    argv = dagrl_argv(
+        ["bash", str(script), f"trainer.default_local_dir={tmp_path / 'run'}"], env, tmp_path, tmp_path
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    monkeypatch.chdir(tmp_path)
+    code, out = main_in_process(capsys, *argv)
+    assert code == 0, out
     assert "cluster: 1 node(s) × 1 GPU(s), 1 used" in out and "rollout engine vllm" in out, out
     assert "dry run: plan printed, no workers started" in out
