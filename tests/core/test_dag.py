@@ -48,7 +48,8 @@ def test_shipped_grpo_with_kl_loss():
     }
     assert position(dag, "weight_sync") < position(dag, "rollout")
     assert names[-1] == "actor_update"
-    assert {"reward", "old_logprob"} <= dag.deps["advantage"]
+    # the advantage waits for the score; the old log-probs only reach it through KL in the reward
+    assert "reward" in dag.deps["advantage"] and "old_logprob" in dag.deps["actor_update"]
     assert dag.deps["rollout"] == {"weight_sync"}
     assert dag.deps["reward"] == {"rollout"}
     assert dag.deps["actor_update"] >= {"ref_logprob", "old_logprob", "advantage", "rollout"}
@@ -278,12 +279,12 @@ def build_for(path: str, *overrides: str) -> Dag:
 
 def test_objective_inputs_need_a_producer(tmp_path):
     # the update reads ref_logprobs only with the KL loss: then a DAG without the ref node fails
-    no_ref = {"advantage": "ref_logprobs", "actor_update": "ref_logprobs"}
+    no_ref = {"kl_in_reward": "ref_logprobs", "actor_update": "ref_logprobs"}
     path = edited_grpo(tmp_path, "ref_logprob", no_ref)
     build_for(path)
     with pytest.raises(DagError, match=r"kind actor_update needs inputs \['ref_logprobs'\]"):
         build_for(path, "actor_rollout_ref.actor.use_kl_loss=true")
-    path = edited_grpo(tmp_path, "ref_logprob", {"advantage": "ref_logprobs"})
+    path = edited_grpo(tmp_path, "ref_logprob", {"kl_in_reward": "ref_logprobs"})
     with pytest.raises(
         DagError, match=r"node 'actor_update' reads \['ref_logprobs'\], which no node produces"
     ):
@@ -300,13 +301,20 @@ def test_advantages_need_a_producer(tmp_path, algorithm):
         build_for(path, f"algorithm={algorithm}")
 
 
-def test_kl_in_reward_requires_the_log_probs_at_the_advantage_node(tmp_path):
+def test_kl_in_reward_requires_the_log_probs_at_its_node(tmp_path):
     path = edited_grpo(tmp_path, "ref_logprob", {"actor_update": "ref_logprobs"})
-    with pytest.raises(DagError, match=r"node 'advantage' reads \['ref_logprobs'\]"):
+    with pytest.raises(DagError, match=r"node 'kl_in_reward' reads \['ref_logprobs'\]"):
         build_for(path, "algorithm.use_kl_in_reward=true")
-    path = edited_grpo(tmp_path, "ref_logprob", {"actor_update": "ref_logprobs", "advantage": "ref_logprobs"})
-    build_for(path)  # without KL in the reward the advantage node does not need them
-    with pytest.raises(DagError, match=r"kind advantage needs inputs \['ref_logprobs'\]"):
+    path = edited_grpo(
+        tmp_path, "ref_logprob", {"actor_update": "ref_logprobs", "kl_in_reward": "ref_logprobs"}
+    )
+    build_for(path)  # without KL in the reward its node is not in the DAG
+    with pytest.raises(DagError, match=r"kind kl_in_reward needs inputs \['ref_logprobs'\]"):
+        build_for(path, "algorithm.use_kl_in_reward=true")
+    # the advantage node sums the term in: a DAG without the node making it is refused
+    path = edited_grpo(tmp_path, "kl_in_reward", {"advantage": "kl_rewards"})
+    build_for(path)
+    with pytest.raises(DagError, match=r"kind advantage needs inputs \['kl_rewards'\]"):
         build_for(path, "algorithm.use_kl_in_reward=true")
 
 
@@ -319,3 +327,4 @@ def test_built_dag_is_immutable_and_pickles():
         dag.deps["advantage"] = frozenset()  # frozen means frozen: deps cannot be edited either
     again = pickle.loads(pickle.dumps(dag))
     assert again == dag and again.deps["reward"] == {"rollout"}
+
