@@ -328,3 +328,43 @@ def test_built_dag_is_immutable_and_pickles():
     again = pickle.loads(pickle.dumps(dag))
     assert again == dag and again.deps["reward"] == {"rollout"}
 
+
+def test_a_producer_nothing_reads_is_pruned_with_what_only_it_read():
+    from dagrl.core.dag import prune_unconsumed
+    from dagrl.core.node import NodeSpec
+
+    specs = [
+        NodeSpec("teacher", "teacher_logprob", "teacher", ["responses"], ["teacher_logprobs"]),
+        NodeSpec("term", "distill_reward", None, ["teacher_logprobs"], ["distill_advantages"]),
+        NodeSpec("reward", "reward", None, ["responses"], ["scores"]),
+        NodeSpec("sync", "weight_sync", "rollout", [], [], ["reward"]),  # waits for it: stays
+        NodeSpec("update", "actor_update", "train", ["responses"]),  # no outputs: acts by running
+    ]
+    kept = [s.name for s in prune_unconsumed(specs, [])]
+    assert kept == ["reward", "sync", "update"]  # the term, then the teacher only it read
+    assert [s.name for s in prune_unconsumed(specs, ["distill_advantages"])] == [s.name for s in specs]
+
+
+def test_the_dag_sinks_keep_what_the_trainer_reads(tmp_path):
+    """GKD's reward is logged, not trained on: `sinks: [scores]` keeps it; without the sink the
+    node does work no one sees and is pruned before the plan."""
+    import yaml
+
+    from dagrl.core.dag import dag_path, load_dag_file
+    from dagrl.trainer.setup import prepare
+
+    def kinds(dag: str) -> set[str]:
+        cfg = compose_config("algorithm=gkd", f"dag={dag}", "trainer.dry_run=true")
+        return {n.kind for n in prepare(cfg).dag.nodes}
+
+    assert "reward" in kinds("gkd")
+    with open(dag_path("gkd")) as f:
+        raw = yaml.safe_load(f)
+    del raw["sinks"]
+    path = tmp_path / "gkd_no_sinks.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert "reward" not in kinds(str(path))
+    raw["sinks"] = ["scorez"]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(DagError, match=r"sinks \['scorez'\] are not declared batch keys"):
+        load_dag_file(str(path))
