@@ -93,8 +93,6 @@ class SequenceLimits:
 
 
 ALL_LINEAR = "all-linear"  # PEFT's name for every linear layer but the output layer
-# engine dtypes vLLM's LoRA kernels take (vllm/lora/ops/triton_ops: fp16 / bf16 inputs only)
-LORA_SERVING_DTYPES = ("bfloat16", "bf16", "float16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -250,8 +248,10 @@ def policy_lora(cfg: DagrlConfig) -> LoraSettings | None:
     if isinstance(targets, str) and targets != ALL_LINEAR:
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     sync = r.lora_sync
-    if sync == LoraSync.auto:  # vLLM serves LoRA (its kernels in 16-bit); hf would run it unmerged per token
-        serves = r.name == "vllm" and rollout_dtype(cfg) in LORA_SERVING_DTYPES
+    if (
+        sync == LoraSync.auto
+    ):  # an engine serving adapters takes them in its dtypes; others the merged weights
+        serves = rollout_dtype(cfg) in (BACKENDS.backend(r.name).lora_dtypes or ())
         sync = LoraSync.adapter if serves else LoraSync.merged
     return LoraSettings(
         rank=m.lora_rank,
@@ -428,6 +428,14 @@ def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleS
     )
 
 
+def standalone_teacher_backend() -> str:
+    """The backend serving teacher.placement=standalone (replicas of their own): the one registered
+    as such (dagrl.registry.Backend.standalone_teacher)."""
+    names = [n for n in BACKENDS.names(Role.teacher.value) if BACKENDS.backend(n).standalone_teacher]
+    assert len(names) == 1, f"one backend serves a standalone teacher, got {names}"
+    return names[0]
+
+
 def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
     t, arr = cfg.teacher, cfg.actor_rollout_ref
     model = ModelSpec(teacher_model_path(cfg), t.dtype or arr.model.dtype, None, arr.model.trust_remote_code)
@@ -435,7 +443,7 @@ def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
         return RoleSpec(
             name=Role.teacher.value,
             kind=Role.teacher.value,
-            backend="vllm",
+            backend=standalone_teacher_backend(),
             backend_key="teacher.placement",
             model=model,
             parallel=ParallelLayout(tp=t.tensor_model_parallel_size),
