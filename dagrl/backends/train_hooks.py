@@ -15,7 +15,7 @@ without hooks gets no automatic choice (its keys stay as the user set them).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -57,7 +57,8 @@ class TrainHooks:
       without would train every weight, so LoRA is refused on it.
     - `device_levers` / `host_levers` / `idle_levers`: its keys that lower a phase's device memory /
       the host state it plans / what its roles keep while idle, as the plan's advice names them
-      (text, joined with the other backends')."""
+      (text, joined with the other backends').
+    - `swift_offload`: ms-swift's `offload_model` / `offload_optimizer` as its own full keys."""
 
     optimizer_host: Callable[[Any], tuple[Any, str]]
     resident_between_phases: bool = False
@@ -76,3 +77,4 @@ class TrainHooks:
     device_levers: str = ""
     host_levers: str = ""
     idle_levers: str = ""
+    swift_offload: dict[str, tuple[str, ...]] = field(default_factory=dict)

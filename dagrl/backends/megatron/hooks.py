@@ -83,4 +83,8 @@ MEGATRON_HOOKS = TrainHooks(
         "less offload (megatron.*_offload)"
     ),
     idle_levers=f"{A}.megatron.param_offload / grad_offload / optimizer_offload",
+    swift_offload={
+        "offload_model": (f"{A}.megatron.param_offload", f"{A}.megatron.grad_offload"),
+        "offload_optimizer": (f"{A}.megatron.optimizer_offload",),
+    },
 )
