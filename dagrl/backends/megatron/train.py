@@ -17,7 +17,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -26,13 +25,15 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from dagrl.algos import logprob_temperature
 from dagrl.backends import device_memory
+from dagrl.backends.flops import throughput_metrics
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
 from dagrl.backends.logprob_kernel import response_logprobs
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron import lora as lora_layers
-from dagrl.backends.megatron.model import build_model, throughput, transformer_config
+from dagrl.backends.megatron.micro_inputs import MicroInputs, micro_inputs, padding_stats
+from dagrl.backends.megatron.model import build_model, model_shape, transformer_config
 from dagrl.backends.megatron.optimizer import optimizer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import layer_spec_for
@@ -42,31 +43,9 @@ from dagrl.backends.update_loop import run_update
 from dagrl.backends.weight_sync import weight_buckets
 from dagrl.config.roles import RoleSpec
 from dagrl.config.schema import LoraSync
-from dagrl.core.batch import Batch, response_attention, sequence_inputs
+from dagrl.core.batch import Batch
 from dagrl.core.micro_batches import micro_batches
-from dagrl.core.packing import PaddingStats, pack_sequences
 from dagrl.objectives import Objective, TokenOutputs
-
-
-@dataclass
-class MicroInputs:
-    """One micro-batch as megatron's model takes it, plus what the loss needs."""
-
-    batch: Batch  # on device: the objective's required keys
-    input_ids: torch.Tensor  # [B, S] on device: each row's prompt + response from column 0
-    position_ids: torch.Tensor  # [B, S]: 0 .. S-1
-    # the response tokens whose predicting position lies inside the S columns, flattened:
-    token_index: torch.Tensor  # [N] index into the [B, R] response grid
-    token_rows: torch.Tensor  # [N] row b
-    token_positions: torch.Tensor  # [N] the position whose logits predict the token
-    token_targets: torch.Tensor  # [N] the token id
-    response_shape: tuple[int, int]  # (B, R)
-    weight: float  # share of the mini-batch loss this micro-batch carries
-    real_tokens: int  # prompt + response tokens of the B rows
-    padded_tokens: int  # B x S: what the unpacked layout runs
-    # packed rows (use_remove_padding): [n, 1, S, S] bool block-diagonal causal, True = masked
-    # out; the position ids restart at every sequence and drive the rotary embedding
-    attention_mask: torch.Tensor | None = None
 
 
 class MegatronTrainBackend:
@@ -220,69 +199,9 @@ class MegatronTrainBackend:
 
     # ---- inputs and schedule -------------------------------------------------------------------
     def _micro_inputs(self, mb: Batch, weight: float, loss_keys: tuple[str, ...] = ()) -> MicroInputs:
-        """Left-align every row: its real prompt tokens from column 0, the response right after,
-        all padding at the end. Padding then only ever follows real tokens, so plain causal
-        attention is exact with no padding mask (SDPA / TE take their causal fast path), position
-        ids are aranges as HF counts them, and columns past the longest row are dropped.
-
-        Everything the schedule and the loss read goes to the device here, before the schedule
-        runs: a copy from pageable memory inside it would wait for the GPU to drain."""
-        if self.packing:
-            return self._packed_micro_inputs(mb, weight, loss_keys)
-        ids, _, _ = sequence_inputs(mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb))
-        width = ids.shape[1]
-        prompt_lens = mb["prompt_mask"].sum(dim=1)
-        left_pad = mb["prompts"].shape[1] - prompt_lens
-        ids = ids.gather(1, (torch.arange(width)[None] + left_pad[:, None]) % width)
-        seq = int((prompt_lens + response_attention(mb).sum(dim=1)).max().clamp(min=1))
+        # sequence parallel splits the sequence over the TP ranks: lengths are a multiple of TP
         multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
-        seq = -(-seq // multiple) * multiple  # sequence parallel splits the sequence over TP ranks
-        ids = torch.nn.functional.pad(ids, (0, max(0, seq - width)))[:, :seq]
-        pos = torch.arange(seq).expand_as(ids)
-        # logits at position t predict token t+1: row b's response token j comes from p_b - 1 + j;
-        # positions past the S columns only exist for response padding (masked in the loss)
-        rows, resp_len = mb["responses"].shape
-        at = prompt_lens[:, None] - 1 + torch.arange(resp_len)[None]
-        inside = (at < seq).flatten()
-        dev = self.ctx.device
-        return MicroInputs(
-            batch=Batch({k: mb[k].to(dev) for k in loss_keys if k in mb}),
-            input_ids=ids.to(dev),
-            position_ids=pos.to(dev),
-            token_index=inside.nonzero().squeeze(1).to(dev),
-            token_rows=torch.arange(rows).repeat_interleave(resp_len)[inside].to(dev),
-            token_positions=at.flatten()[inside].to(dev),
-            token_targets=mb["responses"].flatten()[inside].to(dev),
-            response_shape=(rows, resp_len),
-            weight=weight,
-            real_tokens=int(prompt_lens.sum() + response_attention(mb).sum()),
-            padded_tokens=ids.numel(),
-        )
-
-    def _packed_micro_inputs(self, mb: Batch, weight: float, loss_keys: tuple[str, ...]) -> MicroInputs:
-        """The rows' sequences packed into rows as long as the longest (core/packing.py): the
-        transformer and the output layer run over about the real tokens only; attention is kept
-        inside each sequence by an explicit block-diagonal causal mask (sdpa and local specs)."""
-        multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
-        packed = pack_sequences(
-            mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb), multiple
-        )
-        dev = self.ctx.device
-        return MicroInputs(
-            batch=Batch({k: mb[k].to(dev) for k in loss_keys if k in mb}),
-            input_ids=packed.input_ids.to(dev),
-            position_ids=packed.position_ids.to(dev),
-            token_index=packed.token_index.to(dev),
-            token_rows=packed.token_rows.to(dev),
-            token_positions=packed.token_columns.to(dev),
-            token_targets=packed.token_targets.to(dev),
-            response_shape=packed.response_shape,
-            weight=weight,
-            real_tokens=packed.real_tokens,
-            # the unpacked layout: every row as long as the longest sequence (the packed row length)
-            padded_tokens=len(mb) * packed.input_ids.shape[1],
-            attention_mask=packed.attention_mask().to(dev),
-        )
+        return micro_inputs(mb, weight, loss_keys, self.ctx.device, multiple, self.packing)
 
     def _run_schedule(self, micros: list[MicroInputs], loss_fn: Callable, forward_only: bool) -> list[dict]:
         """megatron's forward(-backward) over the micro-batches; returns loss_fn's dicts (last stage)."""
@@ -393,7 +312,10 @@ class MegatronTrainBackend:
         return mpu.is_pipeline_last_stage(ignore_virtual=True)
 
     def _throughput(self, phase: str, micros: list[MicroInputs], seconds: float, passes: int) -> dict:
-        return throughput(self.tcfg, self.hf_config.vocab_size, self.m, phase, micros, seconds, passes)
+        shape = model_shape(self.tcfg, self.hf_config.vocab_size)
+        gpus = self.m.tensor_model_parallel_size * self.m.pipeline_model_parallel_size
+        input_ids = [mi.input_ids for mi in micros]
+        return throughput_metrics(shape, phase, input_ids, seconds, passes, gpus, self.tcfg.gated_linear_unit)
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
@@ -408,7 +330,7 @@ class MegatronTrainBackend:
         metrics = run_update(self, self.objective, batch, self.settings, self.spec.seed, dp_size, self.steps)
         self.steps += 1
         metrics.update(self._throughput("update", self._step_micros, time.perf_counter() - start, 3))
-        metrics.update(_padding_stats(self._step_micros).metrics())
+        metrics.update(padding_stats(self._step_micros).metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
             metrics.update(device_memory.update_metrics(allocated))
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
@@ -505,11 +427,3 @@ class MegatronTrainBackend:
             )
         if torch.distributed.get_rank() == 0:
             load_tokenizer(self.path).save_pretrained(path)
-
-
-def _padding_stats(micros: list[MicroInputs]) -> PaddingStats:
-    stats = PaddingStats()
-    for mi in micros:
-        packed = mi.input_ids.numel() if mi.attention_mask is not None else 0
-        stats.add(mi.real_tokens, mi.padded_tokens, packed)
-    return stats
