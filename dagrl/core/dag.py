@@ -12,16 +12,18 @@ File format:
         after: [weight_sync]          # ordering without data (optional)
     sinks: [scores]                   # keys the trainer reads from a step (optional)
 
-A node depends on the nodes producing its inputs and on those listed in `after`. A node with
-outputs of which no node reads any (and none is a sink) does no work anyone sees: it is pruned
-(`prune_unconsumed`), and so, in turn, are the producers only it read from.
+A node depends on the nodes producing its inputs and on those listed in `after`. In a DAG that
+declares its sinks (every shipped one), a node with outputs of which no node reads any and none is
+a sink does no work anyone sees: it is pruned (`prune_unconsumed`), and so, in turn, are the
+producers only it read from. A file without `sinks` keeps every node (a plugin DAG whose node
+reports metrics only runs as written).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import yaml
@@ -74,7 +76,7 @@ class DagFile:
 
     source: list[str]
     specs: list[NodeSpec]
-    sinks: list[str] = field(default_factory=list)
+    sinks: list[str] | None = None  # None: not declared, nothing is pruned
 
 
 def load_dag_specs(name: str) -> tuple[list[str], list[NodeSpec]]:
@@ -105,7 +107,8 @@ def load_dag_file(name: str) -> DagFile:
         raise DagError(f"{path}: cannot be read ({exc})") from None
     _check_shape(path, raw)
     specs = [NodeSpec(name=node_name, **body) for node_name, body in (raw.get("nodes") or {}).items()]
-    return DagFile(list(raw.get("source") or []), specs, list(raw.get("sinks") or []))
+    sinks = raw.get("sinks")
+    return DagFile(list(raw.get("source") or []), specs, None if sinks is None else list(sinks))
 
 
 def _check_shape(path: str, raw) -> None:
@@ -262,10 +265,13 @@ def prune_disabled(specs: list[NodeSpec], cfg) -> list[NodeSpec]:
     return result
 
 
-def prune_unconsumed(specs: list[NodeSpec], sinks: list[str]) -> list[NodeSpec]:
+def prune_unconsumed(specs: list[NodeSpec], sinks: list[str] | None) -> list[NodeSpec]:
     """The specs without the producers whose outputs nothing reads: no node's inputs, no sink.
     Repeated, so a producer read only by a pruned node goes too. Nodes without outputs (the
-    update, the weight sync) act by running and stay, and so do nodes another waits for (`after`)."""
+    update, the weight sync) act by running and stay, and so do nodes another waits for (`after`).
+    `sinks` None (the DAG file declares none): every node stays."""
+    if sinks is None:
+        return specs
     while True:
         read = {k for s in specs for k in s.inputs} | set(sinks)
         waited = {a for s in specs for a in s.after}

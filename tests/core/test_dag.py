@@ -343,11 +343,12 @@ def test_a_producer_nothing_reads_is_pruned_with_what_only_it_read():
     kept = [s.name for s in prune_unconsumed(specs, [])]
     assert kept == ["reward", "sync", "update"]  # the term, then the teacher only it read
     assert [s.name for s in prune_unconsumed(specs, ["distill_advantages"])] == [s.name for s in specs]
+    assert prune_unconsumed(specs, None) == specs  # a DAG file without sinks: every node stays
 
 
 def test_the_dag_sinks_keep_what_the_trainer_reads(tmp_path):
-    """GKD's reward is logged, not trained on: `sinks: [scores]` keeps it; without the sink the
-    node does work no one sees and is pruned before the plan."""
+    """GKD's reward is logged, not trained on: `sinks: [scores]` keeps it; with no sink the node
+    does work no one sees and is pruned before the plan. A file without `sinks` prunes nothing."""
     import yaml
 
     from dagrl.core.dag import dag_path, load_dag_file
@@ -360,10 +361,13 @@ def test_the_dag_sinks_keep_what_the_trainer_reads(tmp_path):
     assert "reward" in kinds("gkd")
     with open(dag_path("gkd")) as f:
         raw = yaml.safe_load(f)
-    del raw["sinks"]
+    raw["sinks"] = []
     path = tmp_path / "gkd_no_sinks.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert "reward" not in kinds(str(path))
+    del raw["sinks"]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert load_dag_file(str(path)).sinks is None
     raw["sinks"] = ["scorez"]
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     with pytest.raises(DagError, match=r"sinks \['scorez'\] are not declared batch keys"):
