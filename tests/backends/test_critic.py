@@ -17,7 +17,7 @@ from tests.conftest import compose_config
 def critic(*overrides: str):
     cfg = compose_config("algorithm=ppo", *overrides)
     resolve_defaults(cfg)
-    return build_backend(cfg, role_spec(cfg, "critic"), ParallelContext(0, 1, torch.device("cpu")))
+    return build_backend(role_spec(cfg, "critic"), ParallelContext(0, 1, torch.device("cpu")))
 
 
 def batch(rows: int = 4, prompt: int = 3, response: int = 4) -> Batch:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dagrl.backends import weight_sync
-from dagrl.core.worker import Worker
+from dagrl.core.worker import RoleParts, Worker, WorkerParts
 
 
 class Role:
@@ -50,11 +50,18 @@ def device(monkeypatch):
     return events
 
 
+def parts(roles: dict) -> WorkerParts:
+    """The worker's input with each role's name standing for its spec (these roles need none)."""
+    return WorkerParts.pack([], {name: RoleParts(spec=name) for name in roles})
+
+
+def by_name(roles: dict):
+    return lambda spec, ctx, objective: roles[spec]
+
+
 def colocated(events: list, trainer_frees, engine_frees) -> Worker:
     roles = {"rollout": Role("rollout", events, engine_frees), "train": Role("train", events, trainer_frees)}
-    worker = Worker(
-        None, list(roles), 0, 1, "cuda", torch.get_num_threads(), build=lambda cfg, role, ctx: roles[role]
-    )
+    worker = Worker(parts(roles), list(roles), 0, 1, "cuda", torch.get_num_threads(), build=by_name(roles))
     worker.device = torch.device("cpu")
     worker.build_roles(None, hand_over=True)  # the engine first, asleep before the trainer loads
     events.clear()
@@ -98,6 +105,6 @@ def test_where_every_role_stays_resident_the_cache_serves_the_next_phase(device)
 def test_building_the_roles_settles_the_device_once_they_are_all_loaded(device):
     events: list[str] = []
     roles = {"rollout": Role("rollout", events, True), "train": Role("train", events, False)}
-    worker = Worker(None, list(roles), 0, 1, "cuda", torch.get_num_threads(), build=lambda c, r, x: roles[r])
+    worker = Worker(parts(roles), list(roles), 0, 1, "cuda", torch.get_num_threads(), build=by_name(roles))
     worker.build_roles(None, hand_over=True)
     assert events == ["rollout.offload"] and device == ["empty_cache"]

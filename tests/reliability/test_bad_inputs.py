@@ -417,7 +417,7 @@ ROUND3 = [
             "placement.colocate_groups[0][0]",
             "'trian'",
             "did you mean 'train'",
-            "roles: orm, prm, ref, reward, rm, rollout, sampler, teacher, train",
+            "roles: critic, orm, prm, ref, reward, rm, rollout, sampler, teacher, train",
         ],
     ),
     (

@@ -8,10 +8,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from dagrl.algos.distillation import full_vocab_divergence, logprobs_at, topk_logprobs
+from dagrl.backends.output_layer import output_layer
 from dagrl.backends.torch.distill import (
     final_hidden,
     hidden_divergence,
-    output_layer,
     student_logprobs_at,
     teacher_topk,
 )
