@@ -25,12 +25,13 @@ def check_critic(cfg: DagrlConfig) -> None:
         _check_no_critic(cfg)
         return
     c = cfg.critic
-    if c.strategy == "megatron":
+    critics = BACKENDS.names(Role.critic)
+    if c.strategy not in critics and c.strategy in BACKENDS.names(Role.train):
         raise ConfigError(
             f"{C}.strategy",
             c.strategy,
-            "a megatron critic is planned, not built yet (its value head needs megatron's output"
-            f" layer replaced): use {C}.strategy=torch, which trains beside either actor backend",
+            f"a {c.strategy} critic is planned, not built yet (its value head replaces the backend's"
+            f" output layer): use {C}.strategy={' or '.join(critics)}, which trains beside any actor backend",
         )
     BACKENDS.lookup(Role.critic, c.strategy, f"{C}.strategy")
     update = critic_update(cfg)
