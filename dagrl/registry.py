@@ -163,6 +163,11 @@ class Backend:
       roles build it first, on an empty device.
     - `hooks`: a train backend's part in decoding its roles' specs and in the plan's automatic
       choices and advice (dagrl/backends/train_hooks.py: TrainHooks); None = none of its own.
+    - `config_type`: the config section class it reads (e.g. megatron's MegatronConfig); None = the
+      generic sections of its role.
+    - `lora_dtypes`: a rollout engine that serves a LoRA adapter beside its base weights, in these
+      engine dtypes (vLLM's kernels: 16-bit); None = it takes the merged weights.
+    - `standalone_teacher`: it serves `teacher.placement=standalone` (replicas of their own).
     """
 
     name: str
@@ -170,6 +175,9 @@ class Backend:
     device_fix: str = ""
     starts_first: bool = False
     hooks: Any = None
+    config_type: type | None = None
+    lora_dtypes: tuple[str, ...] | None = None
+    standalone_teacher: bool = False
 
 
 @dataclass

@@ -18,11 +18,12 @@ from dagrl.backends.megatron.rules import (
     check_megatron_unused,
     resolve_megatron,
 )
-from dagrl.backends.registry import register_backend, restrict_devices, start_before_others
+from dagrl.backends.registry import describe_backend, register_backend, restrict_devices, start_before_others
 from dagrl.backends.torch import memory as torch_memory
 from dagrl.backends.torch.hooks import TORCH_HOOKS
 from dagrl.backends.torch.rules import check_torch
 from dagrl.backends.vllm import memory as vllm_memory
+from dagrl.backends.vllm.engine_args import LORA_SERVING_DTYPES
 from dagrl.backends.vllm.rules import (
     VLLM_ROLLOUT_KEYS,
     check_rollout_device,
@@ -31,6 +32,7 @@ from dagrl.backends.vllm.rules import (
     check_vllm_teacher,
 )
 from dagrl.config.roles import Role, RoleSpec
+from dagrl.config.schema import ActorConfig, MegatronConfig, RolloutConfig
 from dagrl.config.validate_critic import check_critic_plan
 
 
@@ -132,6 +134,13 @@ def _vllm(spec: RoleSpec, ctx, objective):
 
     return VLLMRolloutBackend(spec, ctx)
 
+
+# vLLM serves a LoRA adapter beside its base weights (its kernels in 16-bit), and the standalone
+# teacher's replicas; each train backend reads its own section (megatron's) or the actor's
+describe_backend("vllm", lora_dtypes=LORA_SERVING_DTYPES, standalone_teacher=True)
+describe_backend("megatron", config_type=MegatronConfig)
+describe_backend("torch", config_type=ActorConfig)
+describe_backend("hf", config_type=RolloutConfig)
 
 # vLLM asks for gpu_memory_utilization × the card at start and refuses to start when less is free:
 # it starts on the empty device, then sleeps while the colocated trainer loads (core/worker.py)

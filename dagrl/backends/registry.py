@@ -89,6 +89,21 @@ def start_before_others(name: str) -> None:
     BACKENDS.backend(name).starts_first = True
 
 
+def describe_backend(
+    name: str,
+    *,
+    config_type: type | None = None,
+    lora_dtypes: tuple[str, ...] | None = None,
+    standalone_teacher: bool = False,
+) -> None:
+    """What backend `name` is beyond its factories (dagrl.registry.Backend): the config section class
+    it reads, the engine dtypes it serves a LoRA adapter in, whether it serves a standalone teacher."""
+    backend = BACKENDS.backend(name)
+    backend.config_type = config_type
+    backend.lora_dtypes = lora_dtypes
+    backend.standalone_teacher = standalone_teacher
+
+
 def startup_order(specs: Iterable[RoleSpec]) -> list[str]:
     """Role names in the order a worker builds them: engines that reserve a share of the device
     first, the others as listed."""

@@ -15,7 +15,7 @@ without hooks gets no automatic choice (its keys stay as the user set them).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -52,7 +52,13 @@ class TrainHooks:
     - `lora_reference_is_base`: a LoRA actor's colocated reference is its base with the adapter off
       (no second copy of the model).
     - `optimizer_share(cfg) -> (section, full key)`: where the CPU optimizer's share of the
-      parameters is set, null = auto (the plan picks it to fit the host); None = all or nothing."""
+      parameters is set, null = auto (the plan picks it to fit the host); None = all or nothing.
+    - `applies_lora`: it trains a LoRA adapter (actor_rollout_ref.model.lora_rank > 0); a backend
+      without would train every weight, so LoRA is refused on it.
+    - `device_levers` / `host_levers` / `idle_levers`: its keys that lower a phase's device memory /
+      the host state it plans / what its roles keep while idle, as the plan's advice names them
+      (text, joined with the other backends').
+    - `swift_offload`: ms-swift's `offload_model` / `offload_optimizer` as its own full keys."""
 
     optimizer_host: Callable[[Any], tuple[Any, str]]
     resident_between_phases: bool = False
@@ -67,3 +73,8 @@ class TrainHooks:
     compute_dtype: Callable[[Any], str | None] | None = None
     lora_reference_is_base: bool = False
     optimizer_share: Callable[[Any], tuple[Any, str]] | None = None
+    applies_lora: bool = False
+    device_levers: str = ""
+    host_levers: str = ""
+    idle_levers: str = ""
+    swift_offload: dict[str, tuple[str, ...]] = field(default_factory=dict)

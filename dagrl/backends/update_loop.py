@@ -29,6 +29,7 @@ from dagrl.config.schema import OptimConfig
 from dagrl.core.batch import Batch
 from dagrl.core.metrics import fold, reduce
 from dagrl.core.micro_batches import micro_batches
+from dagrl.core.row_values import per_token
 from dagrl.objectives import Objective
 
 
@@ -73,6 +74,7 @@ def run_update(
     actor_rollout_ref.actor); returns the metrics (means over mini-batches)."""
     actor = settings.update
     assert actor is not None, "a forward-only role has no update"
+    batch = per_token(batch)  # the driver may send per-row advantages (core/row_values.py)
     mini_rows = actor.ppo_mini_batch_size * settings.group_size // dp_size
     micro_rows = actor.ppo_micro_batch_size_per_gpu
     budget = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None  # tokens per micro-batch

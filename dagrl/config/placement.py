@@ -15,6 +15,7 @@ from dagrl.config.device_groups import parse_device_groups
 from dagrl.config.roles import Role, RoleSpec, build_role_specs
 from dagrl.config.schema import DagrlConfig, TeacherPlacement
 from dagrl.errors import ConfigError, PlacementError
+from dagrl.registry import BACKENDS
 
 __all__ = ["Plan", "make_plan", "format_plan"]
 
@@ -264,8 +265,8 @@ def _backend(plan: Plan, role: str) -> str:
         return ""
     if spec.kind == Role.rollout:
         return f", rollout engine {spec.backend}"
-    if spec.kind == Role.teacher and spec.backend == "vllm":
-        return ", engine vllm (standalone teacher)"
+    if spec.kind == Role.teacher and BACKENDS.backend(spec.backend).standalone_teacher:
+        return f", engine {spec.backend} (standalone teacher)"
     if spec.kind in (Role.train, Role.ref, Role.teacher):
         return f", train backend {spec.backend}" + ("" if spec.trains else " (forward only)")
     return f", backend {spec.backend}"

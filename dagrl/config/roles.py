@@ -24,7 +24,6 @@ from dagrl.config.schema import (
     SelfTeacher,
     TeacherPlacement,
 )
-from dagrl.errors import ConfigError
 from dagrl.registry import BACKENDS
 
 
@@ -46,6 +45,10 @@ class Role(StrEnum):
 
     def __repr__(self) -> str:  # messages and plans show the name the config and DAG files use
         return repr(self.value)
+
+
+# the backend kind of orm / prm / rm (dagrl/backends/reward_model.py): sequence-classification, forward-only
+KIND_REWARD_MODEL = "reward_model"
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,6 @@ class SequenceLimits:
 
 
 ALL_LINEAR = "all-linear"  # PEFT's name for every linear layer but the output layer
-# engine dtypes vLLM's LoRA kernels take (vllm/lora/ops/triton_ops: fp16 / bf16 inputs only)
-LORA_SERVING_DTYPES = ("bfloat16", "bf16", "float16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -250,8 +251,10 @@ def policy_lora(cfg: DagrlConfig) -> LoraSettings | None:
     if isinstance(targets, str) and targets != ALL_LINEAR:
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     sync = r.lora_sync
-    if sync == LoraSync.auto:  # vLLM serves LoRA (its kernels in 16-bit); hf would run it unmerged per token
-        serves = r.name == "vllm" and rollout_dtype(cfg) in LORA_SERVING_DTYPES
+    if (
+        sync == LoraSync.auto
+    ):  # an engine serving adapters takes them in its dtypes; others the merged weights
+        serves = rollout_dtype(cfg) in (BACKENDS.backend(r.name).lora_dtypes or ())
         sync = LoraSync.adapter if serves else LoraSync.merged
     return LoraSettings(
         rank=m.lora_rank,
@@ -323,109 +326,23 @@ def _role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
         from dagrl.config.critic_role import critic_spec  # built from this module's parts
 
         return critic_spec(cfg)
+    from dagrl.config.sampling_roles import (  # from this module's parts
+        SAMPLING_ROLES,
+        plugin_spec,
+        sampling_spec,
+    )
+
     if name in SAMPLING_ROLES:
-        return _sampling_spec(cfg, name, actor_model)
-    return _plugin_spec(cfg, name, actor_model)
+        return sampling_spec(cfg, name, actor_model)
+    return plugin_spec(cfg, name, actor_model)
 
 
-@dataclass
-class PluginRoleConfig:
-    """`roles.<name>` as a section: what a reward, judge or other plugin role runs."""
-
-    backend: str  # the name its plugin registered with @register_backend("<role name>", backend)
-    model: str | None = None  # the role's own model path; None = the actor's model
-    dtype: str | None = None  # None = the actor's model dtype
-    micro_batch_size: int = 1  # sequences per forward on one device
-    trust_remote_code: bool | None = None  # None = the actor's setting
-    tensor_model_parallel_size: int = 1  # devices one model replica spans (consecutive workers)
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # the backend's own settings, passed as given
-
-
-def _plugin_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleSpec:
-    """Reward and plugin roles: the backend a plugin registered under the role's name, with the
-    role's own model section when `roles.<name>` is one (the actor's model otherwise)."""
-    entry = cfg.roles.get(name, "")  # validate_roles refuses a DAG role without an entry
-    if isinstance(entry, str):
-        return RoleSpec(name=name, kind=name, backend=entry, backend_key=f"roles.{name}", model=actor_model)
-    known = set(PluginRoleConfig.__dataclass_fields__)
-    for key in entry:
-        if key not in known:
-            raise ConfigError(
-                f"roles.{name}.{key}", entry[key], f"unknown key; a role's section has {sorted(known)}"
-            )
-    if "backend" not in entry:
-        raise ConfigError(
-            f"roles.{name}.backend", None, "name the backend its plugin registered for this role"
-        )
-    section = PluginRoleConfig(**entry)
-    model = ModelSpec(
-        section.model if section.model is not None else actor_model.path,
-        section.dtype or actor_model.dtype,
-        None,
-        actor_model.trust_remote_code if section.trust_remote_code is None else section.trust_remote_code,
-    )
-    return RoleSpec(
-        name=name,
-        kind=name,
-        backend=section.backend,
-        backend_key=f"roles.{name}.backend",
-        model=model,
-        parallel=ParallelLayout(tp=section.tensor_model_parallel_size),
-        micro_batch_size=section.micro_batch_size,
-        logprob_micro_batch_size=section.micro_batch_size,
-        engine_kwargs=dict(section.engine_kwargs),
-    )
-
-
-# ---- the sampling pipeline's roles and reward models as roles (dagrl/sample, dagrl/backends/reward_model.py)
-KIND_REWARD_MODEL = (
-    "reward_model"  # the backend kind of orm / prm / rm: sequence-classification, forward-only
-)
-SAMPLING_ROLES = (Role.sampler, Role.orm, Role.prm, Role.rm)
-
-
-def _sampling_spec(cfg: DagrlConfig, name: str, actor_model: ModelSpec) -> RoleSpec:
-    """sampler: a rollout backend on the policy's model, or the teacher's (sampler_type=distill);
-    orm / prm / rm: a reward model's forward-only backend on its own model."""
-    from dagrl.config.sample_schema import RewardModelType, SamplerType
-
-    dtype, trust = cfg.actor_rollout_ref.model.dtype, cfg.actor_rollout_ref.model.trust_remote_code
-    if name == Role.sampler:
-        r, distill = cfg.actor_rollout_ref.rollout, cfg.sample.sampler_type == SamplerType.distill
-        model = (
-            ModelSpec(teacher_model_path(cfg), _sampler_dtype(cfg, cfg.teacher.dtype or dtype), None, trust)
-            if distill
-            else ModelSpec(actor_model.path, rollout_dtype(cfg), None, trust)
-        )
-        return RoleSpec(
-            name=name,
-            kind=Role.rollout,
-            backend=r.name,
-            backend_key="actor_rollout_ref.rollout.name",
-            model=model,
-            parallel=ParallelLayout(tp=r.tensor_model_parallel_size),
-            micro_batch_size=r.micro_batch_size_per_gpu,
-            rollout=r,
-        )
-    path, key = {
-        Role.orm: (cfg.sample.orm_model, "sample.orm_model"),
-        Role.prm: (cfg.sample.prm_model, "sample.prm_model"),
-        Role.rm: (cfg.reward.model.path, "reward.model.path"),
-    }[name]
-    backend, m = "hf", cfg.reward.model
-    if name == Role.rm and m.type == RewardModelType.generative:
-        backend, key = f"{m.engine.value}_judge", "reward.model.engine"  # dagrl/backends/judge.py
-    if name == Role.rm and m.backend is not None:
-        backend, key = m.backend, "reward.model.backend"
-    return RoleSpec(
-        name=name,
-        kind=KIND_REWARD_MODEL,
-        backend=backend,
-        backend_key=key,
-        model=ModelSpec(path, dtype, None, trust),
-        micro_batch_size=cfg.reward.model.micro_batch_size_per_gpu,
-        reward_model=m if name == Role.rm else None,
-    )
+def standalone_teacher_backend() -> str:
+    """The backend serving teacher.placement=standalone (replicas of their own): the one registered
+    as such (dagrl.registry.Backend.standalone_teacher)."""
+    names = [n for n in BACKENDS.names(Role.teacher.value) if BACKENDS.backend(n).standalone_teacher]
+    assert len(names) == 1, f"one backend serves a standalone teacher, got {names}"
+    return names[0]
 
 
 def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
@@ -435,7 +352,7 @@ def _teacher_spec(cfg: DagrlConfig, actor_model: ModelSpec) -> RoleSpec:
         return RoleSpec(
             name=Role.teacher.value,
             kind=Role.teacher.value,
-            backend="vllm",
+            backend=standalone_teacher_backend(),
             backend_key="teacher.placement",
             model=model,
             parallel=ParallelLayout(tp=t.tensor_model_parallel_size),

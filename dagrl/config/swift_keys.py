@@ -1,7 +1,7 @@
 """ms-swift keys whose dagrl meaning depends on the rest of the config, resolved after composition.
 
-`offload_model` is megatron's param/grad offload under `strategy=megatron` and the torch backend's
-`actor.offload` otherwise; `beta` is the JSD mix under GKD and the KL-loss weight under GRPO;
+`offload_model` / `offload_optimizer` are the train backend's own offload keys (its hooks'
+`swift_offload`: megatron's param/grad and optimizer offload, the torch backend's `actor.offload`); `beta` is the JSD mix under GKD and the KL-loss weight under GRPO;
 `temperature` samples and, under GKD, also scales the divergence (ms-swift uses one temperature for
 both); `global_batch_size` counts completions per optimizer step, so the prompts per mini-batch are
 `global_batch_size / rollout.n` and a step samples `steps_per_generation` mini-batches.
@@ -16,6 +16,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from dagrl.errors import ConfigError
+from dagrl.registry import BACKENDS
 
 A = "actor_rollout_ref.actor"
 M = "actor_rollout_ref.model"
@@ -63,28 +64,13 @@ def apply_deferred(dcfg: DictConfig, deferred: list[tuple[int, str, object]], la
 
 
 def _targets(dcfg: DictConfig, key: str, value: object, given: dict) -> list[tuple[str, object]]:
-    megatron = _name(dcfg.actor_rollout_ref.actor.strategy) == "megatron"
     distill = _name(dcfg.algorithm.name) in ("gkd", "opsd")
     if key in TUNER_KEYS:
         if value == "full":
             return []
         return [(f"{M}.{k}", v) for k, v in SWIFT_LORA_DEFAULTS.items()]
-    if key == "offload_model":
-        if megatron:
-            return [(f"{A}.megatron.param_offload", value), (f"{A}.megatron.grad_offload", value)]
-        return [(f"{A}.offload", value)]
-    if key == "offload_optimizer":
-        if megatron:
-            return [(f"{A}.megatron.optimizer_offload", value)]
-        other = given.get("offload_model", value)
-        if other != value:
-            raise ConfigError(
-                key,
-                value,
-                f"the torch backend offloads weights and optimizer state together ({A}.offload), and"
-                f" offload_model={other}: give both the same value, or use {A}.strategy=megatron",
-            )
-        return [(f"{A}.offload", value)]
+    if key in ("offload_model", "offload_optimizer"):
+        return _offload_targets(dcfg, key, value, given)
     if key == "beta":
         if distill:
             return [("algorithm.gkd.beta", value)]
@@ -130,6 +116,35 @@ def _check_tuner(dcfg: DictConfig, key: str, value: object, given: set[str]) -> 
         raise ConfigError(
             f"{M}.lora_rank", rank, "tuner_type: lora needs a rank > 0 (ms-swift's default is 8)"
         )
+
+
+def _offload_targets(dcfg: DictConfig, key: str, value: object, given: dict) -> list[tuple[str, object]]:
+    """ms-swift's offload_model / offload_optimizer as the train backend's own keys (its hooks'
+    `swift_offload`); a backend moving both with one key takes one value for both."""
+    strategy = _name(dcfg.actor_rollout_ref.actor.strategy)
+    hooks = BACKENDS.backend(strategy).hooks
+    keys = hooks.swift_offload if hooks is not None else {}
+    if key not in keys:
+        raise ConfigError(key, value, f"the {strategy} train backend has no offload key for it; remove it")
+    other_key = "offload_model" if key == "offload_optimizer" else "offload_optimizer"
+    shared = sorted(set(keys[key]) & set(keys.get(other_key, ())))
+    other = given.get(other_key, value)
+    if key == "offload_optimizer" and shared and other != value:
+        separate = [n for n in BACKENDS.names("train") if _separate_offload(n)]
+        raise ConfigError(
+            key,
+            value,
+            f"the {strategy} backend offloads weights and optimizer state together ({', '.join(shared)}),"
+            f" and {other_key}={other}: give both the same value"
+            + (f", or use {A}.strategy={' or '.join(separate)}" if separate else ""),
+        )
+    return [(target, value) for target in keys[key]]
+
+
+def _separate_offload(name: str) -> bool:
+    keys = getattr(BACKENDS.backend(name).hooks, "swift_offload", None) or {}
+    both = ("offload_model", "offload_optimizer")
+    return all(k in keys for k in both) and not set(keys["offload_model"]) & set(keys["offload_optimizer"])
 
 
 def _name(value: object) -> str:

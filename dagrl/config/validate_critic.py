@@ -25,6 +25,14 @@ def check_critic(cfg: DagrlConfig) -> None:
         _check_no_critic(cfg)
         return
     c = cfg.critic
+    critics = BACKENDS.names(Role.critic)
+    if c.strategy not in critics and c.strategy in BACKENDS.names(Role.train):
+        raise ConfigError(
+            f"{C}.strategy",
+            c.strategy,
+            f"a {c.strategy} critic is planned, not built yet (its value head replaces the backend's"
+            f" output layer): use {C}.strategy={' or '.join(critics)}, which trains beside any actor backend",
+        )
     if c.strategy != "megatron":  # critic.megatron.* would be ignored
         for key, value, default in _changed(c.megatron, MegatronConfig(), f"{C}.megatron"):
             raise ConfigError(

@@ -1,13 +1,12 @@
 """LoRA's rules that need only the config (actor_rollout_ref.model.lora_*); the backends add
-theirs (torch: target names against the model's linear layers; megatron: those names on its fused
-layers; the rollout
-engines: what they can serve)."""
+theirs (target names against the model's layers; the rollout engines: what they can serve)."""
 
 from __future__ import annotations
 
 from dagrl.config.roles import ALL_LINEAR
 from dagrl.config.schema import DagrlConfig, LoraSync, ModelConfig
 from dagrl.errors import ConfigError
+from dagrl.registry import BACKENDS
 
 M = "actor_rollout_ref.model"
 LORA_KEYS = ("lora_alpha", "target_modules", "lora_dropout")  # what a rank of 0 leaves unused
@@ -39,14 +38,20 @@ def check_lora(cfg: DagrlConfig) -> None:
 
 
 def _check_train_backend(cfg: DagrlConfig) -> None:
-    """LoRA is built into the torch and megatron train backends; any other would train every
-    weight instead."""
+    """LoRA is built into the train backends whose hooks say so (`applies_lora`); any other would
+    train every weight instead."""
     strategy = cfg.actor_rollout_ref.actor.strategy
-    if strategy in ("torch", "megatron"):
+    if _applies_lora(strategy):
         return
+    able = sorted(name for name in BACKENDS.names("train") if _applies_lora(name))
     raise ConfigError(
         f"{M}.lora_rank",
         cfg.actor_rollout_ref.model.lora_rank,
-        f"the {strategy} train backend does not apply LoRA; use actor_rollout_ref.actor.strategy=torch"
-        " or megatron",
+        f"the {strategy} train backend does not apply LoRA; use actor_rollout_ref.actor.strategy="
+        + " or ".join(able),
     )
+
+
+def _applies_lora(name: str) -> bool:
+    hooks = BACKENDS.backend(name).hooks
+    return hooks is not None and hooks.applies_lora

@@ -62,14 +62,7 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
             f"turn ({mt.max_assistant_turns}) and {TEMPLATE_ALLOWANCE} template tokens need {need}: "
             "raise it or lower those",
         )
-    r = cfg.actor_rollout_ref.rollout
-    if r.name == "vllm" and r.tensor_model_parallel_size > 1:
-        raise ConfigError(
-            "actor_rollout_ref.rollout.tensor_model_parallel_size",
-            r.tensor_model_parallel_size,
-            "multi-turn episodes on vLLM run one engine per GPU for now: each TP rank would have to see "
-            "the same tool results in the same order; use 1 (more replicas) with multi_turn.enable=true",
-        )
+    # an engine's own limits under multi-turn are its rules (vLLM's one engine per GPU: vllm/rules.py)
     check_turn_rewards(cfg)
 
 

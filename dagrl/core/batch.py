@@ -41,6 +41,7 @@ KEYS: dict[str, str] = {
     "scores": "[B] sequence reward (weighted sum of reward functions)",
     "token_rewards": "[B, R] per-token reward (score on the last token, minus KL in reward)",
     "advantages": "[B, R] advantages",
+    "row_advantages": "[B] advantages one value per row, sent so (core/row_values.py); the update expands them",
     "values": "[B, R] the critic's values at sampling time (PPO), at the positions predicting each token",
     "returns": "[B, R] the critic's regression targets (GAE: advantages before whitening + values)",
     "group_ids": "[B] long: rows with the same id answer the same prompt",

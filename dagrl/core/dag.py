@@ -10,8 +10,13 @@ File format:
         inputs: [prompts, prompt_mask]
         outputs: [responses, response_mask, rollout_logprobs]
         after: [weight_sync]          # ordering without data (optional)
+    sinks: [scores]                   # keys the trainer reads from a step (optional)
 
-A node depends on the nodes producing its inputs and on those listed in `after`.
+A node depends on the nodes producing its inputs and on those listed in `after`. In a DAG that
+declares its sinks (every shipped one), a node with outputs of which no node reads any and none is
+a sink does no work anyone sees: it is pruned (`prune_unconsumed`), and so, in turn, are the
+producers only it read from. A file without `sinks` keeps every node (a plugin DAG whose node
+reports metrics only runs as written).
 """
 
 from __future__ import annotations
@@ -64,7 +69,23 @@ def dag_path(name: str) -> str:
     return os.path.join(DAG_DIR, f"{name}.yaml")
 
 
+@dataclass
+class DagFile:
+    """conf/dags/<name>.yaml as declared: the data's keys, the nodes, and the sinks (keys the trainer
+    reads from a step's batch: the GKD step's `scores` for its reward metrics, the sampler's rows)."""
+
+    source: list[str]
+    specs: list[NodeSpec]
+    sinks: list[str] | None = None  # None: not declared, nothing is pruned
+
+
 def load_dag_specs(name: str) -> tuple[list[str], list[NodeSpec]]:
+    """(source, specs) of a DAG file (`load_dag_file` without its sinks)."""
+    dag_file = load_dag_file(name)
+    return dag_file.source, dag_file.specs
+
+
+def load_dag_file(name: str) -> DagFile:
     path = dag_path(name)
     if not os.path.isfile(path):
         import difflib
@@ -86,16 +107,22 @@ def load_dag_specs(name: str) -> tuple[list[str], list[NodeSpec]]:
         raise DagError(f"{path}: cannot be read ({exc})") from None
     _check_shape(path, raw)
     specs = [NodeSpec(name=node_name, **body) for node_name, body in (raw.get("nodes") or {}).items()]
-    return list(raw.get("source") or []), specs
+    sinks = raw.get("sinks")
+    return DagFile(list(raw.get("source") or []), specs, None if sinks is None else list(sinks))
 
 
 def _check_shape(path: str, raw) -> None:
-    """{source: [keys], nodes: {name: {kind, role?, inputs?, outputs?, after?}}}, each list of strings."""
-    if not isinstance(raw, dict) or set(raw) - {"source", "nodes"}:
+    """{source: [keys], nodes: {name: {kind, role?, inputs?, outputs?, after?}}, sinks?: [keys]},
+    each list of strings."""
+    if not isinstance(raw, dict) or set(raw) - {"source", "nodes", "sinks"}:
         got = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-        raise DagError(f"{path}: a DAG file is a mapping with 'source' and 'nodes' only (got {got})")
-    if not _str_list(raw.get("source") or []):
-        raise DagError(f"{path}: 'source' must be a list of batch keys (got {raw.get('source')!r})")
+        raise DagError(f"{path}: a DAG file is a mapping with 'source', 'nodes' and 'sinks' only (got {got})")
+    for key in ("source", "sinks"):
+        if not _str_list(raw.get(key) or []):
+            raise DagError(f"{path}: '{key}' must be a list of batch keys (got {raw.get(key)!r})")
+    unknown = [k for k in raw.get("sinks") or [] if k not in KEYS]
+    if unknown:
+        raise DagError(f"{path}: sinks {unknown} are not declared batch keys; declared keys: {sorted(KEYS)}")
     nodes = raw.get("nodes")
     if not isinstance(nodes, dict) or not nodes:
         raise DagError(f"{path}: 'nodes' must map node names to their kind, role, inputs and outputs")
@@ -236,3 +263,19 @@ def prune_disabled(specs: list[NodeSpec], cfg) -> list[NodeSpec]:
         role = aliases.get(s.role, s.role)
         result.append(NodeSpec(s.name, s.kind, role, inputs, list(s.outputs), after, required, optional))
     return result
+
+
+def prune_unconsumed(specs: list[NodeSpec], sinks: list[str] | None) -> list[NodeSpec]:
+    """The specs without the producers whose outputs nothing reads: no node's inputs, no sink.
+    Repeated, so a producer read only by a pruned node goes too. Nodes without outputs (the
+    update, the weight sync) act by running and stay, and so do nodes another waits for (`after`).
+    `sinks` None (the DAG file declares none): every node stays."""
+    if sinks is None:
+        return specs
+    while True:
+        read = {k for s in specs for k in s.inputs} | set(sinks)
+        waited = {a for s in specs for a in s.after}
+        idle = {s.name for s in specs if s.outputs and s.name not in waited and not set(s.outputs) & read}
+        if not idle:
+            return specs
+        specs = [s for s in specs if s.name not in idle]

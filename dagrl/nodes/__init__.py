@@ -7,6 +7,7 @@ from dagrl.nodes import (  # noqa: F401
     logprob,
     reward,
     reward_model,  # noqa: F401,I001  (orm_score, rm_score, prm_score, sample_score)
+    reward_terms,  # kl_in_reward, distill_reward, turn_credit
     rollout,
     sft,
     teacher,

@@ -7,6 +7,7 @@ from dagrl.backends.handles import train_role
 from dagrl.core.batch import Batch
 from dagrl.core.metrics import reduce_all
 from dagrl.core.node import NodeResult, register_node_kind
+from dagrl.core.row_values import per_row
 from dagrl.objectives import build_objective
 
 # what the backend's forward pass reads, whatever the objective
@@ -40,6 +41,7 @@ class ActorUpdateNode:
     def run(self, runtime, batch):
         if runtime.step <= self.critic_warmup:  # steps count from 1: the critic learns alone first
             return NodeResult(Batch(), {"actor/critic_warmup": 1.0})
-        _, per_rank = train_role(runtime, self.spec.role).train_step(batch)
+        # advantages that are one value per row travel as that value (core/row_values.py)
+        _, per_rank = train_role(runtime, self.spec.role).train_step(per_row(batch))
         metrics = reduce_all(per_rank)
         return NodeResult(Batch(), metrics)

@@ -21,7 +21,7 @@ from dagrl.config.roles import OffloadPolicy, Role, RoleSpec
 from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import data_files
 from dagrl.errors import ConfigError
-from dagrl.registry import BACKENDS
+from dagrl.registry import BACKENDS, load_builtins
 from dagrl.trainer.memory_plan import MemoryPlan, describe, plan_memory
 
 A, R, REF, M = (
@@ -33,13 +33,20 @@ A, R, REF, M = (
 
 ASSUMED_GPU_GIB = 80.0  # a dry run on a machine without a GPU checks against an 80 GB card
 
-LEVERS = (
-    "bf16 weights (actor_rollout_ref.model.dtype=bfloat16), tensor/pipeline parallel "
-    "(actor_rollout_ref.actor.strategy=megatron, megatron.tensor_model_parallel_size / "
-    "pipeline_model_parallel_size), offload (megatron.param_offload / optimizer_offload, or "
-    "actor_rollout_ref.actor.offload for torch), the distributed optimizer "
-    "(megatron.use_distributed_optimizer=true); or set trainer.gpu_memory_gib if the device is larger"
-)
+
+def backend_levers(which: str, sep: str = ", ") -> str:
+    """The keys the plan's advice names, `which` = "device_levers", "host_levers" or "idle_levers":
+    each registered train backend's own (its hooks' text), in the order they registered."""
+    load_builtins()
+    texts = [getattr(b.hooks, which) for b in BACKENDS.backends.values() if b.hooks is not None]
+    return sep.join(t for t in texts if t)
+
+
+def device_levers() -> str:
+    return (
+        f"bf16 weights (actor_rollout_ref.model.dtype=bfloat16), {backend_levers('device_levers')}; "
+        "or set trainer.gpu_memory_gib if the device is larger"
+    )
 
 
 def device_memory_gib(cfg: DagrlConfig) -> tuple[float | None, str]:
@@ -111,11 +118,8 @@ def check_host_memory(cfg: DagrlConfig, memory: MemoryPlan) -> str | None:
     roles = memory.host[node]
     message = (
         f"the plan keeps {planned / GIB:.1f} GiB in host memory on node {node} ({describe_host(roles)}), over "
-        f"{RESIDENT_SHARE:.0%} of its {capacity:.0f} GiB ({source}); levers: megatron's CPU optimizer "
-        f"({A}.strategy=megatron: 12 bytes per parameter on the host, the torch backend's 16), the "
-        f"engine's weights dropped while asleep ({R}.sleep_level=2), a smaller share of megatron's "
-        f"CPU optimizer ({A}.megatron.optimizer_offload_fraction), more GPUs (tensor/pipeline "
-        f"parallel shard both), less offload ({A}.offload / megatron.*_offload), or set "
+        f"{RESIDENT_SHARE:.0%} of its {capacity:.0f} GiB ({source}); levers: {backend_levers('host_levers')}, the "
+        f"engine's weights dropped while asleep ({R}.sleep_level=2), or set "
         f"trainer.host_memory_gib if the nodes have more"
     )
     if not cfg.trainer.dry_run:
@@ -282,7 +286,7 @@ def check_memory(cfg: DagrlConfig, memory: MemoryPlan, plan: Plan) -> str | None
     message = (
         f"estimated memory per device exceeds the device's {memory.card_bytes / GIB:.0f} GiB "
         f"({memory.card_source}) in phase {row.phase} on group {group.group} ({', '.join(group.roles)}): "
-        f"{row.total / GIB:.1f} GiB = {describe(row)}; levers: {phase_levers(plan, row)}; {LEVERS}"
+        f"{row.total / GIB:.1f} GiB = {describe(row)}; levers: {phase_levers(plan, row)}; {device_levers()}"
     )
     if not cfg.trainer.dry_run:
         key, value = _pinned(cfg, plan, row)
@@ -369,9 +373,8 @@ def phase_levers(plan: Plan, row) -> str:
     }[row.phase]
     if any(size > 0 for size in row.others.values()):
         levers += (
-            f"; what idle roles keep: {R}.free_cache_engine=true (the engine sleeps), {A}.offload=true "
-            f"(torch) or {A}.megatron.param_offload / grad_offload / optimizer_offload, teacher.offload=true, "
-            "critic.megatron.param_offload / optimizer_offload (a megatron critic)"
+            f"; what idle roles keep: {R}.free_cache_engine=true (the engine sleeps), "
+            f"{backend_levers('idle_levers', ' or ')}, teacher.offload=true"
         )
     return levers
 

@@ -28,7 +28,15 @@ from dagrl.config.validate import (
 )
 from dagrl.config.validate_dapo import check_dapo_dag
 from dagrl.config.validate_multi_turn import check_turn_rewards_dag
-from dagrl.core.dag import Dag, build_dag, check_node_rules, load_dag_specs, prune_disabled
+from dagrl.core.dag import (
+    Dag,
+    build_dag,
+    check_node_rules,
+    load_dag_file,
+    load_dag_specs,
+    prune_disabled,
+    prune_unconsumed,
+)
 from dagrl.core.plugins import absolute_plugin_paths, load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
 from dagrl.rewards import RewardComposer, RewardTerm
@@ -58,8 +66,8 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     validate(cfg)
     check_rewards_for_data(cfg)
     device = resolve_device(cfg)
-    source, specs = load_dag_specs(cfg.dag)
-    specs = prune_disabled(specs, cfg)
+    dag_file = load_dag_file(cfg.dag)
+    source, specs = dag_file.source, prune_unconsumed(prune_disabled(dag_file.specs, cfg), dag_file.sinks)
     check_node_rules(specs, cfg)  # each node kind's own rules, for the nodes this config runs
     check_turn_rewards_dag(cfg, {s.kind for s in specs})
     check_dapo_dag(cfg, {s.kind for s in specs})
@@ -170,7 +178,8 @@ def validation_dags(roles: set[str], name: str = "validate") -> tuple[Dag, Dag] 
 
     if not {Role.rollout, Role.train} <= roles:
         return None
-    source, specs = load_dag_specs(name)
+    dag_file = load_dag_file(name)
+    source, specs = dag_file.source, prune_unconsumed(dag_file.specs, dag_file.sinks)
     first = [s for s in specs if s.kind != "weight_sync"]
     for s in first:
         s.after = [a for a in s.after if a in {f.name for f in first}]

@@ -78,15 +78,18 @@ def test_group_estimators_refuse_one_sample(estimator):
 @pytest.mark.parametrize("n", [1, 8])
 def test_reinforce_plus_plus_plans_without_groups(n):
     # its advantage node reads no group_ids (the DAG passes them: optional), KL in the reward
-    # makes the reference's and the old log-probs required
+    # makes the reference's and the old log-probs required (by its own node, whose term the
+    # advantage then requires)
     from dagrl.trainer.setup import prepare
     from tests.conftest import compose_config
 
     cfg = compose_config(
         "algorithm=reinforce_plus_plus", f"actor_rollout_ref.rollout.n={n}", "trainer.dry_run=true"
     )
-    node = prepare(cfg).dag.node("advantage")
-    assert {"old_logprobs", "ref_logprobs"} <= set(node.required_inputs)
+    dag = prepare(cfg).dag
+    node = dag.node("advantage")
+    assert {"old_logprobs", "ref_logprobs"} <= set(dag.node("kl_in_reward").required_inputs)
+    assert "kl_rewards" in node.required_inputs
     assert "group_ids" not in node.required_inputs
 
 

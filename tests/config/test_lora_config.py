@@ -156,3 +156,27 @@ def test_megatron_memory_plan_counts_a_frozen_base_and_sharded_adapters():
     assert adapter_params(
         shape, LoraSettings(rank=64, alpha=128.0, target_modules=("q_proj", "k_proj", "v_proj"))
     ) == 64 * 36 * (4096 + 6144)
+
+
+def test_lora_follows_what_each_backend_registers(monkeypatch):
+    """Whether a train backend applies LoRA and a rollout engine serves an adapter is the backend's
+    own entry (its hooks' applies_lora, its lora_dtypes), not a list of names in config/: a plugin
+    train backend without LoRA is refused naming those with it, and an engine registering 16-bit
+    adapter serving gets the adapter sync."""
+    from dataclasses import replace
+
+    from dagrl.backends.registry import describe_backend, register_backend
+    from dagrl.registry import BACKENDS
+
+    # the plugins must not outlive this test (the registry lists every registered name)
+    monkeypatch.setattr(BACKENDS, "entries", dict(BACKENDS.entries))
+    monkeypatch.setattr(BACKENDS, "backends", dict(BACKENDS.backends))
+    torch_hooks = BACKENDS.backend("torch").hooks
+    register_backend("train", "plain_train", hooks=replace(torch_hooks, applies_lora=False))(object)
+    with pytest.raises(ConfigError, match="strategy=megatron or torch") as e:
+        validate(typed(f"{M}.lora_rank=8", "actor_rollout_ref.actor.strategy=plain_train"))
+    assert e.value.key == f"{M}.lora_rank" and "plain_train train backend does not apply LoRA" in str(e.value)
+    register_backend("rollout", "adapter_engine")(object)
+    describe_backend("adapter_engine", lora_dtypes=("bfloat16",))
+    served = build_role_specs(typed(f"{M}.lora_rank=8", f"{R}.name=adapter_engine", BF16), ["train"])
+    assert served["train"].lora.sync == "adapter"

@@ -48,7 +48,8 @@ def test_shipped_grpo_with_kl_loss():
     }
     assert position(dag, "weight_sync") < position(dag, "rollout")
     assert names[-1] == "actor_update"
-    assert {"reward", "old_logprob"} <= dag.deps["advantage"]
+    # the advantage waits for the score; the old log-probs only reach it through KL in the reward
+    assert "reward" in dag.deps["advantage"] and "old_logprob" in dag.deps["actor_update"]
     assert dag.deps["rollout"] == {"weight_sync"}
     assert dag.deps["reward"] == {"rollout"}
     assert dag.deps["actor_update"] >= {"ref_logprob", "old_logprob", "advantage", "rollout"}
@@ -278,12 +279,12 @@ def build_for(path: str, *overrides: str) -> Dag:
 
 def test_objective_inputs_need_a_producer(tmp_path):
     # the update reads ref_logprobs only with the KL loss: then a DAG without the ref node fails
-    no_ref = {"advantage": "ref_logprobs", "actor_update": "ref_logprobs"}
+    no_ref = {"kl_in_reward": "ref_logprobs", "actor_update": "ref_logprobs"}
     path = edited_grpo(tmp_path, "ref_logprob", no_ref)
     build_for(path)
     with pytest.raises(DagError, match=r"kind actor_update needs inputs \['ref_logprobs'\]"):
         build_for(path, "actor_rollout_ref.actor.use_kl_loss=true")
-    path = edited_grpo(tmp_path, "ref_logprob", {"advantage": "ref_logprobs"})
+    path = edited_grpo(tmp_path, "ref_logprob", {"kl_in_reward": "ref_logprobs"})
     with pytest.raises(
         DagError, match=r"node 'actor_update' reads \['ref_logprobs'\], which no node produces"
     ):
@@ -300,13 +301,20 @@ def test_advantages_need_a_producer(tmp_path, algorithm):
         build_for(path, f"algorithm={algorithm}")
 
 
-def test_kl_in_reward_requires_the_log_probs_at_the_advantage_node(tmp_path):
+def test_kl_in_reward_requires_the_log_probs_at_its_node(tmp_path):
     path = edited_grpo(tmp_path, "ref_logprob", {"actor_update": "ref_logprobs"})
-    with pytest.raises(DagError, match=r"node 'advantage' reads \['ref_logprobs'\]"):
+    with pytest.raises(DagError, match=r"node 'kl_in_reward' reads \['ref_logprobs'\]"):
         build_for(path, "algorithm.use_kl_in_reward=true")
-    path = edited_grpo(tmp_path, "ref_logprob", {"actor_update": "ref_logprobs", "advantage": "ref_logprobs"})
-    build_for(path)  # without KL in the reward the advantage node does not need them
-    with pytest.raises(DagError, match=r"kind advantage needs inputs \['ref_logprobs'\]"):
+    path = edited_grpo(
+        tmp_path, "ref_logprob", {"actor_update": "ref_logprobs", "kl_in_reward": "ref_logprobs"}
+    )
+    build_for(path)  # without KL in the reward its node is not in the DAG
+    with pytest.raises(DagError, match=r"kind kl_in_reward needs inputs \['ref_logprobs'\]"):
+        build_for(path, "algorithm.use_kl_in_reward=true")
+    # the advantage node sums the term in: a DAG without the node making it is refused
+    path = edited_grpo(tmp_path, "kl_in_reward", {"advantage": "kl_rewards"})
+    build_for(path)
+    with pytest.raises(DagError, match=r"kind advantage needs inputs \['kl_rewards'\]"):
         build_for(path, "algorithm.use_kl_in_reward=true")
 
 
@@ -319,3 +327,47 @@ def test_built_dag_is_immutable_and_pickles():
         dag.deps["advantage"] = frozenset()  # frozen means frozen: deps cannot be edited either
     again = pickle.loads(pickle.dumps(dag))
     assert again == dag and again.deps["reward"] == {"rollout"}
+
+
+def test_a_producer_nothing_reads_is_pruned_with_what_only_it_read():
+    from dagrl.core.dag import prune_unconsumed
+    from dagrl.core.node import NodeSpec
+
+    specs = [
+        NodeSpec("teacher", "teacher_logprob", "teacher", ["responses"], ["teacher_logprobs"]),
+        NodeSpec("term", "distill_reward", None, ["teacher_logprobs"], ["distill_advantages"]),
+        NodeSpec("reward", "reward", None, ["responses"], ["scores"]),
+        NodeSpec("sync", "weight_sync", "rollout", [], [], ["reward"]),  # waits for it: stays
+        NodeSpec("update", "actor_update", "train", ["responses"]),  # no outputs: acts by running
+    ]
+    kept = [s.name for s in prune_unconsumed(specs, [])]
+    assert kept == ["reward", "sync", "update"]  # the term, then the teacher only it read
+    assert [s.name for s in prune_unconsumed(specs, ["distill_advantages"])] == [s.name for s in specs]
+    assert prune_unconsumed(specs, None) == specs  # a DAG file without sinks: every node stays
+
+
+def test_the_dag_sinks_keep_what_the_trainer_reads(tmp_path):
+    """GKD's reward is logged, not trained on: `sinks: [scores]` keeps it; with no sink the node
+    does work no one sees and is pruned before the plan. A file without `sinks` prunes nothing."""
+    import yaml
+
+    from dagrl.core.dag import dag_path, load_dag_file, prune_unconsumed
+    from dagrl.trainer.setup import prepare
+
+    shipped = load_dag_file("gkd")
+    specs = prune_disabled(shipped.specs, compose_config("algorithm=gkd"))
+    assert "reward" in {s.kind for s in prune_unconsumed(specs, shipped.sinks)}
+    with open(dag_path("gkd")) as f:
+        raw = yaml.safe_load(f)
+    raw["sinks"] = []
+    path = tmp_path / "gkd_no_sinks.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = compose_config("algorithm=gkd", f"dag={path}", "trainer.dry_run=true")  # as a run plans it
+    assert "reward" not in {n.kind for n in prepare(cfg).dag.nodes}
+    del raw["sinks"]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert load_dag_file(str(path)).sinks is None
+    raw["sinks"] = ["scorez"]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(DagError, match=r"sinks \['scorez'\] are not declared batch keys"):
+        load_dag_file(str(path))

@@ -10,6 +10,7 @@ from dagrl.config.validate import resolve_defaults
 from dagrl.core.batch import Batch
 from dagrl.core.dag import load_dag_specs, prune_disabled
 from dagrl.nodes.advantage import AdvantageNode
+from dagrl.nodes.reward_terms import TurnCreditNode
 from tests.conftest import compose_config
 
 
@@ -50,8 +51,10 @@ def test_gae_credits_each_turn_of_an_episode():
     )
     resolve_defaults(cfg)
     _, specs = load_dag_specs(cfg.dag)
-    [spec] = [s for s in prune_disabled(specs, cfg) if s.kind == "advantage"]
-    assert {"turn_rewards", "turn_ids", "values"} <= set(spec.inputs)
+    pruned = {s.kind: s for s in prune_disabled(specs, cfg)}
+    spec = pruned["advantage"]
+    assert {"turn_rewards", "turn_ids"} <= set(pruned["turn_credit"].inputs)
+    assert {"turn_token_rewards", "values"} <= set(spec.inputs)
     batch = Batch(
         {  # one episode: turn 0 (tokens 0-1, reward 0.5), an observation (token 2), turn 1 (token 3)
             "scores": torch.tensor([1.0]),
@@ -62,6 +65,7 @@ def test_gae_credits_each_turn_of_an_episode():
             "values": torch.zeros(1, 4),
         }
     )
-    out = AdvantageNode(spec, cfg).run(None, batch).batch
+    terms = TurnCreditNode(pruned["turn_credit"], cfg).run(None, batch).batch
+    out = AdvantageNode(spec, cfg).run(None, batch.union(terms)).batch
     # token rewards [0, 2 × 0.5, 0, 1]: returns [2, 2, 0 (observation), 1]
     torch.testing.assert_close(out["returns"], torch.tensor([[2.0, 2.0, 0.0, 1.0]]))

@@ -16,6 +16,7 @@ from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled
 from dagrl.errors import ConfigError
 from dagrl.nodes.advantage import AdvantageNode
 from dagrl.nodes.reward import RewardNode
+from dagrl.nodes.reward_terms import TurnCreditNode
 from tests.conftest import compose_config
 
 MT = "actor_rollout_ref.rollout.multi_turn"
@@ -51,13 +52,21 @@ def episodes() -> Batch:
     )
 
 
+def advantage_of(dag, cfg, batch: Batch) -> Batch:
+    """The turn_credit node, then the advantage node summing its terms in, as the DAG runs them."""
+    assert "turn_credit" in dag.deps["advantage"]
+    terms = TurnCreditNode(dag.node("turn_credit"), cfg).run(None, batch).batch
+    return AdvantageNode(dag.node("advantage"), cfg).run(None, batch.union(terms)).batch
+
+
 def test_turn_mode_adds_the_turn_credit_to_the_score_advantage():
     cfg = config(f"{MT}.turn_reward_mode=turn", f"{MT}.env_reward_weight=2.0")
     source, specs = load_dag_specs(cfg.dag)
     dag = build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout"})
-    assert {"turn_rewards", "turn_ids"} <= set(dag.node("advantage").inputs)
+    assert {"turn_rewards", "turn_ids"} <= set(dag.node("turn_credit").inputs)
+    assert {"turn_token_rewards", "turn_advantages"} <= set(dag.node("advantage").inputs)
     batch = episodes()
-    out = AdvantageNode(dag.node("advantage"), cfg).run(None, batch).batch
+    out = advantage_of(dag, cfg, batch)
     mask = batch["response_mask"].float()
     score_adv = torch.tensor([0.7071068, -0.7071068])[:, None] * mask  # GRPO on the scores alone
     turn_adv = compute_turn_advantages(batch["turn_rewards"], batch["turn_ids"], mask, batch["group_ids"])
@@ -116,7 +125,7 @@ def test_turn_mode_puts_turn_rewards_into_reinforce_plus_plus_returns():
     )
     source, specs = load_dag_specs(cfg.dag)
     dag = build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout"})
-    out = AdvantageNode(dag.node("advantage"), cfg).run(None, episodes()).batch
+    out = advantage_of(dag, cfg, episodes())
     # token rewards: episode 0's score 1 on its last policy token (col 3), its first turn's 0.5 x 2
     # on that turn's last policy token (col 1); episode 1 earns nothing
     assert out["token_rewards"].tolist() == [[0.0, 1.0, 0.0, 1.0, 0.0], [0.0] * 5]

@@ -186,7 +186,8 @@ class MegatronCriticBackend:
         )
 
     def _micro(self, mb: Batch, weight: float, keys: tuple[str, ...] = ()) -> MicroInputs:
-        return micro_inputs(mb, weight, keys, self.m, self.ctx.device, packing=False)
+        multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1  # SP splits the sequence
+        return micro_inputs(mb, weight, keys, self.ctx.device, multiple, packing=False)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> tuple[Batch, dict]:

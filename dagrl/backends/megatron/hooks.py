@@ -70,4 +70,21 @@ MEGATRON_HOOKS = TrainHooks(
     update_levers=_update_levers,
     lora_reference_is_base=True,  # megatron LoRA: the adapters switched off (lora.py)
     optimizer_share=_optimizer_share,
+    applies_lora=True,
+    device_levers=(
+        f"tensor/pipeline parallel ({A}.strategy=megatron, megatron.tensor_model_parallel_size / "
+        "pipeline_model_parallel_size), offload (megatron.param_offload / optimizer_offload), the "
+        "distributed optimizer (megatron.use_distributed_optimizer=true)"
+    ),
+    host_levers=(
+        f"megatron's CPU optimizer ({A}.strategy=megatron: 12 bytes per parameter on the host, the "
+        f"torch backend's 16), a smaller share of megatron's CPU optimizer "
+        f"({A}.megatron.optimizer_offload_fraction), more GPUs (tensor/pipeline parallel shard both), "
+        "less offload (megatron.*_offload)"
+    ),
+    idle_levers=f"{A}.megatron.param_offload / grad_offload / optimizer_offload (a megatron critic: critic.megatron.*)",
+    swift_offload={
+        "offload_model": (f"{A}.megatron.param_offload", f"{A}.megatron.grad_offload"),
+        "offload_optimizer": (f"{A}.megatron.optimizer_offload",),
+    },
 )

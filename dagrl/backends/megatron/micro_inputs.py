@@ -1,6 +1,7 @@
-"""One micro-batch laid out as megatron's GPTModel takes it (left-aligned rows, or packed rows),
-with the coordinates of the response tokens' predicting positions: shared by the actor
-(train.py) and the critic (critic.py), which read log-probs and values at the same positions."""
+"""One micro-batch as megatron's model takes it (`MicroInputs`): the rows left-aligned in one
+tensor, or packed into rows of several sequences (actor_rollout_ref.actor.use_remove_padding),
+with the response tokens each position predicts and what the loss reads, on the device before
+megatron's schedule runs; and the padding they cost (perf/padding_*)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dagrl.config.schema import MegatronConfig
 from dagrl.core.batch import Batch, response_attention, sequence_inputs
-from dagrl.core.packing import pack_sequences
+from dagrl.core.packing import PaddingStats, pack_sequences
 
 
 @dataclass
@@ -35,12 +35,7 @@ class MicroInputs:
 
 
 def micro_inputs(
-    mb: Batch,
-    weight: float,
-    loss_keys: tuple[str, ...],
-    m: MegatronConfig,
-    device: torch.device,
-    packing: bool,
+    mb: Batch, weight: float, loss_keys: tuple[str, ...], dev: torch.device, multiple: int, packing: bool
 ) -> MicroInputs:
     """Left-align every row: its real prompt tokens from column 0, the response right after,
     all padding at the end. Padding then only ever follows real tokens, so plain causal
@@ -50,14 +45,13 @@ def micro_inputs(
     Everything the schedule and the loss read goes to the device here, before the schedule
     runs: a copy from pageable memory inside it would wait for the GPU to drain."""
     if packing:
-        return _packed_micro_inputs(mb, weight, loss_keys, m, device)
+        return packed_micro_inputs(mb, weight, loss_keys, dev, multiple)
     ids, _, _ = sequence_inputs(mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb))
     width = ids.shape[1]
     prompt_lens = mb["prompt_mask"].sum(dim=1)
     left_pad = mb["prompts"].shape[1] - prompt_lens
     ids = ids.gather(1, (torch.arange(width)[None] + left_pad[:, None]) % width)
     seq = int((prompt_lens + response_attention(mb).sum(dim=1)).max().clamp(min=1))
-    multiple = m.tensor_model_parallel_size if m.sequence_parallel else 1
     seq = -(-seq // multiple) * multiple  # sequence parallel splits the sequence over TP ranks
     ids = torch.nn.functional.pad(ids, (0, max(0, seq - width)))[:, :seq]
     pos = torch.arange(seq).expand_as(ids)
@@ -66,7 +60,6 @@ def micro_inputs(
     rows, resp_len = mb["responses"].shape
     at = prompt_lens[:, None] - 1 + torch.arange(resp_len)[None]
     inside = (at < seq).flatten()
-    dev = device
     return MicroInputs(
         batch=Batch({k: mb[k].to(dev) for k in loss_keys if k in mb}),
         input_ids=ids.to(dev),
@@ -82,17 +75,15 @@ def micro_inputs(
     )
 
 
-def _packed_micro_inputs(
-    mb: Batch, weight: float, loss_keys: tuple[str, ...], m: MegatronConfig, device: torch.device
+def packed_micro_inputs(
+    mb: Batch, weight: float, loss_keys: tuple[str, ...], dev: torch.device, multiple: int
 ) -> MicroInputs:
     """The rows' sequences packed into rows as long as the longest (core/packing.py): the
     transformer and the output layer run over about the real tokens only; attention is kept
     inside each sequence by an explicit block-diagonal causal mask (sdpa and local specs)."""
-    multiple = m.tensor_model_parallel_size if m.sequence_parallel else 1
     packed = pack_sequences(
         mb["prompts"], mb["prompt_mask"], mb["responses"], response_attention(mb), multiple
     )
-    dev = device
     return MicroInputs(
         batch=Batch({k: mb[k].to(dev) for k in loss_keys if k in mb}),
         input_ids=packed.input_ids.to(dev),
@@ -108,3 +99,11 @@ def _packed_micro_inputs(
         padded_tokens=len(mb) * packed.input_ids.shape[1],
         attention_mask=packed.attention_mask().to(dev),
     )
+
+
+def padding_stats(micros: list[MicroInputs]) -> PaddingStats:
+    stats = PaddingStats()
+    for mi in micros:
+        packed = mi.input_ids.numel() if mi.attention_mask is not None else 0
+        stats.add(mi.real_tokens, mi.padded_tokens, packed)
+    return stats

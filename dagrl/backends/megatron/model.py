@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from dagrl.backends.megatron.probes import transformer_engine_available
+from dagrl.backends.model_shape import ModelShape
 from dagrl.config.schema import MegatronConfig
 from dagrl.errors import ConfigError
 
@@ -266,26 +267,19 @@ def build_model(hf_config, tcfg, layer_spec, *, vp_size: int | None) -> list:
     return chunks
 
 
-def throughput(tcfg, vocab_size: int, m, phase: str, micros: list, seconds: float, passes: int) -> dict:
-    """Tokens/s of this DP shard (the tokens run through the model, padding included) and
-    model TFLOP/s per GPU (`passes` forward-equivalents; fwd+bwd = 3) over the micro-batches'
-    `input_ids` [B, S], on megatron config `m`'s TP x PP GPUs. Flops per token: 2 x matmul params
-    (output layer included, embedding lookup not) + causal attention 2 x layers x seq x heads x
-    head_dim, per forward."""
+def model_shape(tcfg, vocab_size: int) -> ModelShape:
+    """The shape of megatron's TransformerConfig `tcfg` as the FLOPs count reads it
+    (dagrl/backends/flops.py); parameters are not counted here."""
     c = tcfg
-    input_ids = [mi.input_ids for mi in micros]
-    gpus = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
-    tokens = sum(ids.numel() for ids in input_ids)
-    seq = sum(ids.numel() * ids.shape[1] for ids in input_ids) / max(tokens, 1)
-    kv = c.num_query_groups * c.kv_channels
-    q = c.num_attention_heads * c.kv_channels
     ffn = c.moe_ffn_hidden_size * c.moe_router_topk if c.num_moe_experts else c.ffn_hidden_size
-    mlp = (3 if c.gated_linear_unit else 2) * c.hidden_size * ffn
-    per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + mlp
-    matmul = c.num_layers * per_layer + c.hidden_size * vocab_size
-    flops = passes * tokens * (2 * matmul + 2 * c.num_layers * seq * q)
-    return {
-        f"perf/{phase}_s": seconds,
-        f"perf/{phase}_tokens_per_s": tokens / seconds,
-        f"perf/{phase}_tflops_per_gpu": flops / gpus / seconds / 1e12,
-    }
+    return ModelShape(
+        hidden=c.hidden_size,
+        layers=c.num_layers,
+        heads=c.num_attention_heads,
+        kv_heads=c.num_query_groups,
+        head_dim=c.kv_channels,
+        intermediate=ffn,
+        vocab=vocab_size,
+        tied=False,  # not read by the FLOPs count (the output layer's matmul counts either way)
+        params=0,
+    )

@@ -25,14 +25,15 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from dagrl.algos import logprob_temperature
 from dagrl.backends import device_memory
+from dagrl.backends.flops import throughput_metrics
 from dagrl.backends.hf_model import DTYPES, load_tokenizer, resolve_model_path
 from dagrl.backends.host_store import HostStore
 from dagrl.backends.logprob_kernel import response_logprobs
 from dagrl.backends.megatron import checkpoint as ckpt
 from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron import lora as lora_layers
-from dagrl.backends.megatron.micro_inputs import MicroInputs, micro_inputs
-from dagrl.backends.megatron.model import build_model, throughput, transformer_config
+from dagrl.backends.megatron.micro_inputs import MicroInputs, micro_inputs, padding_stats
+from dagrl.backends.megatron.model import build_model, model_shape, transformer_config
 from dagrl.backends.megatron.optimizer import optimizer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import layer_spec_for
@@ -44,7 +45,6 @@ from dagrl.config.roles import RoleSpec
 from dagrl.config.schema import LoraSync
 from dagrl.core.batch import Batch
 from dagrl.core.micro_batches import micro_batches
-from dagrl.core.packing import PaddingStats
 from dagrl.objectives import Objective, TokenOutputs
 
 
@@ -199,7 +199,9 @@ class MegatronTrainBackend:
 
     # ---- inputs and schedule -------------------------------------------------------------------
     def _micro_inputs(self, mb: Batch, weight: float, loss_keys: tuple[str, ...] = ()) -> MicroInputs:
-        return micro_inputs(mb, weight, loss_keys, self.m, self.ctx.device, self.packing)
+        # sequence parallel splits the sequence over the TP ranks: lengths are a multiple of TP
+        multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
+        return micro_inputs(mb, weight, loss_keys, self.ctx.device, multiple, self.packing)
 
     def _run_schedule(self, micros: list[MicroInputs], loss_fn: Callable, forward_only: bool) -> list[dict]:
         """megatron's forward(-backward) over the micro-batches; returns loss_fn's dicts (last stage)."""
@@ -310,7 +312,10 @@ class MegatronTrainBackend:
         return mpu.is_pipeline_last_stage(ignore_virtual=True)
 
     def _throughput(self, phase: str, micros: list[MicroInputs], seconds: float, passes: int) -> dict:
-        return throughput(self.tcfg, self.hf_config.vocab_size, self.m, phase, micros, seconds, passes)
+        shape = model_shape(self.tcfg, self.hf_config.vocab_size)
+        gpus = self.m.tensor_model_parallel_size * self.m.pipeline_model_parallel_size
+        input_ids = [mi.input_ids for mi in micros]
+        return throughput_metrics(shape, phase, input_ids, seconds, passes, gpus, self.tcfg.gated_linear_unit)
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
@@ -325,7 +330,7 @@ class MegatronTrainBackend:
         metrics = run_update(self, self.objective, batch, self.settings, self.spec.seed, dp_size, self.steps)
         self.steps += 1
         metrics.update(self._throughput("update", self._step_micros, time.perf_counter() - start, 3))
-        metrics.update(_padding_stats(self._step_micros).metrics())
+        metrics.update(padding_stats(self._step_micros).metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
             metrics.update(device_memory.update_metrics(allocated))
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
@@ -422,11 +427,3 @@ class MegatronTrainBackend:
             )
         if torch.distributed.get_rank() == 0:
             load_tokenizer(self.path).save_pretrained(path)
-
-
-def _padding_stats(micros: list[MicroInputs]) -> PaddingStats:
-    stats = PaddingStats()
-    for mi in micros:
-        packed = mi.input_ids.numel() if mi.attention_mask is not None else 0
-        stats.add(mi.real_tokens, mi.padded_tokens, packed)
-    return stats

@@ -19,4 +19,10 @@ TORCH_HOOKS = TrainHooks(
     names_recompute_key=True,
     auto_offload=True,
     lora_reference_is_base=True,
+    applies_lora=True,
+    device_levers=f"offload ({A}.offload for torch)",
+    host_levers=f"less offload ({A}.offload)",
+    idle_levers=f"{A}.offload=true (torch)",
+    # params and optimizer state move together under one key
+    swift_offload={"offload_model": (f"{A}.offload",), "offload_optimizer": (f"{A}.offload",)},
 )

@@ -42,6 +42,8 @@ RESERVED_ENGINE_KWARGS: dict[str, str] = {
 
 # vLLM's accepted max_lora_rank values (vllm/config/lora.py: MaxLoRARanks); its LoRA kernels are
 # sized by this bound, so the smallest one at or above the rank is taken
+# engine dtypes vLLM's LoRA kernels take (vllm/lora/ops/triton_ops: fp16 / bf16 inputs only)
+LORA_SERVING_DTYPES = ("bfloat16", "bf16", "float16", "fp16")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 _VLLM_DTYPES = {

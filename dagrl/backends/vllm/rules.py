@@ -197,8 +197,8 @@ def _check_lora(cfg: DagrlConfig) -> None:
     """An adapter sync (lora_sync adapter, or auto on a 16-bit vLLM engine) needs an engine dtype
     and a rank vLLM's LoRA kernels take, and the base kept across sleeps: the sync never sends it
     again."""
-    from dagrl.backends.vllm.engine_args import VLLM_LORA_RANKS
-    from dagrl.config.roles import LORA_SERVING_DTYPES, policy_lora, rollout_dtype
+    from dagrl.backends.vllm.engine_args import LORA_SERVING_DTYPES, VLLM_LORA_RANKS
+    from dagrl.config.roles import policy_lora, rollout_dtype
 
     lora, r = policy_lora(cfg), cfg.actor_rollout_ref.rollout
     if lora is None or lora.sync != LoraSync.adapter:
