@@ -186,7 +186,9 @@ class MegatronCriticBackend:
         )
 
     def _micro(self, mb: Batch, weight: float, keys: tuple[str, ...] = ()) -> MicroInputs:
-        multiple = self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1  # SP splits the sequence
+        multiple = (
+            self.m.tensor_model_parallel_size if self.m.sequence_parallel else 1
+        )  # SP splits the sequence
         return micro_inputs(mb, weight, keys, self.ctx.device, multiple, packing=False)
 
     @torch.no_grad()
