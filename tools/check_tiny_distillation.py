@@ -41,10 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dagrl.algos.distillation import topk_divergence  # noqa: E402
 from dagrl.algos.losses import LossAggMode, agg_loss  # noqa: E402
+from dagrl.backends.output_layer import output_layer  # noqa: E402
 from dagrl.backends.torch.distill import (  # noqa: E402
     final_hidden,
     hidden_divergence,
-    output_layer,
     student_logprobs_at,
     teacher_topk,
 )
