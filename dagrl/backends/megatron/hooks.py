@@ -82,7 +82,10 @@ MEGATRON_HOOKS = TrainHooks(
         f"({A}.megatron.optimizer_offload_fraction), more GPUs (tensor/pipeline parallel shard both), "
         "less offload (megatron.*_offload)"
     ),
-    idle_levers=f"{A}.megatron.param_offload / grad_offload / optimizer_offload (a megatron critic: critic.megatron.*)",
+    idle_levers=(
+        f"{A}.megatron.param_offload / grad_offload / optimizer_offload (a megatron critic: "
+        "critic.megatron.param_offload / optimizer_offload)"
+    ),
     swift_offload={
         "offload_model": (f"{A}.megatron.param_offload", f"{A}.megatron.grad_offload"),
         "offload_optimizer": (f"{A}.megatron.optimizer_offload",),
