@@ -251,11 +251,15 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     timeout = int(os.environ.get("ROW_TIMEOUT", "420"))
     for name in names:
-        result = run_row(out, name, timeout)
-        print("ROW " + json.dumps(result), flush=True)
-        with open(os.path.join(out, "rows.md"), "a") as f:
-            f.write(table_row(result) + "\n")
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+        record(out, run_row(out, name, timeout))
+
+
+def record(out: str, result: dict) -> None:
+    """A row's ROW line, its table row in OUT/rows.md, and nothing left running for the next row."""
+    print("ROW " + json.dumps(result), flush=True)
+    with open(os.path.join(out, "rows.md"), "a") as f:
+        f.write(table_row(result) + "\n")
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_matrix import SHORT, run_row, table_row  # noqa: E402
+from gpu_matrix import SHORT, record, run_row  # noqa: E402
 from real_size_gpu import REPO, run_command  # noqa: E402
 from real_size_gpu import overrides as real_size_overrides  # noqa: E402
 
@@ -308,10 +308,7 @@ def main() -> None:
             os.makedirs(where, exist_ok=True)
             with open(os.path.join(where, f"{name}.json"), "w") as f:
                 json.dump(result, f)
-        print("ROW " + json.dumps(result), flush=True)
-        with open(os.path.join(out, "rows.md"), "a") as f:
-            f.write(table_row(result) + "\n")
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+        record(out, result)
 
 
 if __name__ == "__main__":

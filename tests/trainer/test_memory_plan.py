@@ -133,20 +133,23 @@ def test_default_vllm_job_at_0_6b_turns_recomputation_on_and_fits(tmp_path):
     assert "gradient_checkpointing: auto -> true" in format_memory_plan(prepared.memory)
 
 
+# GRPO on megatron with vLLM colocated, 16 prompts x 4 x (128 + 512) tokens: bench/real_size_gpu.py's run
+MEGATRON_16X4 = (
+    f"{A}.strategy=megatron",
+    f"{M}.dtype=bfloat16",
+    "data.train_batch_size=16",
+    f"{A}.ppo_mini_batch_size=16",
+    f"{R}.n=4",
+    "data.max_response_length=512",
+    "data.max_prompt_length=128",
+)
+
+
 def test_4b_megatron_with_vllm_no_longer_plans_as_fitting(qwen3_4b):
     """Qwen3-4B shape, megatron + vLLM colocated, 16 × 4 × 512 tokens: the old estimate (weights,
     grads, optimizer: 67.4 GiB) printed no warning; the engine's pool beside the resident trainer and
     the update's activations do not fit an 80 GiB card."""
-    overrides = (
-        f"{A}.strategy=megatron",
-        f"{M}.dtype=bfloat16",
-        "data.train_batch_size=16",
-        f"{A}.ppo_mini_batch_size=16",
-        f"{R}.n=4",
-        "data.max_response_length=512",
-        "data.max_prompt_length=128",
-        "trainer.gpu_memory_gib=80",
-    )
+    overrides = (*MEGATRON_16X4, "trainer.gpu_memory_gib=80")
     pinned = f"{A}.megatron.optimizer_cpu_offload"
     # the optimizer pinned on the device, recomputation pinned off, gradient buffers kept: the old
     # estimate's setting
@@ -376,17 +379,7 @@ def test_8b_megatron_on_a_141_gib_card_splits_the_cpu_optimizer_to_fit_a_128_gb_
     smallest share on the host (0.6) whose phases stay within 90 % of the card. Before, the plan
     refused 8B there, and counted the freed gradient buffers as host bytes."""
     model = qwen3_dir(tmp_path / "q8b", 4096, 36, 32, 8, 128, 12288, 151936)
-    overrides = (
-        f"{A}.strategy=megatron",
-        f"{M}.dtype=bfloat16",
-        "data.train_batch_size=16",
-        f"{A}.ppo_mini_batch_size=16",
-        f"{R}.n=4",
-        "data.max_response_length=512",
-        "data.max_prompt_length=128",
-        "trainer.gpu_memory_gib=139.8",
-        "trainer.host_memory_gib=125",
-    )
+    overrides = (*MEGATRON_16X4, "trainer.gpu_memory_gib=139.8", "trainer.host_memory_gib=125")
     prepared = dry(model, *overrides)
     m = prepared.cfg.actor_rollout_ref.actor.megatron
     share = m.optimizer_offload_fraction
