@@ -37,6 +37,7 @@ def _config(layer_spec: str):
         "actor_rollout_ref.actor.strategy=megatron",
         "actor_rollout_ref.actor.megatron.param_dtype=bfloat16",
         f"actor_rollout_ref.actor.megatron.layer_spec={layer_spec}",
+        "actor_rollout_ref.actor.optim.lr=1e-5",  # the driver's resolve_defaults sets it in a run
         "actor_rollout_ref.model.lora_rank=8",
         "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
