@@ -13,7 +13,10 @@ from tests.gpu_runs import kill_session, visible_cards
 def test_kill_session_ends_members_in_groups_of_their_own():
     """A Ray worker sits in a process group of its own inside its driver's session: killing the
     driver's group would miss it."""
-    child = "import subprocess, time; p = subprocess.Popen(['sleep', '60'], process_group=0); print(p.pid, flush=True); time.sleep(60)"
+    child = (
+        "import subprocess, time; p = subprocess.Popen(['sleep', '60'], process_group=0);"
+        " print(p.pid, flush=True); time.sleep(60)"
+    )
     shell = subprocess.Popen(
         [sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, start_new_session=True
     )

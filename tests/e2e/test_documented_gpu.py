@@ -18,12 +18,13 @@ import re
 import sys
 
 import pytest
+import torch
 
 from tests.docs.commands import ROOT, documented_env
 from tests.e2e.test_documented_commands import gpu_commands, stand_in_argv
 from tests.gpu_runs import cli_env, run_cli, visible_cards
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TWO_STEPS = [
     "trainer.total_training_steps=2",

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import traceback
@@ -19,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+from tests.gpu_runs import free_port, visible_cards
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -46,9 +47,7 @@ def _nccl_worker(rank: int, world_size: int, port: int, fn, args: tuple, results
 
 def _run_nccl(fn, world_size: int, *args) -> list:
     """Run `fn(rank, world_size, *args)` on `world_size` GPUs; return per-rank results (CPU)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     procs = [
@@ -105,7 +104,8 @@ def _bench(spec: str) -> dict:
     """bench/mcore_loop.py on one GPU: a ~0.56B Qwen3-shaped model, 8 x 1024 tokens."""
     cmd = [sys.executable, str(REPO_ROOT / "bench" / "mcore_loop.py"), "--spec", spec]
     cmd += ["--layers", "16", "--seq-len", "1024", "--micro-batch", "8", "--steps", "6"]
-    env = os.environ | {"MASTER_PORT": str(29600 + len(spec)), "CUDA_VISIBLE_DEVICES": "0"}
+    # the first card this process was given (physical card 0 may be another test's), a free port
+    env = os.environ | {"MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": visible_cards()[0]}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
