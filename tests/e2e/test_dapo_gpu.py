@@ -36,7 +36,7 @@ def test_dapo_rounds_on_vllm(tmp_path, sleep_level):
     args += ["algorithm.filter_groups.max_num_gen_batches=4", "trainer.total_training_steps=2"]
     args += ["trainer.test_freq=2", "trainer.logger=[console]", "trainer.progress_bar=false"]
     args += [f"trainer.default_local_dir={tmp_path}"]
-    proc = run_cli(args, cwd=REPO, env=cli_env(), timeout=240)
+    proc = run_cli(args, cwd=REPO, env=cli_env(), timeout=180)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     steps = [r for r in rows if r["step"] > 0]

@@ -24,7 +24,7 @@ sys.path.insert(0, REPO)
 from tools.random_qwen3 import build_random_qwen3  # noqa: E402
 
 
-def run_main(*overrides: str, timeout_s: int = 420) -> tuple[int, str, list[str]]:
+def run_main(*overrides: str, timeout_s: int = 300) -> tuple[int, str, list[str]]:
     cmd = ["trainer.device=cuda", "trainer.progress_bar=false"]
     cmd += ["trainer.logger=[console]", "trainer.val_before_train=false", "trainer.total_training_steps=1"]
     proc = run_cli([*cmd, *overrides], cwd=REPO, env=cli_env(), timeout=timeout_s)

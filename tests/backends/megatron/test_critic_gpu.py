@@ -83,7 +83,7 @@ def test_ppo_runs_on_megatron_with_vllm_colocated(tmp_path):
     cmd += ["trainer.critic_warmup=1", "trainer.total_training_steps=4", "trainer.test_freq=4"]
     cmd += ["trainer.save_freq=4", "trainer.logger=[console]", "trainer.progress_bar=false"]
     cmd += [f"trainer.default_local_dir={tmp_path}"]
-    proc = run_cli(cmd, cwd=REPO, env=cli_env(), timeout=300)
+    proc = run_cli(cmd, cwd=REPO, env=cli_env(), timeout=240)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     steps = [r for r in rows if r["step"] > 0]
