@@ -6,6 +6,13 @@ A run's Ray (its GCS and raylet in the driver's process group, each worker in a 
 is started by the run's driver and stays in the driver's session, so killing that session ends the
 run and nothing else; `ray stop` would stop every Ray on the host, a test's on the next card
 included.
+
+Device time is the scarce thing here: a vLLM engine a test does not time starts eager
+(`actor_rollout_ref.rollout.enforce_eager=true`, `+teacher.engine_kwargs.enforce_eager=true`,
+`+reward.model.engine_kwargs.enforce_eager=true`), seconds where torch.compile and CUDA-graph
+capture take 60-100 s even on the shipped tiny model. The compiled engine, the product's default,
+runs in tests/backends/vllm/test_vllm_gpu.py (sleep, staged wake, in-place refresh),
+tests/trainer/test_handover_gpu.py and tests/e2e/test_documented_gpu.py.
 """
 
 from __future__ import annotations
