@@ -69,8 +69,9 @@ def _run_nccl(fn, world_size: int, *args) -> list:
     return [outputs[rank] for rank in range(world_size)]
 
 
-def _bf16_logits(rank: int, world_size: int, padded: bool) -> dict:
-    """Logits [b, s, V] (fp32, CPU) of the same bf16 weights under the sdpa and local specs."""
+def _bf16_logits(rank: int, world_size: int) -> dict:
+    """{padded: logits [b, s, V] (fp32, CPU) of the same bf16 weights under the sdpa and local
+    specs}, causal and left-padded batches from one process (a spawned rank costs ~20 s)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -85,16 +86,25 @@ def _bf16_logits(rank: int, world_size: int, padded: bool) -> dict:
     local_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     local = _gpt(config, local_spec).cuda()
     local.load_state_dict(sdpa.state_dict(), strict=False)
-    input_ids, position_ids, _, mask = (t.cuda() for t in _batch(padded))
-    with torch.no_grad():
-        out_sdpa = sdpa(input_ids, position_ids, mask if padded else None)
-        out_local = local(input_ids, position_ids, mask if padded else None)
-    return {"sdpa": out_sdpa.float().cpu(), "local": out_local.float().cpu()}
+    out = {}
+    for padded in (False, True):
+        input_ids, position_ids, _, mask = (t.cuda() for t in _batch(padded))
+        with torch.no_grad():
+            out_sdpa = sdpa(input_ids, position_ids, mask if padded else None)
+            out_local = local(input_ids, position_ids, mask if padded else None)
+        out[padded] = {"sdpa": out_sdpa.float().cpu(), "local": out_local.float().cpu()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def bf16_logits() -> dict:
+    (out,) = _run_nccl(_bf16_logits, 1)
+    return out
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["causal", "left_padded"])
-def test_bf16_sdpa_logits_close_to_local(padded: bool) -> None:
-    (out,) = _run_nccl(_bf16_logits, 1, padded)
+def test_bf16_sdpa_logits_close_to_local(bf16_logits, padded: bool) -> None:
+    out = bf16_logits[padded]
     assert torch.isfinite(out["sdpa"]).all()
     # bf16 activations: both runs round differently, so compare at bf16 resolution.
     torch.testing.assert_close(out["sdpa"], out["local"], rtol=2e-2, atol=2e-2)
