@@ -29,6 +29,7 @@ from dagrl.objectives import role_objectives
 from dagrl.registry import BACKENDS
 from tests.conftest import compose_config
 
+R = "actor_rollout_ref.rollout"
 INPUT_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")
 COMMON = (
     "actor_rollout_ref.model.dtype=float32",
@@ -182,9 +183,10 @@ def test_rollout_backend_contract(name):
     if name == "vllm" and (not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None):
         pytest.skip("vllm needs a GPU and vllm installed")
     device = torch.device("cuda" if name == "vllm" else "cpu")
-    # vLLM: a share of the card that fits beside the engines other GPU tests of the session keep
-    util = ("actor_rollout_ref.rollout.gpu_memory_utilization=0.2",) if name == "vllm" else ()
-    cfg = compose_config(*COMMON, f"actor_rollout_ref.rollout.name={name}", *util)
+    # vLLM: a share of the card that fits beside the engines other GPU tests of the session keep;
+    # eager, a start of seconds (the compiled engine's sleep, wake and refresh: test_vllm_gpu.py)
+    engine = ("gpu_memory_utilization=0.2", "enforce_eager=true") if name == "vllm" else ()
+    cfg = compose_config(*COMMON, f"actor_rollout_ref.rollout.name={name}", *(f"{R}.{e}" for e in engine))
     resolve_defaults(cfg)
     ctx = ParallelContext(0, 1, device)
     rollout = build_backend(role_spec(cfg, "rollout"), ctx)

@@ -88,15 +88,25 @@ def _megatron_weights(rank, world, cfg, batch):
     return weights, metrics, hybrid
 
 
-@pytest.mark.parametrize("precision_aware", [False, True], ids=["masters-on-device", "masters-on-host"])
-def test_megatron_cpu_optimizer_matches_the_resident_one(tmp_path, precision_aware):
+@pytest.fixture(scope="module")
+def megatron_resident(tmp_path_factory):
+    """(model, weights, metrics) of the resident optimizer's run: one for both offload cases, which
+    compare against the same run (each spawned rank costs ~20-30 s of start-up)."""
     pytest.importorskip("megatron.core")
     from tests.backends.megatron.test_backend_gpu import _batch, gpu_config, qwen3_model, run_on_gpus
 
-    model = qwen3_model(str(tmp_path / "model"))
-    M = f"{A}.megatron"
-    [(resident, metrics, hybrid)] = run_on_gpus(_megatron_weights, 1, gpu_config(model), _batch())
+    model = qwen3_model(str(tmp_path_factory.mktemp("megatron") / "model"))
+    [(weights, metrics, hybrid)] = run_on_gpus(_megatron_weights, 1, gpu_config(model), _batch())
     assert not hybrid
+    return model, weights, metrics
+
+
+@pytest.mark.parametrize("precision_aware", [False, True], ids=["masters-on-device", "masters-on-host"])
+def test_megatron_cpu_optimizer_matches_the_resident_one(megatron_resident, precision_aware):
+    from tests.backends.megatron.test_backend_gpu import _batch, gpu_config, run_on_gpus
+
+    model, resident, metrics = megatron_resident
+    M = f"{A}.megatron"
     offload = (f"{M}.optimizer_cpu_offload=true", f"{M}.use_precision_aware_optimizer={precision_aware}")
     [(offloaded, offload_metrics, hybrid)] = run_on_gpus(
         _megatron_weights, 1, gpu_config(model, *offload), _batch()

@@ -5,21 +5,26 @@ wakes what the first put to sleep), with its placeholders replaced by stand-ins:
 Qwen3-0.6B shape for every model path and the gsm8k fixture as data. A command written for more
 GPUs than the machine has runs at the machine's count (`trainer.n_gpus_per_node`); one whose model
 parallelism needs more cards than that is skipped, naming them (it runs on a machine that size).
-Documented dry runs (`trainer.dry_run=true`) run as written: the plan against the real card."""
+A command the documents write after `CUDA_VISIBLE_DEVICES=0,1` runs on the first two cards this
+process was given (on a shared host physical cards 0 and 1 may be another test's), or is skipped
+when it was given fewer. Documented dry runs (`trainer.dry_run=true`) run as written: the plan
+against the real card. The engines start as users get them (compiled, CUDA graphs): this file and
+tests/trainer/test_handover_gpu.py are where the default engine runs end to end."""
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+import torch
 
-from tests.docs.commands import ROOT
+from tests.docs.commands import ROOT, documented_env
 from tests.e2e.test_documented_commands import gpu_commands, stand_in_argv
+from tests.gpu_runs import cli_env, run_cli, visible_cards
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TWO_STEPS = [
     "trainer.total_training_steps=2",
@@ -65,11 +70,26 @@ def shard(commands: list[str]) -> list[str]:
     return commands[int(i) :: int(n)]
 
 
+def command_env(command: str) -> tuple[dict[str, str], int]:
+    """(the environment `command` runs in, its card count): this process's, with the variables the
+    documents set before the command; a documented CUDA_VISIBLE_DEVICES of N cards names the first
+    N cards this process was given (skipped when it was given fewer)."""
+    documented, cards = documented_env(command), visible_cards()
+    env = cli_env(**documented)
+    if "CUDA_VISIBLE_DEVICES" in documented:
+        wanted = [c for c in documented["CUDA_VISIBLE_DEVICES"].split(",") if c.strip()]
+        if len(wanted) > len(cards):
+            pytest.skip(
+                f"written for CUDA_VISIBLE_DEVICES={','.join(wanted)}; this process has {len(cards)} card(s)"
+            )
+        cards = cards[: len(wanted)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(cards)
+    return env, len(cards)
+
+
 @pytest.mark.parametrize("command", shard(gpu_commands()))
 def test_gpu_command_runs(stand_ins, tmp_path, command):
-    import torch
-
-    cards = torch.cuda.device_count()
+    env, cards = command_env(command)
     needed = 1
     for _, size in PARALLEL.findall(command):
         needed *= int(size)
@@ -78,20 +98,13 @@ def test_gpu_command_runs(stand_ins, tmp_path, command):
     argv = sized_to_this_machine(stand_in_argv(command, stand_ins), cards)
     dry = "trainer.dry_run=true" in argv
     extra = [] if dry else [*TWO_STEPS, *SMALL_BATCH]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "dagrl.main", *argv, *extra, f"trainer.default_local_dir={tmp_path / 'run'}"],
-        cwd=tmp_path,
+    proc = run_cli(
+        [*argv, *extra, f"trainer.default_local_dir={tmp_path / 'run'}"],
+        cwd=str(tmp_path),
         env=env,
-        capture_output=True,
-        text=True,
         timeout=280,
     )
     out = proc.stdout + proc.stderr
-    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
     assert proc.returncode == 0, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
     if dry:

@@ -9,30 +9,25 @@ Run on the GPU machine: python -m pytest -m gpu -q tests/reliability/test_engine
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests.gpu_runs import REPO, cli_env, run_cli
+
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 from tools.random_qwen3 import build_random_qwen3  # noqa: E402
 
 
-def run_cli(*overrides: str, timeout_s: int = 900) -> tuple[int, str, list[str]]:
-    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)  # keep site dirs
-    env = dict(os.environ, PYTHONPATH=path, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-    cmd = [sys.executable, "-m", "dagrl.main", "trainer.device=cuda", "trainer.progress_bar=false"]
+def run_main(*overrides: str, timeout_s: int = 300) -> tuple[int, str, list[str]]:
+    cmd = ["trainer.device=cuda", "trainer.progress_bar=false"]
     cmd += ["trainer.logger=[console]", "trainer.val_before_train=false", "trainer.total_training_steps=1"]
-    proc = subprocess.run(
-        [*cmd, *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s
-    )
+    proc = run_cli([*cmd, *overrides], cwd=REPO, env=cli_env(), timeout=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     return proc.returncode, proc.stdout + proc.stderr, lines
 
@@ -42,7 +37,7 @@ def test_vllm_refusing_to_start_is_one_line(tmp_path):
     free, total = torch.cuda.mem_get_info()
     hog = torch.empty(int(free - 0.3 * total), dtype=torch.uint8, device="cuda")  # leave 30% free
     try:
-        rc, out, lines = run_cli(
+        rc, out, lines = run_main(
             "actor_rollout_ref.rollout.name=vllm",
             "actor_rollout_ref.rollout.gpu_memory_utilization=0.9",
             f"trainer.default_local_dir={tmp_path}",
@@ -64,7 +59,7 @@ def test_cuda_oom_in_the_update_is_one_line(tmp_path):
     model = build_random_qwen3(
         str(tmp_path / "model"), 256, 2, 4, 2, 512, 151936, seed=1, init_std=0.2, max_positions=2048
     )
-    rc, out, lines = run_cli(
+    rc, out, lines = run_main(
         f"actor_rollout_ref.model.path={model}",
         "actor_rollout_ref.model.dtype=bfloat16",
         "actor_rollout_ref.actor.optim.lr=1e-6",

@@ -44,7 +44,7 @@ def test_vllm_judge_answers_counts_failures_and_matches_hf(tmp_path):
         "reward.model.judge_template='{prompt} {response} Score:'",
         r"reward.model.judge_score_pattern='(\d+)'",
         "reward.model.judge_max_new_tokens=8",
-        "reward.model.gpu_memory_utilization=0.3",
+        "reward.model.gpu_memory_utilization=0.1",
         "+reward.model.engine_kwargs.enforce_eager=true",
         "placement.colocate_groups=[[train,rollout,ref,rm]]",
         "trainer.device=cuda",

@@ -6,8 +6,9 @@ import os
 import sys
 
 import pytest
+import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def test_twenty_default_steps_keep_the_hand_over_flat(tmp_path):

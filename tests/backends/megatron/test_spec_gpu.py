@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import traceback
@@ -19,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+from tests.gpu_runs import free_port, visible_cards
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -46,9 +47,7 @@ def _nccl_worker(rank: int, world_size: int, port: int, fn, args: tuple, results
 
 def _run_nccl(fn, world_size: int, *args) -> list:
     """Run `fn(rank, world_size, *args)` on `world_size` GPUs; return per-rank results (CPU)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     procs = [
@@ -70,8 +69,9 @@ def _run_nccl(fn, world_size: int, *args) -> list:
     return [outputs[rank] for rank in range(world_size)]
 
 
-def _bf16_logits(rank: int, world_size: int, padded: bool) -> dict:
-    """Logits [b, s, V] (fp32, CPU) of the same bf16 weights under the sdpa and local specs."""
+def _bf16_logits(rank: int, world_size: int) -> dict:
+    """{padded: logits [b, s, V] (fp32, CPU) of the same bf16 weights under the sdpa and local
+    specs}, causal and left-padded batches from one process (a spawned rank costs ~20 s)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -86,16 +86,25 @@ def _bf16_logits(rank: int, world_size: int, padded: bool) -> dict:
     local_spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     local = _gpt(config, local_spec).cuda()
     local.load_state_dict(sdpa.state_dict(), strict=False)
-    input_ids, position_ids, _, mask = (t.cuda() for t in _batch(padded))
-    with torch.no_grad():
-        out_sdpa = sdpa(input_ids, position_ids, mask if padded else None)
-        out_local = local(input_ids, position_ids, mask if padded else None)
-    return {"sdpa": out_sdpa.float().cpu(), "local": out_local.float().cpu()}
+    out = {}
+    for padded in (False, True):
+        input_ids, position_ids, _, mask = (t.cuda() for t in _batch(padded))
+        with torch.no_grad():
+            out_sdpa = sdpa(input_ids, position_ids, mask if padded else None)
+            out_local = local(input_ids, position_ids, mask if padded else None)
+        out[padded] = {"sdpa": out_sdpa.float().cpu(), "local": out_local.float().cpu()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def bf16_logits() -> dict:
+    (out,) = _run_nccl(_bf16_logits, 1)
+    return out
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["causal", "left_padded"])
-def test_bf16_sdpa_logits_close_to_local(padded: bool) -> None:
-    (out,) = _run_nccl(_bf16_logits, 1, padded)
+def test_bf16_sdpa_logits_close_to_local(bf16_logits, padded: bool) -> None:
+    out = bf16_logits[padded]
     assert torch.isfinite(out["sdpa"]).all()
     # bf16 activations: both runs round differently, so compare at bf16 resolution.
     torch.testing.assert_close(out["sdpa"], out["local"], rtol=2e-2, atol=2e-2)
@@ -105,7 +114,8 @@ def _bench(spec: str) -> dict:
     """bench/mcore_loop.py on one GPU: a ~0.56B Qwen3-shaped model, 8 x 1024 tokens."""
     cmd = [sys.executable, str(REPO_ROOT / "bench" / "mcore_loop.py"), "--spec", spec]
     cmd += ["--layers", "16", "--seq-len", "1024", "--micro-batch", "8", "--steps", "6"]
-    env = os.environ | {"MASTER_PORT": str(29600 + len(spec)), "CUDA_VISIBLE_DEVICES": "0"}
+    # the first card this process was given (physical card 0 may be another test's), a free port
+    env = os.environ | {"MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": visible_cards()[0]}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -8,9 +8,6 @@ Run on the GPU machine: python -m pytest -m gpu -q tests/backends/torch/test_cri
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,12 +20,11 @@ from dagrl.core.worker import Worker
 from dagrl.trainer.setup import worker_parts
 from tests.backends.test_critic import batch
 from tests.conftest import compose_config
+from tests.gpu_runs import REPO, cli_env, run_cli
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a GPU", allow_module_level=True)
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def on_gpu(module: torch.nn.Module) -> bool:
@@ -72,13 +68,15 @@ def test_critic_and_actor_take_turns_on_the_device():
 
 def test_ppo_runs_with_vllm_colocated(tmp_path):
     pytest.importorskip("vllm")
-    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-    cmd = [sys.executable, "-m", "dagrl.main", "algorithm=ppo", "trainer.device=cuda"]
-    cmd += ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
+    # the engine eager: a start of seconds (the compiled engine runs in tests/backends/vllm/test_vllm_gpu.py)
+    cmd = ["algorithm=ppo", "trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm"]
+    cmd += [
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+    ]
     cmd += ["trainer.critic_warmup=1", "trainer.total_training_steps=4", "trainer.test_freq=4"]
     cmd += ["trainer.logger=[console]", "trainer.progress_bar=false", f"trainer.default_local_dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_cli(cmd, cwd=REPO, env=cli_env(), timeout=240)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     steps = [r for r in rows if r["step"] > 0]

@@ -40,7 +40,8 @@ def cfg():
         f"actor_rollout_ref.model.dtype={DTYPE}",
         "actor_rollout_ref.model.lora_rank=8",
         "actor_rollout_ref.model.lora_alpha=16",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+        "actor_rollout_ref.rollout.enforce_eager=true",  # start in seconds: test_vllm_gpu.py runs the compiled engine
         "actor_rollout_ref.rollout.sleep_level=1",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
         "actor_rollout_ref.actor.optim.lr=1e-4",

@@ -40,7 +40,8 @@ def _config(layer_spec: str):
         "actor_rollout_ref.actor.optim.lr=1e-5",  # the driver's resolve_defaults sets it in a run
         "actor_rollout_ref.model.lora_rank=8",
         "actor_rollout_ref.model.lora_alpha=16",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+        "actor_rollout_ref.rollout.enforce_eager=true",  # start in seconds: test_vllm_gpu.py runs the compiled engine
         "actor_rollout_ref.rollout.sleep_level=1",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
         "trainer.device=cuda",

@@ -41,7 +41,8 @@ def setup():
     cfg = validated_config(
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.model.dtype={DTYPE}",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+        "actor_rollout_ref.rollout.enforce_eager=true",  # start in seconds: test_vllm_gpu.py runs the compiled engine
         "actor_rollout_ref.rollout.free_cache_engine=false",
         "trainer.device=cuda",
         "external_plugins=[tests/plugins/quiz_env.py]",

@@ -51,7 +51,7 @@ def cfg(model_dir):
         "teacher.placement=standalone",
         "teacher.gpus=1",
         f"+teacher.engine_kwargs.max_logprobs={K}",
-        "+teacher.engine_kwargs.gpu_memory_utilization=0.3",
+        "+teacher.engine_kwargs.gpu_memory_utilization=0.1",
         "+teacher.engine_kwargs.enforce_eager=true",
         "data.max_prompt_length=40",
         f"data.max_response_length={RESPONSE}",

@@ -2,7 +2,11 @@
 model: greedy outputs, EOS handling, log-probs, in-GPU weight refresh and sleep / staged wake-up.
 
 One engine per process (vLLM's sleep-mode allocator is a process singleton), shared by the tests.
-Run on the GPU machine: python -m pytest -m gpu tests/backends/vllm/test_vllm_gpu.py
+It starts as users get it, compiled with CUDA graphs: the one in-process GPU test whose engine
+sleeps, wakes in stages and takes new weights in place under captured graphs (the others start
+eager, in seconds). max_num_seqs=64, the test's prompts, keeps the graphs captured to 19 batch
+sizes instead of 51. Run on the GPU machine:
+    python -m pytest -m gpu tests/backends/vllm/test_vllm_gpu.py
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def cfg():
         f"actor_rollout_ref.model.dtype={DTYPE}",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
         "actor_rollout_ref.rollout.sleep_level=1",
+        "actor_rollout_ref.rollout.max_num_seqs=64",  # the 64 prompts below in one engine step
         "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
         "actor_rollout_ref.actor.optim.lr=1e-4",
         "trainer.device=cuda",
