@@ -56,20 +56,21 @@ limit() {  # limit SECONDS: SECONDS, or fewer where the slot's deadline comes fi
 }
 
 tests() {  # tests NAME FILES...: one pytest process per file, one row for the group
-    local name=$1 passed=0 total=0 rc=0 file log line p f e cut="" lim want=${FILE_TIMEOUT:-300}
+    local name=$1 passed=0 total=0 rc=0 file short log line p f e cut="" lim want=${FILE_TIMEOUT:-300}
     shift
     for file in "$@"; do
-        log="$OUT/$name.$(basename "$file" .py).log"
+        short=${file#tests/}; short=${short%.py}; short=${short//\//_}  # both critic files are test_critic_gpu.py
+        log="$OUT/$name.$short.log"
         lim=$(limit "$want")
         if [ "$lim" -lt 20 ]; then  # no time left for a pytest process to start
-            cut="$cut, $(basename "$file") not started (deadline)"; rc=124
+            cut="$cut, $short not started (deadline)"; rc=124
             echo "== $file not started: the slot's deadline"
             continue
         fi
         timeout "$lim" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 "$file" >"$log" 2>&1
         local code=$?
         [ $code -ne 0 ] && [ $code -ne 5 ] && rc=$code  # 5: nothing collected
-        [ $code -eq 124 ] && [ "$lim" -lt "$want" ] && cut="$cut, $(basename "$file") cut by the deadline"
+        [ $code -eq 124 ] && [ "$lim" -lt "$want" ] && cut="$cut, $short cut by the deadline"
         line=$(grep -E "[0-9]+ (passed|failed|error)" "$log" | tail -n 1)
         p=$(echo "$line" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+"); f=$(echo "$line" | grep -oE "[0-9]+ failed" | grep -oE "[0-9]+")
         e=$(echo "$line" | grep -oE "[0-9]+ error" | grep -oE "[0-9]+")

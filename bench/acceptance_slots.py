@@ -38,14 +38,17 @@ ONE_GPU = {
     "ray_probe",
 }  # fmt: skip
 # groups that must own the host: run them in a call of one slot
-TIMING = "its figure is a ratio of timings taken one after the other in the call, which neighbours in other phases would skew"
+TIMING = (
+    "its figure is a ratio of timings taken one after the other in the call, which neighbours in other"
+    " phases would skew; and .anchors/side_by_side.sh works in fixed /tmp paths (model, run directory)"
+)
 ALONE = {
-    "two_nodes": "it starts raylets on the fixed port 6379 and writes Ray's address file, and stops every Ray on the host",
-    "side": TIMING + "; and .anchors/side_by_side.sh runs in the fixed /tmp/dagrl_side",
-    "side_64": TIMING + "; and .anchors/side_by_side.sh writes the fixed /tmp/anchor_out",
-    "side_dapo": TIMING + "; and .anchors/side_by_side.sh runs in the fixed /tmp/dagrl_side",
-    "side_ppo": TIMING + "; and .anchors/side_by_side.sh runs in the fixed /tmp/dagrl_side",
-    "side_lora": TIMING + "; and .anchors/side_by_side.sh runs in the fixed /tmp/dagrl_side",
+    "two_nodes": "it starts raylets on the fixed port 6379, writes Ray's address file and stops every Ray on the host",
+    "side": TIMING,
+    "side_64": TIMING,
+    "side_dapo": TIMING,
+    "side_ppo": TIMING,
+    "side_lora": TIMING,
     "separate": "the weight sync's GB/s is held against a raw NCCL broadcast measured after it",
     "dp2": "its scaling is one card's step over two cards' step, measured one after the other",
     "dp4": "its scaling is one card's step over four cards' step, measured one after the other",
@@ -131,7 +134,8 @@ def prepare(slot: Slot, root: str, skip: list[str]) -> None:
     for path in dirs.values():
         shutil.rmtree(path, ignore_errors=True)
     anchors = any(w[0].startswith(NEEDS_ANCHORS) for w in slot.groups)
-    hidden = {".git", ".gpu", "__pycache__", ".pytest_cache", ".ruff_cache"}
+    # not the wheels (.gpu), nor what earlier runs left in the checkout (.gitignore's folders)
+    hidden = {".git", ".gpu", "__pycache__", ".pytest_cache", ".ruff_cache", "outputs", "checkpoints", "runs"}
     hidden |= set() if anchors else {".anchors", ".base"}
 
     def ignore(folder: str, names: list[str]) -> set[str]:
@@ -218,7 +222,10 @@ def run_slot(slot: Slot, deadline: float) -> None:
     rows = os.path.join(slot.dirs["out"], "rows.md")
     for index, words in enumerate(slot.groups):
         before = len(table_rows(rows))
-        result = run_group(slot, words, index, deadline)
+        try:
+            result = run_group(slot, words, index, deadline)
+        except Exception as exc:  # noqa: BLE001 - the other slots and the summary go on
+            result = {"group": " ".join(words), "rc": 1, "s": 0, "note": f"the runner failed: {exc!r}"}
         # the rows' exit codes are the group's result (a script's own exit code is its last command's)
         result["row_rcs"] = [ln.split("|")[3].strip() for ln in table_rows(rows)[before:]]
         if not result["note"] and not result["row_rcs"]:
@@ -237,12 +244,10 @@ def merged_rows(slots: list[Slot], device: str) -> str:
     lines = ["slots (one host, at once): " + "  ".join(specs)]
     for slot in slots:
         where = f"card {slot.label}" if len(slot.cards) == 1 else f"cards {slot.label}"
-        path = os.path.join(slot.dirs["out"], "rows.md")
-        for line in open(path).read().splitlines() if os.path.isfile(path) else []:
-            if line.startswith("| "):
-                cells = line.split("|")
-                cells[2] = f" {cells[2].strip()} ({where}) "
-                lines.append("|".join(cells))
+        for line in table_rows(os.path.join(slot.dirs["out"], "rows.md")):
+            cells = line.split("|")
+            cells[2] = f" {cells[2].strip()} ({where}) "
+            lines.append("|".join(cells))
         for r in slot.results:
             if r["note"]:
                 lines.append(f"| {r['group']} | {device} ({where}) | {r['rc']} | {r['note']} | | | |")

@@ -10,15 +10,15 @@
 # GROUP is a group of bench/acceptance_gpu.sh (one card) or of bench/acceptance_multi_gpu.sh (2 or
 # 4 cards), with its arguments (`matrix ROW...`). A slot's groups run one after the other, the slots
 # at once (bench/acceptance_slots.py), each slot with:
-#   - a copy of the checkout of its own (no .git or .gpu; .anchors and .base only for side groups):
-#     checkpoints and run directories under the cwd are the slot's;
+#   - a copy of the checkout of its own (no .git, .gpu or earlier runs' outputs/checkpoints; .anchors
+#     and .base only for side groups): checkpoints and run directories under the cwd are the slot's;
 #   - CUDA_VISIBLE_DEVICES = its cards (the multi-GPU rows' CUDA_VISIBLE_DEVICES are the first cards
 #     of that list: bench/multi_gpu_rows.py visible());
-#   - TMPDIR = RAY_TMPDIR = a directory of its own (/tmp/dagrl_slots/CARDS/tmp, short: Ray's socket
+#   - TMPDIR = RAY_TMPDIR = a directory of its own (/tmp/dagrl_slots/2_3/tmp, short: Ray's socket
 #     paths must stay under 107 bytes): Ray's sessions, sockets and address file, pytest's tmp_path,
 #     tempfile's run directories; RAY_ADDRESS unset;
 #   - VLLM_CACHE_ROOT, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR of its own, kept from call to call
-#     (/tmp/dagrl_slots/CARDS/cache): two slots never compile into one cache at once;
+#     (/tmp/dagrl_slots/2_3/cache): two slots never compile into one cache at once;
 #   - ACCEPTANCE_SLOT (the group scripts then never `ray stop`: it ends every Ray on the host, the
 #     neighbours' too) and ACCEPTANCE_DEADLINE: the groups end by SLOTS_SECONDS (default 580) - 20 s
 #     after the start; a file or row gets at most the time left and says in its row when the deadline
