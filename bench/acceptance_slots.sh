@@ -54,35 +54,38 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# CALL PLAN for the next session on nvidia-h100-x4 (5 install calls, then <= 3 calls of <= 590 s).
-# Minutes per group are estimates on a fresh machine (each slot compiles its first vLLM engine into
-# its own cache; an engine starts in ~75-100 s there): tests_c 3 (measured 184 s), handover 4.6 (276 s),
-# a 4B matrix row 7 (measured ~420 s: build 2, engine 1.2, 10 x 13 s), 0.6b-64x8x512 5 (10 x 18.5 s),
-# 1.7b-torch 4, 4b-megatron 6 (+2 when the 4B model is not built yet), calculator-vllm 3, gkd-0.6b-1.7b
-# 5 (needs >= 240 s), sample-vllm-rm 4, tests_b1 4 (offload, mixed precision, engine errors: two
-# dagrl runs), tests_b2 6 (9 vLLM tests: engine, teacher, judge), tests_d 4 (two DAPO runs on vLLM),
-# tests_ppo 5 (two PPO runs on vLLM), docs_a 9 (0.6B gsm8k run, python_math up to 280 s, tiny vLLM;
-# the 8-GPU command skips), docs_b 5 (two dry runs, two short runs). Each slot has ~9.3 minutes.
-#   call 1: bash bench/acceptance_slots.sh $OUT 0:docs_a 1:"matrix 4b-torch" 2:tests_b2+"matrix calculator-vllm" \
-#               3:tests_b1+tests_c                                                        (~9 / 7 / 9 / 7)
-#   call 2: bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:docs_b+tests_d \
-#               2:"matrix gkd-0.6b-1.7b 1.7b-torch" 3:tests_ppo+"matrix sample-vllm-rm"   (~6-8 / 9 / 9 / 9)
-#           (same warm machine as call 1: the 4B and 1.7B models are built; 4b-megatron keeps 64 GiB of
-#           CPU optimizer state in host memory, the others little)
-#   call 3: bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a                          (~9 / 9)
-#           the 2-GPU groups that fit card pairs: tp, pp (after tp, same warm machine: it compares
-#           with tp's one-GPU row), gkd3a, gkd3b, big (8B, ~10: alone in its pair, may be cut at 9.3).
-#           Next lease of this kind: 0,1:pp 2,3:gkd3b, then 0,1:big.
-#   Run alone (a one-GPU lease, or a call of one slot): side (~9: TRL 3, then fast_before, fast,
-#   default ~2 each), side_64 (~9: TRL at 64x8x512 ~4, then the matrix row 0.6b-64x8x512 ~5: the side-
-#   by-side's second shape), side_lora (~7), side_ppo (~5); and the 2-GPU separate, dp2 (~9 each),
-#   two_nodes (~6). A cut group is re-run in the next call; everything cut or failed is named in the
-#   SLOT lines.
-# The 4-GPU groups (bench/acceptance_multi_gpu.sh) each take the whole 4-GPU host: one per call,
-#   gkd4_colocate (~9), gkd4_split (~9), mega8b (~10), mega8b_resume (~9, after mega8b on the same
-#   warm machine), dp4 (~9, alone: a scaling ratio): 5 calls, two sessions (gkd4_colocate, gkd4_split,
-#   mega8b; then mega8b_resume, dp4). On an 8-GPU host, two at once: 0,1,2,3:gkd4_colocate
-#   4,5,6,7:gkd4_split; then 0,1,2,3:mega8b 4,5,6,7:... (mega8b_resume after mega8b; dp4 alone).
+# CALL PLAN for the next session on nvidia-h100-x4 (5 install calls, then <= 3 calls of <= 590 s;
+# tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
+# Minutes per group are estimates for a fresh machine (each slot compiles its first vLLM engine into
+# its own cache; an engine's start took 75-104 s on fresh machines): tests_c 3 (measured 184 s),
+# a 4B matrix row 7 (measured ~420 s: build 2, engine 1.2, 10 steps x 13 s), 1.7b-torch 4,
+# 4b-megatron 6 (+2 if the 4B model is not built yet), calculator-vllm 3, gkd-0.6b-1.7b 5 (needs
+# >= 240 s), sample-vllm-rm 4, tests_b1 4 (offload, mixed precision, engine errors: two dagrl runs),
+# tests_b2 6 (9 tests: vLLM engine, teacher, judge), tests_d 4 (two DAPO runs on vLLM), tests_ppo 5
+# (two PPO runs on vLLM), docs_a 9 (a 0.6B gsm8k run, python_math up to 280 s, tiny vLLM; the 8-GPU
+# command skips), docs_b 5 (two dry runs, two short runs), ray_probe 0.3. A slot has ~9.3 minutes.
+#   call 1 (~9 / 7.5 / 9.5 / 7.5 min; ray_probe first: the isolation, checked on the cards):
+#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+docs_a 1:ray_probe+"matrix 4b-torch" 2:ray_probe+tests_b2+"matrix calculator-vllm" 3:ray_probe+tests_b1+tests_c
+#   call 2 (~6-8 / 9 / 9 / 9 min; on call 1's warm machine the 4B and the 1.7B models are built;
+#   4b-megatron's CPU optimizer holds ~64 GiB of host memory, the others little):
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:docs_b+tests_d 2:"matrix gkd-0.6b-1.7b 1.7b-torch" 3:tests_ppo+"matrix sample-vllm-rm"
+#   call 3 (~9 / 9 min): the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs:
+#     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
+#   then, in a later lease of this kind: pp (after tp on the same warm machine: it compares with tp's
+#   one-GPU row) beside gkd3b, then big (8B, ~10: may be cut at 9.3; its CPU optimizer ~128 GiB host):
+#     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
+#   A group that is cut or fails is named in its SLOT line; re-run it (alone or in a slot) next.
+# Run alone (a one-GPU lease, or a call of one slot here): side (~9: TRL 3, then fast_before, fast,
+#   default ~2 each), side_64 (~9: TRL at 64x8x512 ~4, then the matrix row 0.6b-64x8x512 ~5: the
+#   side-by-side's second shape, same call), side_lora (~7), side_ppo (~5); the 2-GPU separate and dp2
+#   (~9 each), two_nodes (~6). Seven calls of ~9 minutes in all: not in the x4 lease above.
+# The 4-GPU groups (bench/acceptance_multi_gpu.sh) each take a whole 4-GPU host: one per call,
+#   gkd4_colocate (~9), gkd4_split (~9), mega8b (~10), mega8b_resume (~9, after mega8b on the same warm
+#   machine), dp4 (~9, alone: a scaling ratio): 5 calls, two x4 sessions (gkd4_colocate, gkd4_split,
+#   mega8b; then mega8b_resume, dp4). On an 8-GPU host two at once:
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_colocate 4,5,6,7:gkd4_split
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b 4,5:tp 6,7:gkd3a
+#   then mega8b_resume (after mega8b, same warm machine) and dp4 in calls of one slot.
 set -u
 OUT=${1:?OUT}
 shift

@@ -55,6 +55,17 @@ def test_slots_that_cannot_share_a_host_are_refused():
     assert "unknown group 'tests_z'" in why
 
 
+def test_the_documented_call_plan_is_accepted():
+    """Every command of the call plan in bench/acceptance_slots.sh's header would start."""
+    import shlex
+
+    header = open(os.path.join(BENCH, "acceptance_slots.sh")).read()
+    calls = re.findall(r"^#\s+bash bench/acceptance_slots\.sh \$OUT (.+)$", header, re.M)
+    assert len(calls) == 6, calls
+    for call in calls:
+        assert refused(*shlex.split(call)) == [], call
+
+
 def case_labels(script: str) -> set[str]:
     """The group names a script's `case $WHAT` takes."""
     text = open(os.path.join(BENCH, script)).read()
