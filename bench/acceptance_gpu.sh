@@ -52,6 +52,7 @@ limit() {  # limit SECONDS: SECONDS, or fewer where the slot's deadline comes fi
     local left
     [ -n "${ACCEPTANCE_DEADLINE:-}" ] || { echo "$1"; return; }
     left=$(( ${ACCEPTANCE_DEADLINE%.*} - $(date +%s) - 10 ))
+    [ "$left" -lt 1 ] && left=1  # `timeout 0` would mean no limit at all
     [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
 }
 

@@ -63,10 +63,12 @@ limit() {  # limit SECONDS: SECONDS, or fewer where the slot's deadline comes fi
     local left
     [ -n "${ACCEPTANCE_DEADLINE:-}" ] || { echo "$1"; return; }
     left=$(( ${ACCEPTANCE_DEADLINE%.*} - $(date +%s) - 10 ))
+    [ "$left" -lt 1 ] && left=1  # `timeout 0` would mean no limit at all
     [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
 }
 # the cards this call may use: the slot's list, else every card of the host
 CARDS=${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | paste -sd, -)}
+CARDS=${CARDS:-0,1}
 
 rows() {  # rows NAME...: bench/multi_gpu_rows.py, its ROW lines
     ROW_TIMEOUT=${ROW_TIMEOUT:-250} python3 bench/multi_gpu_rows.py "$OUT" "$@" 2>&1 | grep -E "^(ROW|PLAN)|rror" | cut -c1-2500
