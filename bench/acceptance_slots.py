@@ -134,8 +134,9 @@ def prepare(slot: Slot, root: str, skip: list[str]) -> None:
     for path in dirs.values():
         shutil.rmtree(path, ignore_errors=True)
     anchors = any(w[0].startswith(NEEDS_ANCHORS) for w in slot.groups)
-    # not the wheels (.gpu), nor what earlier runs left in the checkout (.gitignore's folders)
-    hidden = {".git", ".gpu", "__pycache__", ".pytest_cache", ".ruff_cache", "outputs", "checkpoints", "runs"}
+    # not the wheels (.gpu), nor what earlier runs or tools left in the checkout (.gitignore's folders)
+    hidden = {".git", ".gpu", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache"}
+    hidden |= {"outputs", "checkpoints", "runs", "build", "dist"}
     hidden |= set() if anchors else {".anchors", ".base"}
 
     def ignore(folder: str, names: list[str]) -> set[str]:
