@@ -194,3 +194,20 @@ def test_slots_building_one_model_at_once_build_it_once(tmp_path, monkeypatch, c
     assert capsys.readouterr().out.count('"built"') == 1
     assert (tmp_path / "qwen3-tiny" / "model.safetensors").is_file()
     assert not (tmp_path / "qwen3-tiny.partial").exists()
+
+
+def test_logs_too_large_for_the_tarball_keep_their_ends(tmp_path, monkeypatch):
+    """The device tool brings back files of up to 16 MiB: past the limit, each large log's last part."""
+    monkeypatch.setattr(slots, "TARBALL_LIMIT", 64 * 1024)
+    monkeypatch.setattr(slots, "TAIL_BYTES", 8 * 1024)
+    for key in ("0", "1"):
+        (tmp_path / key).mkdir()
+        (tmp_path / key / "rows.md").write_text("| tests_c | H100 | 0 | 2/2 | | | |\n")
+    big = os.urandom(128 * 1024)  # random bytes: gzip cannot shrink them under the limit
+    (tmp_path / "1" / "tests_c.log").write_bytes(big)
+    tarball = str(tmp_path / "logs.tgz")
+    slots.pack(tarball, {key: str(tmp_path / key) for key in ("0", "1")})
+    assert os.path.getsize(tarball) <= 64 * 1024
+    with tarfile.open(tarball) as tar:
+        assert sorted(tar.getnames()) == ["slot_0/rows.md", "slot_1/rows.md", "slot_1/tests_c.log.tail"]
+        assert tar.extractfile("slot_1/tests_c.log.tail").read() == big[-8 * 1024 :]
