@@ -4,7 +4,7 @@
 # per machine-second, whatever the card count). From the repo root, after the install calls:
 #
 #   bash bench/acceptance_slots.sh OUT SLOT...     SLOT = CARDS:GROUP[+GROUP...]
-#   bash bench/acceptance_slots.sh OUT 0:handover+tests_c 1:tests_a 2:"matrix 4b-torch" 3:docs_a
+#   bash bench/acceptance_slots.sh OUT 0:tests_a 1:handover+tests_c 2:"matrix 4b-torch" 3:docs_a
 #   bash bench/acceptance_slots.sh OUT 0:tests_b1 1:tests_c 2,3:tp
 #
 # GROUP is a group of bench/acceptance_gpu.sh (one card) or of bench/acceptance_multi_gpu.sh (2 or
@@ -41,7 +41,7 @@
 #   - Random-weight models: /tmp/dagrl_models is shared on purpose (a 4B build takes 2 minutes): one
 #     slot builds under a lock while the others wait, and the directory appears whole
 #     (bench/real_size_gpu.py build). Other fixed paths of bench/: multi_gpu_rows' kept rows
-#     (/tmp/dagrl_multi_gpu_rows, one file per row: the same row twice in one call is refused),
+#     (/tmp/dagrl_multi_gpu_rows, one file per row: a multi-GPU group twice in one call is refused),
 #     /tmp/dagrl_gsm8k and /tmp/mg_8b_resume (4-GPU groups only); throughput and memory now write
 #     under TMPDIR.
 #   - Groups that must own the host are refused beside other slots (a call of one slot runs them):
@@ -51,6 +51,8 @@
 #     fixed /tmp/dagrl_side); separate, dp2, dp4 (GB/s against a floor, scaling ratios).
 #     Every other row's step seconds are taken beside neighbours (the rows say which cards): they
 #     share the host's CPUs, memory bandwidth and PCIe; read their timings as such.
+#   - tests_a on card 0 only, for now: test_spec_gpu.py's speed comparison runs bench/mcore_loop.py
+#     with CUDA_VISIBLE_DEVICES=0 and a fixed MASTER_PORT (tests/backends/megatron/test_spec_gpu.py).
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
