@@ -2,7 +2,7 @@
 runner behind bench/acceptance_slots.sh (its header: usage, isolation, the call plan).
 
     python bench/acceptance_slots.py OUT SLOT...      SLOT = CARDS:GROUP[+GROUP...], e.g.
-        0:handover+tests_c  1:tests_a  2:"matrix 4b-torch"  2,3:dp2
+        0:tests_a  1:handover+tests_c  2:"matrix 4b-torch"  3:docs_a    or    0:tests_c  2,3:tp
 
 Each slot runs its groups one after the other (bench/acceptance_gpu.sh, or
 bench/acceptance_multi_gpu.sh for the multi-GPU ones) in a copy of the checkout of its own, with

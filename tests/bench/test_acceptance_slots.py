@@ -39,7 +39,7 @@ def test_slot_spec_reads_cards_groups_and_arguments():
 
 
 def test_slots_that_cannot_share_a_host_are_refused():
-    assert refused("0:handover+tests_c", "1:tests_a", "2:matrix 4b-torch", "3:docs_a") == []
+    assert refused("0:tests_a", "1:handover+tests_c", "2:matrix 4b-torch", "3:docs_a") == []
     assert refused("0:side") == []  # alone: a call of one slot
     (why,) = refused("0:side", "1:tests_c")
     assert why.startswith("slot 0: side runs alone") and "ratio of timings" in why
