@@ -4,7 +4,9 @@
 # columns of docs/gpu_acceptance.md; `python bench/acceptance_record.py OUT...` writes that page.
 #
 #   bash bench/acceptance_gpu.sh OUT tests_a      # multi-turn log-probs, the contract's vllm case, megatron
-#   bash bench/acceptance_gpu.sh OUT tests_b      # offload, mixed precision, engine errors, vllm, teacher, judge
+#   bash bench/acceptance_gpu.sh OUT tests_b      # tests_b1 then tests_b2:
+#   bash bench/acceptance_gpu.sh OUT tests_b1     #   offload, mixed precision, engine errors
+#   bash bench/acceptance_gpu.sh OUT tests_b2     #   vllm, teacher, judge
 #   bash bench/acceptance_gpu.sh OUT tests_c      # LoRA on vLLM (adapter sync; torch and megatron)
 #   bash bench/acceptance_gpu.sh OUT handover     # 0.6B, 32x8x256, 20 steps: hand-overs flat within 1 GiB
 #   bash bench/acceptance_gpu.sh OUT tests_d      # DAPO's refill rounds on vLLM colocated (sleep levels 1, 2)
@@ -21,37 +23,69 @@
 #   bash bench/acceptance_gpu.sh OUT tests_ppo    # the critic on the GPU (tests/backends/{torch,megatron}/test_critic_gpu.py)
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
+#   bash bench/acceptance_gpu.sh OUT side_64      # TRL at 64x8x512, then the matrix row 0.6b-64x8x512, same call
+#   bash bench/acceptance_gpu.sh OUT ray_probe [HOLD_S]  # this slot's own local Ray (bench/ray_probe.py)
 #
 # Each test file runs in a pytest process of its own: no test sees what an earlier one left on the
 # card (an in-process engine keeps its pool until its process exits).
+#
+# Beside other groups on one host (bench/acceptance_slots.sh sets ACCEPTANCE_SLOT and
+# ACCEPTANCE_DEADLINE): no `ray stop` (it ends every Ray on the host, the neighbours' too; each
+# run's local Ray ends with its process), and every file or row gets at most the time left
+# before the deadline; a file or row cut by it says so in its row.
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?tests_a, tests_b, tests_c, tests_d, tests_ppo, matrix, side, side_dapo, side_ppo, memory or throughput}
+WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, memory, throughput or ray_probe}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
   RAY_AUTH_MODE=disabled
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+DEVICE=${DEVICE:-cpu}
 echo "$DEVICE"
 
+stop_ray() {  # what a run left of Ray on this host: not beside other slots (it would end theirs)
+    [ -n "${ACCEPTANCE_SLOT:-}" ] || python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+}
+
+limit() {  # limit SECONDS: SECONDS, or fewer where the slot's deadline comes first (10 s kept for the row)
+    local left
+    [ -n "${ACCEPTANCE_DEADLINE:-}" ] || { echo "$1"; return; }
+    left=$(( ${ACCEPTANCE_DEADLINE%.*} - $(date +%s) - 10 ))
+    [ "$left" -lt 1 ] && left=1  # `timeout 0` would mean no limit at all
+    [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
+
 tests() {  # tests NAME FILES...: one pytest process per file, one row for the group
-    local name=$1 passed=0 total=0 rc=0 file log line p f e
+    local name=$1 passed=0 total=0 rc=0 file short log line p f e cut="" lim want=${FILE_TIMEOUT:-300}
     shift
     for file in "$@"; do
-        log="$OUT/$name.$(basename "$file" .py).log"
-        timeout "${FILE_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 "$file" >"$log" 2>&1
+        short=${file#tests/}; short=${short%.py}; short=${short//\//_}  # both critic files are test_critic_gpu.py
+        log="$OUT/$name.$short.log"
+        lim=$(limit "$want")
+        if [ "$lim" -lt 20 ]; then  # no time left for a pytest process to start
+            cut="$cut, $short not started (deadline)"; rc=124
+            echo "== $file not started: the slot's deadline"
+            continue
+        fi
+        timeout "$lim" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 "$file" >"$log" 2>&1
         local code=$?
         [ $code -ne 0 ] && [ $code -ne 5 ] && rc=$code  # 5: nothing collected
+        [ $code -eq 124 ] && [ "$lim" -lt "$want" ] && cut="$cut, $short cut by the deadline"
         line=$(grep -E "[0-9]+ (passed|failed|error)" "$log" | tail -n 1)
         p=$(echo "$line" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+"); f=$(echo "$line" | grep -oE "[0-9]+ failed" | grep -oE "[0-9]+")
         e=$(echo "$line" | grep -oE "[0-9]+ error" | grep -oE "[0-9]+")
         passed=$((passed + ${p:-0})); total=$((total + ${p:-0} + ${f:-0} + ${e:-0}))
         echo "== $file rc=$code: ${line:-no summary}"
         grep -E "^(FAILED|ERROR)" "$log" | cut -c1-300
-        python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+        stop_ray
     done
-    echo "| $name | $DEVICE | $rc | $passed/$total | | | |" >>"$OUT/rows.md"
+    echo "| $name | $DEVICE | $rc | $passed/$total$cut | | | |" >>"$OUT/rows.md"
 }
+
+TESTS_B1=(tests/backends/torch/test_offload_gpu.py tests/backends/test_mixed_precision_gpu.py
+    tests/reliability/test_engine_errors_gpu.py)
+TESTS_B2=(tests/backends/vllm/test_vllm_gpu.py tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py)
 
 case $WHAT in
 tests_a)
@@ -59,10 +93,15 @@ tests_a)
         tests/backends/megatron/test_backend_gpu.py tests/backends/megatron/test_logprobs_gpu.py \
         tests/backends/megatron/test_spec_gpu.py
     ;;
-tests_b)
-    tests tests_b tests/backends/torch/test_offload_gpu.py tests/backends/test_mixed_precision_gpu.py \
-        tests/reliability/test_engine_errors_gpu.py tests/backends/vllm/test_vllm_gpu.py \
-        tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py
+tests_b)  # the two halves one after the other (a slot of bench/acceptance_slots.sh takes a half)
+    tests tests_b1 "${TESTS_B1[@]}"
+    tests tests_b2 "${TESTS_B2[@]}"
+    ;;
+tests_b1)
+    tests tests_b1 "${TESTS_B1[@]}"
+    ;;
+tests_b2)
+    tests tests_b2 "${TESTS_B2[@]}"
     ;;
 tests_c)
     tests tests_c tests/backends/vllm/test_lora_gpu.py tests/backends/vllm/test_lora_megatron_gpu.py
@@ -91,7 +130,7 @@ side_lora)  # TRL with a PEFT adapter, then dagrl with the same adapter (rank 64
     PYTHONPATH=/tmp/trlsite:$PYTHONPATH timeout 300 torchrun --nproc_per_node 1 bench/trl_grpo_lora.py \
         >"$OUT/trl_lora.log" 2>&1
     grep -E "^SIDE|Error" "$OUT/trl_lora.log" | tail -3 | cut -c1-600
-    python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+    stop_ray
     LORA="actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=128"
     LORA="$LORA actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.actor.optim.lr=1e-5"
     OUT=$OUT EXTRA="actor_rollout_ref.rollout.name=vllm $LORA" bash .anchors/side_by_side.sh dagrl \
@@ -107,19 +146,31 @@ tests_ppo)
     tests tests_ppo tests/backends/torch/test_critic_gpu.py tests/backends/megatron/test_critic_gpu.py
     ;;
 memory)
-    timeout 560 python3 bench/memory_plan_gpu.py --only 1.7b-megatron 0.6b-torch-teacher 0.6b-megatron-teacher \
-        >"$OUT/memory.log" 2>&1
+    timeout "$(limit 560)" python3 bench/memory_plan_gpu.py --only 1.7b-megatron 0.6b-torch-teacher 0.6b-megatron-teacher \
+        --out "${TMPDIR:-/tmp}/dagrl_memory_plan" >"$OUT/memory.log" 2>&1
     grep -E "^\{|rror" "$OUT/memory.log" | cut -c1-1500
     ;;
 throughput)
-    timeout 280 python3 bench/sample_gpu.py --out /tmp/sample_bench >"$OUT/sample.log" 2>&1
+    T=${TMPDIR:-/tmp}  # a slot's own
+    timeout "$(limit 280)" python3 bench/sample_gpu.py --out "$T/sample_bench" >"$OUT/sample.log" 2>&1
     tail -n 3 "$OUT/sample.log" | cut -c1-1500
-    [ -f /tmp/q06/config.json ] || python3 tools/random_qwen3.py /tmp/q06 --hidden 1024 --layers 28 --heads 16 \
+    [ -f "$T/q06/config.json" ] || python3 tools/random_qwen3.py "$T/q06" --hidden 1024 --layers 28 --heads 16 \
         --kv-heads 8 --intermediate 3072 --vocab 151936 --head-dim 128 >/dev/null
-    timeout 280 python3 bench/multi_turn_gpu.py --model /tmp/q06 --tool python --reps 2 >"$OUT/multi_turn.log" 2>&1
+    timeout "$(limit 280)" python3 bench/multi_turn_gpu.py --model "$T/q06" --tool python --reps 2 >"$OUT/multi_turn.log" 2>&1
     grep -E "MULTI_TURN|rror" "$OUT/multi_turn.log" | tail -n 4 | cut -c1-1500
     ;;
-*) echo "unknown: $WHAT" ;;
+side_64)  # the side-by-side's second shape: TRL at 64 prompts x 8 x 512 tokens, then dagrl's defaults
+    # at the same sizes (the matrix row, a random model of the same shape), same call: compare their
+    # median step seconds only with each other
+    mkdir -p "$OUT/trl_64"
+    OUT=$OUT/trl_64 ANCHOR_PROMPTS=64 ANCHOR_LEN=512 bash .anchors/side_by_side.sh trl | grep -E "^SIDE|rror" | cut -c1-600
+    stop_ray
+    ROW_TIMEOUT=${ROW_TIMEOUT:-420} python3 bench/gpu_matrix.py "$OUT" 0.6b-64x8x512 2>&1 | grep -E "^ROW|rror" | cut -c1-2000
+    ;;
+ray_probe)  # the check of bench/acceptance_slots.sh: a driver's ray.init() starts this slot's own Ray
+    python3 bench/ray_probe.py "$OUT" "${3:-0}" "$DEVICE" 2>&1 | tee -a "$OUT/ray_probe.log" | grep -E "^PROBE|rror"
+    ;;
+*) echo "unknown: $WHAT"; exit 2 ;;
 esac
-python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
-nvidia-smi --query-gpu=memory.used --format=csv,noheader
+stop_ray
+[ -n "${ACCEPTANCE_SLOT:-}" ] || nvidia-smi --query-gpu=memory.used --format=csv,noheader

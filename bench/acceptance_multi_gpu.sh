@@ -41,6 +41,12 @@
 # /tmp/dagrl_multi_gpu_rows on the machine: `dp2` reads `separate`'s mismatch, `pp` compares with
 # `tp`'s one-GPU run and `mega8b_resume` with `mega8b`, so run those pairs on the same warm machine.
 # Every group's commands plan on the CPU in tests/bench/test_multi_gpu_rows.py.
+#
+# On card pairs beside other groups (bench/acceptance_slots.sh, which sets ACCEPTANCE_SLOT,
+# ACCEPTANCE_DEADLINE and CUDA_VISIBLE_DEVICES): the rows' CUDA_VISIBLE_DEVICES are the first cards
+# of the slot's list, there is no `ray stop` (it would end the neighbours' Rays), and a row gets at
+# most the time left before the deadline. two_nodes, separate, dp2 and dp4 run alone (the slot
+# runner refuses them beside others: see its header).
 set -u
 OUT=${1:?OUT}
 WHAT=${2:?separate, dp2, tp, pp, gkd3a, gkd3b, big, big14, two_nodes, gkd4_colocate, gkd4_split, mega8b, mega8b_resume or dp4}
@@ -48,7 +54,21 @@ mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
   RAY_AUTH_MODE=disabled
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
+
+stop_ray() {  # what a run left of Ray on this host: not beside other slots (it would end theirs)
+    [ -n "${ACCEPTANCE_SLOT:-}" ] || python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+}
+limit() {  # limit SECONDS: SECONDS, or fewer where the slot's deadline comes first (10 s kept for the row)
+    local left
+    [ -n "${ACCEPTANCE_DEADLINE:-}" ] || { echo "$1"; return; }
+    left=$(( ${ACCEPTANCE_DEADLINE%.*} - $(date +%s) - 10 ))
+    [ "$left" -lt 1 ] && left=1  # `timeout 0` would mean no limit at all
+    [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
+# the cards this call may use: the slot's list, else every card of the host
+CARDS=${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | paste -sd, -)}
+CARDS=${CARDS:-0,1}
 
 rows() {  # rows NAME...: bench/multi_gpu_rows.py, its ROW lines
     ROW_TIMEOUT=${ROW_TIMEOUT:-250} python3 bench/multi_gpu_rows.py "$OUT" "$@" 2>&1 | grep -E "^(ROW|PLAN)|rror" | cut -c1-2500
@@ -67,7 +87,7 @@ separate)
     ROW_TIMEOUT=${ROW_TIMEOUT:-230} rows 2g-0.6b-separate 2g-0.6b-separate-overlap
     BYTES=$(field 2g-0.6b-separate weight_sync/bytes)
     # the same bytes between the same two cards, raw: the sync's GB/s should be >= 0.8 of this
-    [ -n "$BYTES" ] && timeout 60 python3 bench/nccl_broadcast.py --bytes "${BYTES%.*}" | tee "$OUT/nccl.log"
+    [ -n "$BYTES" ] && CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f1,2) timeout 60 python3 bench/nccl_broadcast.py --bytes "${BYTES%.*}" | tee "$OUT/nccl.log"
     echo "sync GB/s: $(field 2g-0.6b-separate weight_sync/GBps) floor: $(field 2g-0.6b-separate weight_sync/broadcast_floor_GBps)"
     ;;
 dp2)
@@ -85,14 +105,14 @@ pp)
     pair 1g-0.6b-megatron 2g-0.6b-megatron-pp2
     # the fixed-batch checks (the same rows through one GPU and through two): megatron's log-probs at
     # TP2, PP2 and TP2+SP against one GPU; they skip on a one-GPU machine, so only here do they run
-    timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/megatron/test_backend_gpu.py \
+    CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f1,2) timeout "$(limit 220)" python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/megatron/test_backend_gpu.py \
         tests/backends/megatron/test_spec_gpu.py -k "two_gpu or tp2" >"$OUT/tests_2gpu.log" 2>&1
     CODE=$?
     SUMMARY=$(grep -E "[0-9]+ (passed|failed|error)" "$OUT/tests_2gpu.log" | tail -n 1)
     echo "== 2-GPU tests rc=$CODE: $SUMMARY"; grep -E "^(FAILED|ERROR)" "$OUT/tests_2gpu.log" | cut -c1-300
     PASSED=$(echo "$SUMMARY" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+")
     TOTAL=$(echo "$SUMMARY" | grep -oE "[0-9]+ (passed|failed|error)" | awk '{s += $1} END {print s + 0}')
-    echo "| tests_2gpu (megatron TP2 / PP2 / TP2+SP vs one GPU) | $(nvidia-smi -L | grep -c ^GPU)× $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1) | $CODE | ${PASSED:-0}/${TOTAL:-0} | | | |" >>"$OUT/rows.md"
+    echo "| tests_2gpu (megatron TP2 / PP2 / TP2+SP vs one GPU) | 2× $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1) | $CODE | ${PASSED:-0}/${TOTAL:-0} | | | |" >>"$OUT/rows.md"
     ;;
 gkd3a)  # run.sh dry-runs the plan itself before each run (its GPU check): ~15 s a row more
     ROW_TIMEOUT=${ROW_TIMEOUT:-240} rows 2g-gkd-colocate 2g-gkd-separate
@@ -107,10 +127,10 @@ big14)
     ROW_TIMEOUT=${ROW_TIMEOUT:-480} rows 2g-14b-megatron-tp2
     ;;
 two_nodes)  # two raylets on this host, each seeing one card; the run joins them (ray_address=auto)
-    python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
-    CUDA_VISIBLE_DEVICES=0 python3 -m ray.scripts.scripts start --head --num-gpus=1 --port=6379 \
+    python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1  # alone on the host (never beside slots)
+    CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f1) python3 -m ray.scripts.scripts start --head --num-gpus=1 --port=6379 \
         --include-dashboard=false --disable-usage-stats >"$OUT/ray_head.log" 2>&1
-    CUDA_VISIBLE_DEVICES=1 python3 -m ray.scripts.scripts start --address=127.0.0.1:6379 --num-gpus=1 \
+    CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f2) python3 -m ray.scripts.scripts start --address=127.0.0.1:6379 --num-gpus=1 \
         --disable-usage-stats >"$OUT/ray_worker.log" 2>&1
     python3 -c "import ray; ray.init(address='auto'); print('ray nodes', [(n['NodeID'][:8], n['Resources'].get('GPU')) for n in ray.nodes() if n['Alive']])"
     ROW_TIMEOUT=${ROW_TIMEOUT:-300} rows 2n-0.6b-separate
@@ -144,5 +164,9 @@ dp4)
     ;;
 *) echo "unknown: $WHAT"; exit 2 ;;
 esac
-python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
-nvidia-smi --query-gpu=memory.used --format=csv,noheader
+if [ "$WHAT" = two_nodes ]; then  # the raylets it started itself (alone on the host)
+    python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+else
+    stop_ray
+fi
+[ -n "${ACCEPTANCE_SLOT:-}" ] || nvidia-smi --query-gpu=memory.used --format=csv,noheader

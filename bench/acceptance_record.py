@@ -19,7 +19,9 @@ NOTE = """
   the largest over the run's steps; plan GiB: the dry run's figure for the same two phases.
 - Runs: `bench/gpu_matrix.py` (random-weight Qwen3 shapes, `rollout.name=vllm` and the defaults);
   test groups: `bench/acceptance_gpu.sh OUT tests_a|tests_b|tests_c`; two- and four-GPU rows:
-  `bench/acceptance_multi_gpu.sh OUT GROUP` (the device column names the card count).
+  `bench/acceptance_multi_gpu.sh OUT GROUP` (the device column names the card count); rows of
+  `bench/acceptance_slots.sh` (several groups at once on one host) name their cards in the device
+  column, and their step seconds were taken beside the other slots.
 """
 
 

@@ -126,21 +126,36 @@ MEDIAN_KEYS = (
 )  # fmt: skip
 
 
+# bench/acceptance_slots.sh runs groups beside each other on one host: it names the slot, and the
+# time (epoch seconds) by which the slot's groups must be done
+SLOT, DEADLINE = os.environ.get("ACCEPTANCE_SLOT"), os.environ.get("ACCEPTANCE_DEADLINE")
+ROW_RESERVE_S = 10  # what a row needs after its run: reading metrics, writing its row
+
+
+def time_left(limit: float) -> tuple[float, bool]:
+    """(seconds a run may take, whether the slot's deadline set them rather than `limit`)."""
+    if not DEADLINE:
+        return limit, False
+    left = float(DEADLINE) - time.time() - ROW_RESERVE_S
+    return (left, True) if left < limit else (limit, False)
+
+
 def run_row(out: str, name: str, timeout: int, command=None) -> dict:
     """Dry-run then run one row; command(name, run_dir) -> (argv, env, metrics path), row_command
-    unless given."""
-    run_dir = tempfile.mkdtemp(prefix=f"{name}_", dir="/tmp")
+    unless given. The run gets `timeout` seconds, fewer where a slot's deadline comes first."""
+    run_dir = tempfile.mkdtemp(prefix=f"{name}_")  # under TMPDIR: a slot's own
     cmd, env, metrics = (command or row_command)(name, run_dir)
     dry_cmd = cmd + ["trainer.dry_run=true"]
     dry = subprocess.run(dry_cmd, env=env, capture_output=True, text=True, cwd=REPO)
     plan = plan_phases(dry.stdout)
     used = USED_LINE.findall(dry.stdout)
+    timeout, by_deadline = time_left(timeout)
     start = time.perf_counter()
     log = os.path.join(out, f"{name}.log")
     try:
         with open(log, "w") as f:
             rc = subprocess.run(
-                cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout
+                cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=max(timeout, 1)
             ).returncode
     except subprocess.TimeoutExpired:
         rc = 124
@@ -208,6 +223,7 @@ def run_row(out: str, name: str, timeout: int, command=None) -> dict:
         "handover": handover,
         "wall_s": round(time.perf_counter() - start, 1),
         "tail": [t[-300:] for t in tail],
+        "cut_by_deadline": rc == 124 and by_deadline,
     }
     result["device"] = card_name()
     if result["gpus"] and result["gpus"] > 1:  # the card count names a multi-GPU row's device
@@ -241,25 +257,48 @@ def medians(rows: list[dict]) -> dict[str, float]:
 def table_row(r: dict) -> str:
     peak = " / ".join(f"{r['peak_gib'][p]}" for p in ("rollout", "update"))
     plan = " / ".join(f"{r['plan_gib'][p]}" for p in ("rollout", "update"))
-    return (
-        f"| {r['row']} | {r['device']} | {r['rc']} | {r['steps']} | {r['median_step_s']} | {peak} | {plan} |"
-    )
+    steps = f"{r['steps']}, cut by the deadline" if r.get("cut_by_deadline") else r["steps"]
+    return f"| {r['row']} | {r['device']} | {r['rc']} | {steps} | {r['median_step_s']} | {peak} | {plan} |"
+
+
+# a row started with less time than this left before the slot's deadline could not finish its
+# dry run and engine start: it is recorded as not started instead
+MIN_ROW_S = 60
+
+
+def not_started(out: str, names: list[str]) -> list[str]:
+    """The rows of `names` there is no time left for (each recorded as such), and the rest."""
+    left, by_deadline = time_left(MIN_ROW_S)
+    if not by_deadline:
+        return names
+    with open(os.path.join(out, "rows.md"), "a") as f:
+        for name in names:
+            f.write(
+                f"| {name} | {card_name()} | 124 | not started: {left:.0f} s left before the deadline | | | |\n"
+            )
+    print(f"NOT STARTED {names}: {left:.0f} s left before the slot's deadline", flush=True)
+    return []
 
 
 def main() -> None:
     out, names = sys.argv[1], sys.argv[2:]
     os.makedirs(out, exist_ok=True)
     timeout = int(os.environ.get("ROW_TIMEOUT", "420"))
-    for name in names:
+    for i, name in enumerate(names):
+        if not not_started(out, names[i:]):
+            break
         record(out, run_row(out, name, timeout))
 
 
 def record(out: str, result: dict) -> None:
-    """A row's ROW line, its table row in OUT/rows.md, and nothing left running for the next row."""
+    """A row's ROW line, its table row in OUT/rows.md, and nothing left running for the next row
+    (`ray stop`: every Ray on the host, so not beside other slots, whose runs' local Rays end with
+    their own processes)."""
     print("ROW " + json.dumps(result), flush=True)
     with open(os.path.join(out, "rows.md"), "a") as f:
         f.write(table_row(result) + "\n")
-    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+    if not SLOT:
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
 
 
 if __name__ == "__main__":

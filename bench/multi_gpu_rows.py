@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_matrix import SHORT, record, run_row  # noqa: E402
+from gpu_matrix import SHORT, not_started, record, run_row  # noqa: E402
 from real_size_gpu import REPO, run_command  # noqa: E402
 from real_size_gpu import overrides as real_size_overrides  # noqa: E402
 
@@ -148,8 +148,13 @@ ROWS: dict[str, GrpoRow | SwiftRow | ScriptRow] = {
 PLAN_ONLY = {"8g-8b-tp2pp4-plan": ScriptRow(8, {"PP": "4", "N_GPUS_PER_NODE": "8", "TOTAL_STEPS": "10"})}
 
 
-def visible(gpus: int) -> str:
-    return "CUDA_VISIBLE_DEVICES=" + ",".join(str(i) for i in range(gpus))
+def visible(gpus: int, inherited: str | None = None) -> str:
+    """The row's cards: the first `gpus` of the list this process was given (a slot of
+    bench/acceptance_slots.sh: `2,3` for a pair), else cards 0..gpus-1."""
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES") if inherited is None else inherited
+    cards = [c for c in (inherited or "").split(",") if c.strip()] or [str(i) for i in range(gpus)]
+    assert len(cards) >= gpus, f"a {gpus}-GPU row given CUDA_VISIBLE_DEVICES={inherited}"
+    return "CUDA_VISIBLE_DEVICES=" + ",".join(cards[:gpus])
 
 
 def grpo_command(row: GrpoRow, model, run_dir: str) -> tuple[list[str], dict]:
@@ -298,10 +303,12 @@ def main() -> None:
     timeout = int(os.environ.get("ROW_TIMEOUT", "480"))
     unknown = set(names) - set(ROWS) - set(PLAN_ONLY)
     assert not unknown, f"unknown rows {sorted(unknown)}; rows: {sorted(ROWS)} {sorted(PLAN_ONLY)}"
-    for name in names:
+    for i, name in enumerate(names):
         if name in PLAN_ONLY:
             plan_only(out, name)
             continue
+        if not not_started(out, [n for n in names[i:] if n not in PLAN_ONLY]):
+            break
         result = run_row(out, name, timeout, command)
         result.update(derived(result))
         for where in (out, KEEP):  # KEEP: later calls on the same machine compare with this row

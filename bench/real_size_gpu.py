@@ -69,14 +69,29 @@ def long_answer(solution_str, ground_truth, extra_info=None):
 
 
 def build(out: str, shape: str) -> str:
+    """OUT/qwen3-SHAPE with random weights, built once per machine. Concurrent acceptance slots
+    (bench/acceptance_slots.sh) share OUT: one builds while the others wait on the lock, and the
+    directory appears whole (built aside, then renamed): config.json is written before the weights,
+    so a build cut by a deadline would otherwise pass for a finished one."""
+    import fcntl
+    import shutil
+
     sys.path.insert(0, REPO)
     from tools.random_qwen3 import build_random_qwen3
 
     path = os.path.join(out, f"qwen3-{shape}")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        start = time.perf_counter()
-        build_random_qwen3(path, *SHAPES[shape], 151936, head_dim=128)
-        print(json.dumps({"built": path, "s": round(time.perf_counter() - start, 1)}), flush=True)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    os.makedirs(out, exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            start, partial = time.perf_counter(), path + ".partial"
+            shutil.rmtree(partial, ignore_errors=True)  # a build killed half-way
+            shutil.rmtree(path, ignore_errors=True)  # an older non-atomic build's leftovers
+            build_random_qwen3(partial, *SHAPES[shape], 151936, head_dim=128)
+            os.rename(partial, path)
+            print(json.dumps({"built": path, "s": round(time.perf_counter() - start, 1)}), flush=True)
     return path
 
 

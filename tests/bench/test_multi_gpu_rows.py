@@ -68,6 +68,7 @@ ROW_PARAMS = [
 def test_row_plans_its_gpus(shapes, gsm8k, tmp_path, monkeypatch, capsys, isolated_plugins, request, name):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # a slot's list would name its own cards
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     cmd, env, _ = multi_gpu_rows.command(name, str(run_dir), shapes, gsm8k)

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Several GPU acceptance groups at once on one multi-GPU host, one card (or one set of cards) each,
+# so that one lease of a 4-GPU machine does the work of four one-GPU leases (device time is counted
+# per machine-second, whatever the card count). From the repo root, after the install calls:
+#
+#   bash bench/acceptance_slots.sh OUT SLOT...     SLOT = CARDS:GROUP[+GROUP...]
+#   bash bench/acceptance_slots.sh OUT 0:tests_a 1:handover+tests_c 2:"matrix 4b-torch" 3:docs_a
+#   bash bench/acceptance_slots.sh OUT 0:tests_b1 1:tests_c 2,3:tp
+#
+# GROUP is a group of bench/acceptance_gpu.sh (one card) or of bench/acceptance_multi_gpu.sh (2 or
+# 4 cards), with its arguments (`matrix ROW...`). A slot's groups run one after the other, the slots
+# at once (bench/acceptance_slots.py), each slot with:
+#   - a copy of the checkout of its own (no .git, .gpu or earlier runs' outputs/checkpoints; .anchors
+#     and .base only for side groups): checkpoints and run directories under the cwd are the slot's;
+#   - CUDA_VISIBLE_DEVICES = its cards (the multi-GPU rows' CUDA_VISIBLE_DEVICES are the first cards
+#     of that list: bench/multi_gpu_rows.py visible());
+#   - TMPDIR = RAY_TMPDIR = a directory of its own (/tmp/dagrl_slots/2_3/tmp, short: Ray's socket
+#     paths must stay under 107 bytes): Ray's sessions, sockets and address file, pytest's tmp_path,
+#     tempfile's run directories; RAY_ADDRESS unset;
+#   - VLLM_CACHE_ROOT, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR of its own, kept from call to call
+#     (/tmp/dagrl_slots/2_3/cache): two slots never compile into one cache at once;
+#   - ACCEPTANCE_SLOT (the group scripts then never `ray stop`: it ends every Ray on the host, the
+#     neighbours' too) and ACCEPTANCE_DEADLINE: the groups end by SLOTS_SECONDS (default 580) - 20 s
+#     after the start; a file or row gets at most the time left and says in its row when the deadline
+#     cut it; a group still running at the deadline is ended (its whole session) and the runner
+#     writes its row ("cut by the deadline after N s"); a group with < 30 s left is "not started".
+# At the end: OUT/rows.md (every slot's rows in docs/gpu_acceptance.md's columns, the device column
+# naming the cards; `python bench/acceptance_record.py` reads it as it reads a one-GPU call's),
+# OUT/logs.tgz (every log of every slot; a log's last MiB where the whole would pass 15 MiB), one
+# SLOT line per slot, then `ray stop --force` once and each card's memory in use.
+#
+# Isolation, and how it was checked:
+#   - Ray: dagrl's driver calls ray.init(address="local") (dagrl/trainer/setup.py) and the tests'
+#     session Ray too (tests/conftest.py): always a new cluster. A bare ray.init() joins one only
+#     through RAY_ADDRESS (unset here) or a `ray start` address file in Ray's temp dir (the slot's
+#     TMPDIR). Each such local Ray dies with its driver (Ray starts it with kill-on-parent-death), so
+#     no `ray stop` is needed between files. The `ray_probe` group checks it in the slot: its Ray's
+#     session dir is under the slot's TMPDIR, Ray counts the slot's cards only, a GPU task lands on one
+#     of them, and the cluster stays up while neighbours start and end theirs. On the CPU:
+#     tests/bench/test_acceptance_slots.py (two slots at once, distinct clusters, one slot cut).
+#   - Random-weight models: /tmp/dagrl_models is shared on purpose (a 4B build takes 2 minutes): one
+#     slot builds under a lock while the others wait, and the directory appears whole
+#     (bench/real_size_gpu.py build). Other fixed paths of bench/: multi_gpu_rows' kept rows
+#     (/tmp/dagrl_multi_gpu_rows, one file per row: a multi-GPU group twice in one call is refused),
+#     /tmp/dagrl_gsm8k and /tmp/mg_8b_resume (4-GPU groups only); throughput and memory now write
+#     under TMPDIR.
+#   - Groups that must own the host are refused beside other slots (a call of one slot runs them):
+#     two_nodes (`ray start --port=6379`, its address file and its `ray stop`); the side-by-sides
+#     side, side_64, side_dapo, side_ppo, side_lora (a ratio of timings taken one after the other in
+#     the call, which neighbours in other phases would skew; and .anchors/side_by_side.sh uses the
+#     fixed /tmp/dagrl_side); separate, dp2, dp4 (GB/s against a floor, scaling ratios).
+#     Every other row's step seconds are taken beside neighbours (the rows say which cards): they
+#     share the host's CPUs, memory bandwidth and PCIe; read their timings as such.
+#   - tests_a on card 0 only, for now: test_spec_gpu.py's speed comparison runs bench/mcore_loop.py
+#     with CUDA_VISIBLE_DEVICES=0 and a fixed MASTER_PORT (tests/backends/megatron/test_spec_gpu.py).
+#   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
+#     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
+#
+# CALL PLAN for the next session on nvidia-h100-x4 (5 install calls, then <= 3 calls of <= 590 s;
+# tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
+# Minutes per group are estimates for a fresh machine (each slot compiles its first vLLM engine into
+# its own cache; an engine's start took 75-104 s on fresh machines): tests_c 3 (measured 184 s),
+# a 4B matrix row 7 (measured ~420 s: build 2, engine 1.2, 10 steps x 13 s), 1.7b-torch 4,
+# 4b-megatron 6 (+2 if the 4B model is not built yet), calculator-vllm 3, gkd-0.6b-1.7b 5 (needs
+# >= 240 s), sample-vllm-rm 4, tests_b1 4 (offload, mixed precision, engine errors: two dagrl runs),
+# tests_b2 6 (9 tests: vLLM engine, teacher, judge), tests_d 4 (two DAPO runs on vLLM), tests_ppo 5
+# (two PPO runs on vLLM), docs_a 9 (a 0.6B gsm8k run, python_math up to 280 s, tiny vLLM; the 8-GPU
+# command skips), docs_b 5 (two dry runs, two short runs), ray_probe 0.3. A slot has ~9.3 minutes.
+#   call 1 (~9 / 7.5 / 9.5 / 7.5 min; ray_probe first: the isolation, checked on the cards):
+#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+docs_a 1:ray_probe+"matrix 4b-torch" 2:ray_probe+tests_b2+"matrix calculator-vllm" 3:ray_probe+tests_b1+tests_c
+#   call 2 (~6-8 / 9 / 9 / 9 min; on call 1's warm machine the 4B and the 1.7B models are built;
+#   4b-megatron's CPU optimizer holds ~64 GiB of host memory, the others little):
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:docs_b+tests_d 2:"matrix gkd-0.6b-1.7b 1.7b-torch" 3:tests_ppo+"matrix sample-vllm-rm"
+#   call 3 (~9 / 9 min): the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs:
+#     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
+#   then, in a later lease of this kind: pp (after tp on the same warm machine: it compares with tp's
+#   one-GPU row) beside gkd3b, then big (8B, ~10: may be cut at 9.3; its CPU optimizer ~128 GiB host):
+#     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
+#   A group that is cut or fails is named in its SLOT line; re-run it (alone or in a slot) next.
+# Run alone (a one-GPU lease, or a call of one slot here): side (~9: TRL 3, then fast_before, fast,
+#   default ~2 each), side_64 (~9: TRL at 64x8x512 ~4, then the matrix row 0.6b-64x8x512 ~5: the
+#   side-by-side's second shape, same call), side_lora (~7), side_ppo (~5); the 2-GPU separate and dp2
+#   (~9 each), two_nodes (~6). Seven calls of ~9 minutes in all: not in the x4 lease above.
+# The 4-GPU groups (bench/acceptance_multi_gpu.sh) each take a whole 4-GPU host: one per call,
+#   gkd4_colocate (~9), gkd4_split (~9), mega8b (~10), mega8b_resume (~9, after mega8b on the same warm
+#   machine), dp4 (~9, alone: a scaling ratio): 5 calls, two x4 sessions (gkd4_colocate, gkd4_split,
+#   mega8b; then mega8b_resume, dp4). On an 8-GPU host two at once:
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_colocate 4,5,6,7:gkd4_split
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b 4,5:tp 6,7:gkd3a
+#   then mega8b_resume (after mega8b, same warm machine) and dp4 in calls of one slot.
+set -u
+OUT=${1:?OUT}
+shift
+export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
+  VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
+  RAY_AUTH_MODE=disabled
+python3 bench/acceptance_slots.py "$OUT" "$@"
+RC=$?
+# once, at the very end: whatever a cut run left of Ray (SLOTS_RAY_STOP=0 where other Rays of the
+# host are not this call's, as on a shared CPU machine)
+[ "${SLOTS_RAY_STOP:-1}" = 0 ] || python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
+exit $RC
