@@ -53,10 +53,6 @@ ALONE = {
     "dp2": "its scaling is one card's step over two cards' step, measured one after the other",
     "dp4": "its scaling is one card's step over four cards' step, measured one after the other",
 }
-# groups whose tests pin card 0 whatever their slot's cards: beside others, only a slot of card 0
-CARD_0 = {
-    "tests_a": "test_spec_gpu.py runs bench/mcore_loop.py with CUDA_VISIBLE_DEVICES=0 and a fixed MASTER_PORT",
-}
 NEEDS_ANCHORS = ("side",)  # groups (by prefix) that read .anchors/ (and `side`, .base/)
 END_RESERVE_S = 20  # after the groups' deadline: ending them, rows, the tarball, ray stop
 # a group is not started with less time left than this (SLOTS_MIN_GROUP_S: the CPU test's short groups)
@@ -112,10 +108,6 @@ def refusals(slots: list[Slot]) -> list[str]:
                 out.append(f"slot {slot.label}: {name} needs {need} cards; give it {need}, e.g. 0,1:{name}")
             if name in ALONE and len(slots) > 1:
                 out.append(f"slot {slot.label}: {name} runs alone (a call of this one slot): {ALONE[name]}")
-            if name in CARD_0 and slot.cards != ["0"] and len(slots) > 1:
-                out.append(
-                    f"slot {slot.label}: {name} runs on card 0 beside others (0:{name}): {CARD_0[name]}"
-                )
             # multi_gpu_rows keeps each row's JSON under its name on the host (a later group compares
             # with it): the same group twice at once would write one file from two slots
             if name in MULTI_GPU and name in seen_groups:

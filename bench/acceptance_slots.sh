@@ -51,8 +51,8 @@
 #     fixed /tmp/dagrl_side); separate, dp2, dp4 (GB/s against a floor, scaling ratios).
 #     Every other row's step seconds are taken beside neighbours (the rows say which cards): they
 #     share the host's CPUs, memory bandwidth and PCIe; read their timings as such.
-#   - tests_a on card 0 only, for now: test_spec_gpu.py's speed comparison runs bench/mcore_loop.py
-#     with CUDA_VISIBLE_DEVICES=0 and a fixed MASTER_PORT (tests/backends/megatron/test_spec_gpu.py).
+#   - The GPU tests take their slot's cards and free ports (tests/gpu_runs.py) and end only their own
+#     runs' process sessions, never a host-wide `ray stop`.
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #

@@ -51,8 +51,7 @@ def test_slots_that_cannot_share_a_host_are_refused():
     assert "card 0 is in slots 0 and 0" in why
     (why,) = refused("0,1:tp", "2,3:tp")
     assert "tp is in slots 0,1 and 2,3" in why
-    (why,) = refused("0:tests_c", "1:tests_a")
-    assert why.startswith("slot 1: tests_a runs on card 0 beside others")
+    assert refused("0:tests_c", "1:tests_a") == []  # test_spec_gpu.py takes its slot's card and a free port
     (why,) = refused("0:tests_z")
     assert "unknown group 'tests_z'" in why
 
