@@ -16,14 +16,14 @@
 #                                                 #   hand-over flatness), 0.6b-64x8x512, 1.7b-torch, 4b-torch,
 #                                                 #   4b-megatron; 8b-megatron on one H200; gkd-0.6b-1.7b,
                                                  #   calculator-vllm, sample-vllm-rm (documented runs)
-#   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl defaults / fast, and fast at BEFORE (same call)
+#   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl's defaults at 32x8x256, 10 steps each (same call)
 #   bash bench/acceptance_gpu.sh OUT side_dapo    # DAPO (2 rounds a step) beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT side_lora    # TRL + PEFT against dagrl LoRA, rank 64 (carry .anchors)
 #   bash bench/acceptance_gpu.sh OUT side_ppo     # PPO with the critic colocated beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT tests_ppo    # the critic on the GPU (tests/backends/{torch,megatron}/test_critic_gpu.py)
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
-#   bash bench/acceptance_gpu.sh OUT side_64      # TRL at 64x8x512, then the matrix row 0.6b-64x8x512, same call
+#   bash bench/acceptance_gpu.sh OUT side_64      # TRL at 64x8x512, then dagrl's defaults at that shape, same call
 #   bash bench/acceptance_gpu.sh OUT ray_probe [HOLD_S]  # this slot's own local Ray (bench/ray_probe.py)
 #
 # Each test file runs in a pytest process of its own: no test sees what an earlier one left on the
@@ -120,9 +120,9 @@ matrix)
     shift 2
     ROW_TIMEOUT=${ROW_TIMEOUT:-420} python3 bench/gpu_matrix.py "$OUT" "$@" 2>&1 | grep -E "^ROW|rror" | cut -c1-2000
     ;;
-side)  # fast at BEFORE first, then now: the order on the machine is part of the comparison
-    BEFORE=${BEFORE:-$(pwd)/.base} bash bench/vllm_gpu.sh side "$OUT/side" trl fast_before fast default \
-        | grep -E "^==|SIDE" | cut -c1-600
+side)  # TRL, then dagrl's defaults (only the engine named), 32x8x256, STEPS each (10: the median is
+    # over steps 2..N, so both get nine steps of steady state), same call: the first shape
+    STEPS=${STEPS:-10} bash bench/vllm_gpu.sh side "$OUT/side" trl default | grep -E "^==|SIDE" | cut -c1-600
     ;;
 side_lora)  # TRL with a PEFT adapter, then dagrl with the same adapter (rank 64, all-linear), same call
     bash .anchors/side_by_side.sh >/dev/null 2>&1  # builds the anchor's model and rows only
@@ -159,13 +159,10 @@ throughput)
     timeout "$(limit 280)" python3 bench/multi_turn_gpu.py --model "$T/q06" --tool python --reps 2 >"$OUT/multi_turn.log" 2>&1
     grep -E "MULTI_TURN|rror" "$OUT/multi_turn.log" | tail -n 4 | cut -c1-1500
     ;;
-side_64)  # the side-by-side's second shape: TRL at 64 prompts x 8 x 512 tokens, then dagrl's defaults
-    # at the same sizes (the matrix row, a random model of the same shape), same call: compare their
-    # median step seconds only with each other
-    mkdir -p "$OUT/trl_64"
-    OUT=$OUT/trl_64 ANCHOR_PROMPTS=64 ANCHOR_LEN=512 bash .anchors/side_by_side.sh trl | grep -E "^SIDE|rror" | cut -c1-600
-    stop_ray
-    ROW_TIMEOUT=${ROW_TIMEOUT:-420} python3 bench/gpu_matrix.py "$OUT" 0.6b-64x8x512 2>&1 | grep -E "^ROW|rror" | cut -c1-2000
+side_64)  # the side-by-side's second shape, 64 prompts x 8 x 512 tokens: TRL, then dagrl's defaults on
+    # the same model and rows (STEPS 6: TRL's first step alone takes over a minute), same call
+    ANCHOR_PROMPTS=64 ANCHOR_LEN=512 STEPS=${STEPS:-6} bash bench/vllm_gpu.sh side "$OUT/side_64" trl default64 \
+        | grep -E "^==|SIDE" | cut -c1-600
     ;;
 ray_probe)  # the check of bench/acceptance_slots.sh: a driver's ray.init() starts this slot's own Ray
     python3 bench/ray_probe.py "$OUT" "${3:-0}" "$DEVICE" 2>&1 | tee -a "$OUT/ray_probe.log" | grep -E "^PROBE|rror"

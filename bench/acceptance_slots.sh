@@ -77,9 +77,9 @@
 #   one-GPU row) beside gkd3b, then big (8B, ~10: may be cut at 9.3; its CPU optimizer ~128 GiB host):
 #     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
 #   A group that is cut or fails is named in its SLOT line; re-run it (alone or in a slot) next.
-# Run alone (a one-GPU lease, or a call of one slot here): side (~9: TRL 3, then fast_before, fast,
-#   default ~2 each), side_64 (~9: TRL at 64x8x512 ~4, then the matrix row 0.6b-64x8x512 ~5: the
-#   side-by-side's second shape, same call), side_lora (~7), side_ppo (~5); the 2-GPU separate and dp2
+# Run alone (a one-GPU lease, or a call of one slot here): side (~7: TRL ~3.5 then dagrl's
+#   defaults ~3, 10 steps each at 32x8x256), side_64 (~9: TRL ~5 then dagrl's defaults ~4, 6 steps
+#   each at 64x8x512), side_lora (~7), side_ppo (~5); the 2-GPU separate and dp2
 #   (~9 each), two_nodes (~6). Seven calls of ~9 minutes in all: not in the x4 lease above.
 # The 4-GPU groups (bench/acceptance_multi_gpu.sh) each take a whole 4-GPU host: one per call,
 #   gkd4_colocate (~9), gkd4_split (~9), mega8b (~10), mega8b_resume (~9, after mega8b on the same warm

@@ -89,6 +89,10 @@ side)
         trl) mkdir -p "$OUT/trl"; step trl 420 env OUT="$OUT/trl" bash .anchors/side_by_side.sh trl ;;
         fast) side dagrl_fast $FAST ;;
         default) side dagrl_default $R.name=vllm ;;  # what a user gets with only the engine named
+        # the same at the side-by-side's second shape (ANCHOR_PROMPTS=64 ANCHOR_LEN=512 for TRL): one
+        # optimizer step over the whole batch, as TRL's gradient accumulation does
+        default64) side dagrl_default64 $R.name=vllm data.train_batch_size=64 data.max_response_length=512 \
+            $A.ppo_mini_batch_size=64 ;;
         # DAPO beside `default`: the random model's groups all get one reward, so every step samples its
         # 2 rounds (the cap) and refills: the refill path's cost, one extra rollout per step
         dapo) side dagrl_dapo $R.name=vllm algorithm=dapo algorithm.filter_groups.max_num_gen_batches=2 ;;
