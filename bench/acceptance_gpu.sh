@@ -44,17 +44,7 @@ DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n
 DEVICE=${DEVICE:-cpu}
 echo "$DEVICE"
 
-stop_ray() {  # what a run left of Ray on this host: not beside other slots (it would end theirs)
-    [ -n "${ACCEPTANCE_SLOT:-}" ] || python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
-}
-
-limit() {  # limit SECONDS: SECONDS, or fewer where the slot's deadline comes first (10 s kept for the row)
-    local left
-    [ -n "${ACCEPTANCE_DEADLINE:-}" ] || { echo "$1"; return; }
-    left=$(( ${ACCEPTANCE_DEADLINE%.*} - $(date +%s) - 10 ))
-    [ "$left" -lt 1 ] && left=1  # `timeout 0` would mean no limit at all
-    [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
-}
+. "$(dirname "$0")/slot_lib.sh"  # stop_ray, limit
 
 tests() {  # tests NAME FILES...: one pytest process per file, one row for the group
     local name=$1 passed=0 total=0 rc=0 file short log line p f e cut="" lim want=${FILE_TIMEOUT:-300}

@@ -56,16 +56,7 @@ export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZER
   RAY_AUTH_MODE=disabled
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 
-stop_ray() {  # what a run left of Ray on this host: not beside other slots (it would end theirs)
-    [ -n "${ACCEPTANCE_SLOT:-}" ] || python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
-}
-limit() {  # limit SECONDS: SECONDS, or fewer where the slot's deadline comes first (10 s kept for the row)
-    local left
-    [ -n "${ACCEPTANCE_DEADLINE:-}" ] || { echo "$1"; return; }
-    left=$(( ${ACCEPTANCE_DEADLINE%.*} - $(date +%s) - 10 ))
-    [ "$left" -lt 1 ] && left=1  # `timeout 0` would mean no limit at all
-    [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
-}
+. "$(dirname "$0")/slot_lib.sh"  # stop_ray, limit
 # the cards this call may use: the slot's list, else every card of the host
 CARDS=${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | paste -sd, -)}
 CARDS=${CARDS:-0,1}
