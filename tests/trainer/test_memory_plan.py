@@ -133,6 +133,31 @@ def test_default_vllm_job_at_0_6b_turns_recomputation_on_and_fits(tmp_path):
     assert "gradient_checkpointing: auto -> true" in format_memory_plan(prepared.memory)
 
 
+def test_4b_torch_recomputed_update_holds_the_logits_or_a_layer_not_both(qwen3_4b):
+    """bench/gpu_matrix.py's 4b-torch row (16 prompts x 4 x (160 + 512), the defaults): with
+    recomputation the logits and their gradient are freed before the first layer is recomputed.
+    Counting both at once planned 49.26 GiB where the H100 held 37.7 (+31 %; docs/perf.md)."""
+    prepared = dry(
+        qwen3_4b,
+        f"{M}.dtype=bfloat16",
+        "data.train_batch_size=16",
+        f"{A}.ppo_mini_batch_size=16",
+        f"{R}.n=4",
+        "data.max_response_length=512",
+        "data.max_prompt_length=160",
+        "trainer.gpu_memory_gib=79",
+    )
+    assert prepared.cfg.actor_rollout_ref.model.gradient_checkpointing is True
+    [group] = prepared.memory.groups
+    update = {r.phase: r for r in group.rows}["update"]
+    # one micro-batch of 64 rows x 672 tokens: each of the 36 layers keeps its bf16 input
+    # (2 B x 2560); the response's 513 positions' bf16 logits and their gradient over 151,936 words
+    # (18.6 GiB) outweigh one recomputed layer (169,984 B a token: 6.8 GiB)
+    assert update.parts["activations"] == 36 * 2 * 2560 * 64 * 672
+    assert update.parts["logits"] == 2 * 2 * 64 * 513 * 151_936
+    assert update.total / GIB == pytest.approx(42.45, abs=0.01)
+
+
 # GRPO on megatron with vLLM colocated, 16 prompts x 4 x (128 + 512) tokens: bench/real_size_gpu.py's run
 MEGATRON_16X4 = (
     f"{A}.strategy=megatron",

@@ -12,7 +12,8 @@ update's zero_grad).
 Activations per token per layer of an HF decoder layer, counted on the tensors autograd saves
 (CPU, sdpa attention, Qwen3 shapes; the norms upcast to fp32): (8 + 4w)·h + (4 + 3w)·(q + kv) +
 4w·i bytes, h hidden, q/kv the query/key-value widths, i the MLP width. With gradient
-checkpointing each layer keeps its input (w·h) and one layer is recomputed at a time. The logits:
+checkpointing each layer keeps its input (w·h) and one layer is recomputed at a time, after the
+logits and their gradient are gone (the peak holds the larger of the two: update_bytes). The logits:
 the GPU path runs the output layer on the R + 1 response positions only and keeps those logits
 in the model dtype; the backward adds their gradient of the same size. Gradients in the compute
 dtype exist only during the update when fp32 masters (or the host step) take them.
@@ -81,15 +82,25 @@ def layer_activation_bytes(shape: ModelShape, width: int) -> float:
     return (8 + 4 * width) * h + (4 + 3 * width) * qkv + 4 * width * i
 
 
-def update_bytes(shape: ModelShape, width: int, work: Workload, recompute: bool) -> dict[str, float]:
-    """Activations and logits of one micro-batch's forward + backward."""
+def update_bytes(
+    shape: ModelShape, width: int, work: Workload, recompute: bool, logits: bool = True
+) -> dict[str, float]:
+    """Activations and logits of one micro-batch's forward + backward (`logits` False: a value
+    head's update, no vocabulary).
+
+    Without recomputation every layer's saved tensors live from the forward to the backward, the
+    logits and their gradient with them. With it, the logits and their gradient exist at the start
+    of the backward, before the first layer is recomputed, and are freed when the output layer's
+    backward ends: the peak is every layer's input plus the larger of the two (measured on an H100,
+    Qwen3-4B shape, 64 rows x 672 tokens: 37.7 GiB in use after the update, where counting both at
+    once planned 49.3; docs/perf.md, session 10)."""
     layer = layer_activation_bytes(shape, width) * work.tokens
-    if recompute:  # every layer's input, and one layer's activations while it is recomputed
-        activations = shape.layers * width * shape.hidden * work.tokens + layer
+    out = 2 * width * work.rows * (work.response + 1) * shape.vocab if logits else 0  # + their gradient
+    if recompute:
+        activations = shape.layers * width * shape.hidden * work.tokens + max(0, layer - out)
     else:
         activations = shape.layers * layer
-    logits = 2 * width * work.rows * (work.response + 1) * shape.vocab  # logits + their gradient
-    return {"activations": float(activations), "logits": float(logits)}
+    return {"activations": float(activations), "logits": float(out)}
 
 
 def forward_bytes(shape: ModelShape, width: int, work: Workload) -> dict[str, float]:
@@ -139,7 +150,7 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
     work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
     recompute = update.model.gradient_checkpointing
-    activations = update_bytes(shape, width, work, recompute)["activations"]
+    activations = update_bytes(shape, width, work, recompute, logits=False)["activations"]
     mem.phases["critic_update"] = {k: v for k, v in state.items() if k not in kept} | {
         "activations": activations
     }
