@@ -19,17 +19,17 @@ def mean(values) -> float:
 
 @pytest.mark.slow
 def test_default_opsd_run_learns(ray_local, tmp_path):
-    """`python -m dagrl.main algorithm=opsd`: the divergence falls and the validation reward rises."""
+    """`python -m dagrl.main algorithm=opsd`, its first 20 steps (see test_gkd_run's FIRST_20): the
+    divergence falls and the validation reward rises. Recorded (mean divergence of the first / last
+    5 steps; val/reward/mean): 20 steps 0.168 -> 0.097 (x0.58), 0.273 -> 0.516; 40 steps
+    0.168 -> 0.071, 0.273 -> 0.562."""
     from dagrl.main import run
+    from tests.e2e.test_gkd_run import FIRST_20
 
-    run(
-        compose_config(
-            "algorithm=opsd", f"trainer.default_local_dir={tmp_path}", "trainer.progress_bar=false"
-        )
-    )
+    run(compose_config("algorithm=opsd", *FIRST_20, f"trainer.default_local_dir={tmp_path}"))
     rows = read_metrics(tmp_path)
     train = [r for r in rows if "distill/divergence" in r]
-    assert rows[0]["step"] == 0 and rows[-1]["step"] == 40
+    assert rows[0]["step"] == 0 and rows[-1]["step"] == 20
     first, last = (
         mean(r["distill/divergence"] for r in train[:5]),
         mean(r["distill/divergence"] for r in train[-5:]),
