@@ -55,7 +55,7 @@ class Scheduler:
         self.nodes = {spec.name: kinds[spec.kind](spec, runtime.cfg) for spec in dag.nodes}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dagrl-node")
         # per set of nodes run together: which outputs stay on the workers (residency.plan_residency)
-        self.plans: dict[frozenset[str], dict[str, tuple[frozenset[str], frozenset[str]]]] = {}
+        self.plans: dict[frozenset[str], dict[str, tuple[frozenset[str], ...]]] = {}
         self.input_plans: dict[frozenset[str], dict[str, frozenset[str]]] = {}  # residency.plan_inputs
 
     def run(
@@ -84,10 +84,11 @@ class Scheduler:
             self.input_plans[key] = plan_inputs(self.dag, self.runtime.roles, names)
         data = StepData(run=f"{step}.{next(_RUNS)}")
         plan, stores = self.plans[key], self.input_plans[key]
-        data.keep = {
-            node: Keep(data.run, *plan.get(node, (frozenset(), frozenset())), stores.get(node, frozenset()))
-            for node in {*plan, *stores}
-        }
+        none = frozenset()
+        data.keep = {}
+        for node in {*plan, *stores}:
+            stay, mirror, hand = plan.get(node, (none, none, none))
+            data.keep[node] = Keep(data.run, stay, mirror, stores.get(node, none), hand)
         return data
 
     def _run(
