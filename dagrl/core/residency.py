@@ -55,6 +55,8 @@ import torch
 
 from dagrl.core.batch import Batch, Held, Repeated
 
+BYTE_COUNTERS = ("perf/driver_bytes", "perf/kept_bytes", "perf/handed_bytes")  # StepData.metrics
+
 
 @dataclass(frozen=True)
 class Keep:
@@ -109,11 +111,8 @@ class StepData:
                 self.pools.append(pool)
 
     def metrics(self) -> dict[str, float]:
-        return {
-            "perf/driver_bytes": float(self.driver_bytes),
-            "perf/kept_bytes": float(self.kept_bytes),
-            "perf/handed_bytes": float(self.handed_bytes),
-        }
+        counts = (self.driver_bytes, self.kept_bytes, self.handed_bytes)
+        return {key: float(count) for key, count in zip(BYTE_COUNTERS, counts)}
 
     def free(self, wait: bool) -> None:
         """Drop this run's entries on every pool that holds some. `wait=False` (a failed step: a

@@ -22,8 +22,10 @@ naming it. With train, rollout and ref colocated, `old_logprobs`, `ref_logprobs`
 `rollout_logprobs` never reach the driver (the advantage node reads them only for KL in the
 reward, and then they are mirrored: kept and sent); a colocated teacher's `teacher_hidden` or
 top-k goes from the teacher straight to the update on the same workers. The run's kept columns
-are freed when it ends, also when it fails. `perf/driver_bytes` counts the tensor bytes that
-crossed to or from the driver, `perf/kept_bytes` those that stayed.
+are freed when it ends, also when it fails. An output read on another pool (or DP layout) goes
+there through Ray's object store, the driver passing refs (placement=separate: the rollout's
+log-probs reach the update without it). `perf/driver_bytes` counts the tensor bytes that crossed
+to or from the driver, `perf/kept_bytes` those that stayed, `perf/handed_bytes` those handed over.
 """
 
 from __future__ import annotations
