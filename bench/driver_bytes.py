@@ -9,7 +9,10 @@ to the driver and put again, the data's columns sent to every reader: the datafl
 residency), with the outputs' plan only (outputs whose consumers run on the producer's workers
 stay there, dagrl/core/residency.py: plan_residency), and as it ships (the data's columns stored
 by their first reader's workers as well: plan_inputs). Same counter, same call path. Prints
-`perf/driver_bytes` per step for the three and `perf/kept_bytes` as it ships.
+`perf/driver_bytes` per step for the three, and `perf/kept_bytes` (outputs kept on the workers
+that computed them) and `perf/handed_bytes` (outputs handed from pool to pool through Ray's
+object store, passed by the driver as refs) as it ships. The prompts' n samples travel as the
+prompt in all three (`Batch.repeats`: not a plan, the collated batch's own form).
 """
 
 from __future__ import annotations
@@ -66,11 +69,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="driver-bytes-") as out:
             rows[mode] = run(overrides, args.steps, out, mode)
     print(f"overrides: {' '.join(overrides) or '(default GRPO)'}")
-    print("step  driver bytes: all to driver  outputs kept  outputs and data kept  kept bytes")
+    print("step  driver bytes: all to driver  outputs kept  outputs and data kept  kept bytes  handed bytes")
     for none, outputs, both in zip(*(rows[m] for m in MODES)):
         print(
             f"{both['step']:>4}  {none['perf/driver_bytes']:>26,.0f}  {outputs['perf/driver_bytes']:>12,.0f}"
             f"  {both['perf/driver_bytes']:>21,.0f}  {both['perf/kept_bytes']:>10,.0f}"
+            f"  {both.get('perf/handed_bytes', 0):>12,.0f}"
         )
 
 

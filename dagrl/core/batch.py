@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 import torch
 
@@ -69,6 +70,11 @@ class Held:
     same DP size gives the pieces (`part` = r) a call sends so that rank r reads its own store.
     `value` is the column itself when the driver has it too (a mirrored output, or once fetched);
     `materialize` returns it, fetching it from the workers if need be.
+
+    A column handed over to other pools (residency: `Keep.hand`) is in Ray's object store too:
+    `refs` lists (object ref, start, stop) per piece, in row order: rows start..stop of the tensor
+    each producer put. Those pieces can be cut for a reader of any DP size (`pieces`): its worker
+    gets its rows from the object store, the driver passes only the refs.
     """
 
     run: str
@@ -79,6 +85,7 @@ class Held:
     nbytes: int = 0
     value: torch.Tensor | None = None
     source: object = field(default=None, repr=False, compare=False)  # residency.HeldSource
+    refs: tuple = ()  # handed over: ((ObjectRef, start, stop), ...) covering the rows in order
 
     def __len__(self) -> int:
         return self.rows
@@ -95,8 +102,11 @@ class Held:
         return self.value
 
     def pieces(self, parts: int) -> list[Held]:
-        """DP rank r's piece for each of `parts` ranks (the producer's DP size)."""
-        assert self.part is None and parts == self.dp_size, f"{self.key}: {parts} parts of {self}"
+        """DP rank r's piece for each of `parts` ranks: of the producer's DP size when the pieces
+        are read from the workers' stores, of any size when they are in the object store."""
+        assert self.part is None, f"{self.key}: pieces of piece {self.part}"
+        assert parts == self.dp_size or self.refs, f"{self.key}: {parts} parts of {self}"
+        assert self.rows % parts == 0, f"{self.key}: {self.rows} rows do not split over {parts} DP ranks"
         size = self.rows // parts
         return [
             replace(
@@ -105,6 +115,7 @@ class Held:
                 part=r,
                 nbytes=self.nbytes // parts,
                 value=None if self.value is None else self.value[r * size : (r + 1) * size],
+                refs=_cut(self.refs, r * size, (r + 1) * size),
             )
             for r in range(parts)
         ]
@@ -117,7 +128,36 @@ class Held:
         values = [p.value for p in pieces]
         value = torch.cat(values) if all(v is not None for v in values) else None
         rows, nbytes = sum(p.rows for p in pieces), sum(p.nbytes for p in pieces)
-        return replace(first, rows=rows, part=None, nbytes=nbytes, value=value)
+        refs = sum((p.refs for p in pieces), ()) if all(p.refs for p in pieces) else ()
+        return replace(first, rows=rows, part=None, nbytes=nbytes, value=value, refs=refs)
+
+
+def _cut(refs: tuple, start: int, stop: int) -> tuple:
+    """The (ref, start, stop) slices of `refs` that hold rows start..stop of the column."""
+    ends = list(accumulate(b - a for _, a, b in refs))
+    out = []
+    for (ref, a, b), end in zip(refs, ends):
+        first = end - (b - a)  # the column's row at this slice's start
+        lo, hi = max(start, first), min(stop, end)
+        if lo < hi:
+            out.append((ref, a + lo - first, a + hi - first))
+    return tuple(out)
+
+
+@dataclass
+class Repeated:
+    """A column on its way to the workers as its distinct rows: row i of `rows` stands for rows
+    i*n .. i*n+n-1 (collate's n samples of one prompt). The worker expands it (`Batch.expanded`)
+    before any backend reads the batch, so backends see the very tensor the driver had."""
+
+    rows: torch.Tensor
+    n: int
+
+    def __len__(self) -> int:
+        return len(self.rows) * self.n
+
+    def expand(self) -> torch.Tensor:
+        return self.rows.repeat_interleave(self.n, dim=0)
 
 
 @dataclass
@@ -126,17 +166,24 @@ class Batch:
     the declared keys (`KEYS`). What nodes pass each other: `split`/`chunks` cut rows for DP ranks
     and micro-batches, `union`/`concat` join them back; no key outside `KEYS` reaches a DAG.
     `held` columns stayed on the workers that computed them (`Held`); reading one (`batch[key]`,
-    `index`) fetches it, `split` over its DP size cuts it into the pieces each rank holds."""
+    `index`) fetches it, `split` over its DP size cuts it into the pieces each rank holds.
+    `repeats` marks tensor columns whose rows come in runs of n equal rows (collate's n samples per
+    prompt): the driver sends them as their distinct rows (`compacted`), the workers expand them
+    (`expanded`). Operations that keep the runs whole keep the mark; any other drops it (the
+    column is then sent as it is)."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, list] = field(default_factory=dict)
     held: dict[str, Held] = field(default_factory=dict)
+    repeats: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in (*self.tensors, *self.meta, *self.held):
             assert key in KEYS, f"undeclared batch key {key!r}; declare it with dagrl.core.batch.declare_key"
         sizes = {len(v) for v in (*self.tensors.values(), *self.meta.values(), *self.held.values())}
         assert len(sizes) <= 1, f"batch columns disagree on row count: {sizes}"
+        for key, n in self.repeats.items():
+            assert key in self.tensors and len(self.tensors[key]) % n == 0, f"{key}: not in runs of {n} rows"
 
     def __len__(self) -> int:
         for v in (*self.tensors.values(), *self.meta.values(), *self.held.values()):
@@ -160,6 +207,7 @@ class Batch:
             {k: v for k, v in self.tensors.items() if k in keys},
             {k: v for k, v in self.meta.items() if k in keys},
             {k: v for k, v in self.held.items() if k in keys},
+            {k: n for k, n in self.repeats.items() if k in keys},
         )
 
     def union(self, other: Batch) -> Batch:
@@ -167,14 +215,41 @@ class Batch:
         clash = self.keys() & other.keys()
         assert not clash, f"keys produced twice: {sorted(clash)}"
         return Batch(
-            {**self.tensors, **other.tensors}, {**self.meta, **other.meta}, {**self.held, **other.held}
+            {**self.tensors, **other.tensors},
+            {**self.meta, **other.meta},
+            {**self.held, **other.held},
+            {**self.repeats, **other.repeats},
         )
+
+    def repeats_of(self, tensors: dict[str, torch.Tensor]) -> dict[str, int]:
+        """The repeat marks `tensors` (a new batch's columns) keep from this batch: a column keeps
+        its mark while it is the very tensor that had it, under whatever key."""
+        marked = {id(self.tensors[k]): n for k, n in self.repeats.items()}
+        return {k: marked[id(v)] for k, v in tensors.items() if id(v) in marked}
+
+    def compacted(self) -> Batch:
+        """The batch as it goes to a worker: each marked column as its distinct rows (`Repeated`)."""
+        if not self.repeats:
+            return self
+        tensors = {
+            k: Repeated(v[:: self.repeats[k]].contiguous(), self.repeats[k]) if k in self.repeats else v
+            for k, v in self.tensors.items()
+        }
+        return Batch(tensors, self.meta, self.held)
+
+    def expanded(self) -> Batch:
+        """The batch as a worker received it with every `Repeated` column expanded again."""
+        if not any(isinstance(v, Repeated) for v in self.tensors.values()):
+            return self
+        tensors = {k: v.expand() if isinstance(v, Repeated) else v for k, v in self.tensors.items()}
+        return Batch(tensors, self.meta, self.held)
 
     def materialized(self) -> Batch:
         """The same columns with every held one as a tensor (fetched when the driver lacks it)."""
         if not self.held:
             return self
-        return Batch({**self.tensors, **{k: h.materialize() for k, h in self.held.items()}}, self.meta)
+        fetched = {k: h.materialize() for k, h in self.held.items()}
+        return Batch({**self.tensors, **fetched}, self.meta, repeats=self.repeats)
 
     def index(self, idx: torch.Tensor | list[int]) -> Batch:
         if self.held:
@@ -187,22 +262,25 @@ class Batch:
         )
 
     def repeat_interleave(self, n: int) -> Batch:
-        """Each row repeated n times in place (row i -> rows i*n .. i*n+n-1)."""
-        return self.index([i for i in range(len(self)) for _ in range(n)])
+        """Each row repeated n times in place (row i -> rows i*n .. i*n+n-1); the tensor columns are
+        marked as such (`repeats`), so they travel to the workers once per row of `self`."""
+        out = self.index([i for i in range(len(self)) for _ in range(n)])
+        return Batch(out.tensors, out.meta, repeats={k: n for k in out.tensors} if n > 1 else {})
 
     def split(self, parts: int) -> list[Batch]:
         """Split into `parts` equal contiguous chunks (DP shards); a held column split over its own
         DP size becomes the piece each rank holds (fetched first otherwise)."""
         size = len(self)
         assert size % parts == 0, f"batch of {size} rows cannot split into {parts} equal DP shards"
-        if any(h.part is not None or h.dp_size != parts for h in self.held.values()):
+        if any(h.part is not None or (h.dp_size != parts and not h.refs) for h in self.held.values()):
             return self.materialized().split(parts)
         step = size // parts
         plain = Batch(self.tensors, self.meta)
         shards = [plain.index(range(i * step, (i + 1) * step)) for i in range(parts)]
         pieces = {k: h.pieces(parts) for k, h in self.held.items()}
+        repeats = {k: n for k, n in self.repeats.items() if step % n == 0}  # runs not cut
         return [
-            Batch(s.tensors, s.meta, {k: p[i] for k, p in pieces.items()}) if pieces else s
+            Batch(s.tensors, s.meta, {k: p[i] for k, p in pieces.items()}, repeats)
             for i, s in enumerate(shards)
         ]
 
@@ -222,10 +300,12 @@ class Batch:
                 # anything but the DP pieces of one column is joined on the driver, as tensors
                 return Batch.concat([b.materialized() for b in batches])
             held[k] = Held.join(pieces)
+        repeats = {k: n for k, n in first.repeats.items() if all(b.repeats.get(k) == n for b in batches)}
         return Batch(
             {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
             {k: [x for b in batches for x in b.meta[k]] for k in first.meta},
             held,
+            repeats,
         )
 
 

@@ -270,18 +270,23 @@ class RoleHandle:
         self.step.holds(self.pool)
 
     def _in_place(self, data: Any, running: list[int]) -> Any:
-        """`data` with the held columns this call's workers can read in place left held, the
-        others fetched (another pool, another DP layout, a worker that holds no piece)."""
+        """`data` with the held columns this call's workers can read in place left held (from
+        their stores), those handed over through the object store left held (each worker gets its
+        rows' refs), the others fetched (another pool or DP layout, a worker that holds no piece)."""
         if not isinstance(data, Batch) or not data.held:
             return data
-        elsewhere = [
-            k for k, h in data.held.items() if h.source is None or not h.source.readable_by(self, running)
-        ]
-        if not elsewhere:
+        held, fetched = {}, {}
+        for key, h in data.held.items():
+            if h.source is not None and h.source.readable_by(self, running):
+                held[key] = replace(h, refs=()) if h.refs else h  # the own store, not the object store
+            elif h.refs:
+                held[key] = h
+            else:
+                fetched[key] = h.materialize()
+        if not fetched and all(held[k] is h for k, h in data.held.items()):
             return data
-        fetched = {k: data.held[k].materialize() for k in elsewhere}
-        held = {k: h for k, h in data.held.items() if k not in fetched}
-        return Batch({**data.tensors, **fetched}, data.meta, held)
+        tensors = {**data.tensors, **fetched}
+        return Batch(tensors, data.meta, held, data.repeats_of(tensors))
 
     def _locate(self, out: Any, results: list, running: list[int]) -> None:
         """Tell the held columns of a call's output where their pieces are, and count them kept."""
@@ -290,10 +295,13 @@ class RoleHandle:
             return
         assert self.step is not None
         for key, held in batch.held.items():
-            holders = tuple(w for w, r in zip(running, results) if key in _batch_of(r).held)
+            stored = key in self.keep.stay
+            holders = tuple(w for w, r in zip(running, results) if stored and key in _batch_of(r).held)
             held.source = HeldSource(self.pool, list(self.ranks), holders, self.step)
-            if held.value is None:
+            if stored and held.value is None:
                 self.step.count(kept=held.nbytes)
+            if held.refs:
+                self.step.count(handed=held.nbytes)
         self.step.holds(self.pool)
 
 
@@ -308,15 +316,16 @@ def _materialized(data: Any) -> Any:
 
 def _put_once(shards: list) -> tuple[list, int]:
     """Batches go to the object store once each (a shard sent to several TP ranks is shared), held
-    pieces without their values (the workers read their own); returns the refs and the tensor
-    bytes put."""
+    pieces without their values (the workers read their own), marked columns as their distinct
+    rows (the workers expand them); returns the refs and the tensor bytes put."""
     stored: dict[int, object] = {}
     out, sent = [], 0
     for shard in shards:
         if isinstance(shard, Batch):
             if id(shard) not in stored:
                 bare = {k: replace(h, value=None) for k, h in shard.held.items()}
-                sending = Batch(shard.tensors, shard.meta, bare) if bare else shard
+                wire = shard.compacted()
+                sending = Batch(wire.tensors, wire.meta, bare) if bare else wire
                 sent += tensor_bytes(sending)
                 stored[id(shard)] = ray.put(sending)
             out.append(stored[id(shard)])

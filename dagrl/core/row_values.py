@@ -45,7 +45,7 @@ def per_row(batch: Batch) -> Batch:
         if torch.equal(values[:, None] * weights, column):
             del tensors[key]
             tensors[row_key] = values
-    return Batch(tensors, dict(batch.meta), dict(batch.held))
+    return Batch(tensors, dict(batch.meta), dict(batch.held), batch.repeats_of(tensors))
 
 
 def per_token(batch: Batch) -> Batch:

@@ -22,8 +22,10 @@ naming it. With train, rollout and ref colocated, `old_logprobs`, `ref_logprobs`
 `rollout_logprobs` never reach the driver (the advantage node reads them only for KL in the
 reward, and then they are mirrored: kept and sent); a colocated teacher's `teacher_hidden` or
 top-k goes from the teacher straight to the update on the same workers. The run's kept columns
-are freed when it ends, also when it fails. `perf/driver_bytes` counts the tensor bytes that
-crossed to or from the driver, `perf/kept_bytes` those that stayed.
+are freed when it ends, also when it fails. An output read on another pool (or DP layout) goes
+there through Ray's object store, the driver passing refs (placement=separate: the rollout's
+log-probs reach the update without it). `perf/driver_bytes` counts the tensor bytes that crossed
+to or from the driver, `perf/kept_bytes` those that stayed, `perf/handed_bytes` those handed over.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class Scheduler:
         self.nodes = {spec.name: kinds[spec.kind](spec, runtime.cfg) for spec in dag.nodes}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dagrl-node")
         # per set of nodes run together: which outputs stay on the workers (residency.plan_residency)
-        self.plans: dict[frozenset[str], dict[str, tuple[frozenset[str], frozenset[str]]]] = {}
+        self.plans: dict[frozenset[str], dict[str, tuple[frozenset[str], ...]]] = {}
         self.input_plans: dict[frozenset[str], dict[str, frozenset[str]]] = {}  # residency.plan_inputs
 
     def run(
@@ -84,10 +86,11 @@ class Scheduler:
             self.input_plans[key] = plan_inputs(self.dag, self.runtime.roles, names)
         data = StepData(run=f"{step}.{next(_RUNS)}")
         plan, stores = self.plans[key], self.input_plans[key]
-        data.keep = {
-            node: Keep(data.run, *plan.get(node, (frozenset(), frozenset())), stores.get(node, frozenset()))
-            for node in {*plan, *stores}
-        }
+        none = frozenset()
+        data.keep = {}
+        for node in {*plan, *stores}:
+            stay, mirror, hand = plan.get(node, (none, none, none))
+            data.keep[node] = Keep(data.run, stay, mirror, stores.get(node, none), hand)
         return data
 
     def _run(

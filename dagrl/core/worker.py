@@ -178,13 +178,16 @@ class Worker:
         return self.rank, self.world_size, True
 
     def call(self, role: str, method: str, *args, keep: Keep | None = None, **kwargs):
-        """Run a backend method. Held pieces in the data (first argument) are read from this
-        worker's store; with `keep`, the outputs it names are stored here and come back as pieces
-        (`keep` is the driver's, never passed on to the backend)."""
+        """Run a backend method. Columns sent as their distinct rows are expanded, held pieces in
+        the data (first argument) are read from this worker's store or the object store; with
+        `keep`, the outputs it names are stored here or handed over and come back as pieces (`keep`
+        is the driver's, never passed on to the backend)."""
         from dagrl.core.device_faults import named_faults
 
         with named_faults(role, self.rank, method):
             backend = self.activate(role)
+            if args and isinstance(args[0], Batch):  # a prompt's n samples came as the prompt
+                args = (args[0].expanded(), *args[1:])
             if args and isinstance(args[0], Batch) and args[0].held:
                 args = (self.store.resolve(args[0], self.dp_info(role)[0]), *args[1:])
             if keep is not None and keep.store and args:
@@ -192,8 +195,8 @@ class Worker:
             result = getattr(backend, method)(*args, **kwargs)
         if keep is None:
             return result
-        dp_rank, dp_size, _ = self.dp_info(role)
-        return self.store.keep(result, keep, dp_rank, dp_size)
+        dp_rank, dp_size, returns = self.dp_info(role)
+        return self.store.keep(result, keep, dp_rank, dp_size, returns)
 
     def fetch_local(self, run: str, key: str):
         """This worker's piece of a kept column (the driver reads one after all)."""

@@ -53,7 +53,8 @@ def with_teacher_prompts(batch: Batch) -> Batch:
         return view
     swapped = {"prompts": batch["teacher_prompts"], "prompt_mask": batch["teacher_prompt_mask"]}
     held = {k: h for k, h in view.held.items() if k not in swapped}  # responses may stay on workers
-    return Batch({**view.tensors, **swapped}, view.meta, held)
+    tensors = {**view.tensors, **swapped}
+    return Batch(tensors, view.meta, held, batch.repeats_of(tensors))
 
 
 def teacher_inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -18,6 +18,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from dagrl.core.batch import Batch
+from dagrl.core.residency import BYTE_COUNTERS
 
 
 class RolloutAhead:
@@ -52,7 +53,7 @@ class RolloutAhead:
             self.data_state = data_state
         _, train_metrics = run(rolled, step, only=self.train)
         parts = (metrics, gen_metrics, train_metrics)
-        bytes_moved = {k: sum(m.get(k, 0.0) for m in parts) for k in ("perf/driver_bytes", "perf/kept_bytes")}
+        bytes_moved = {k: sum(m.get(k, 0.0) for m in parts) for k in BYTE_COUNTERS}
         metrics.update(gen_metrics)
         metrics.update(train_metrics)
         metrics.update(bytes_moved)  # the three runs' together (the background one: the step it samples for)

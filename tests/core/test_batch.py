@@ -173,3 +173,28 @@ def test_held_columns_split_join_and_materialize():
     assert joined.held["old_logprobs"].part is None and torch.equal(joined["old_logprobs"], value)
     assert torch.equal(batch.split(2)[1]["old_logprobs"], value[3:])  # another DP size: the values
     assert torch.equal(batch.index([5, 0])["old_logprobs"], value[[5, 0]])
+
+
+def test_the_n_samples_of_a_prompt_travel_once_and_expand_to_the_drivers_rows():
+    """A collated batch (rows repeated n times) goes to a worker as its distinct rows and is
+    expanded there to exactly the shard the driver holds (values, dtype, shape, its own storage);
+    the mark survives DP splits that keep the runs whole, and nothing else."""
+    import pickle
+
+    from dagrl.core.residency import tensor_bytes
+
+    batch = make_batch(4).repeat_interleave(4)  # 16 rows: 4 prompts × 4 samples
+    assert batch.repeats == {"prompts": 4, "scores": 4}
+    for shard in batch.split(2):  # 8 rows each: runs whole
+        assert shard.repeats == {"prompts": 4, "scores": 4}
+        wire = pickle.loads(pickle.dumps(shard.compacted()))  # what the worker receives
+        assert tensor_bytes(wire) == tensor_bytes(shard) // 4
+        got = wire.expanded()
+        assert_same(got, shard)
+        for key, value in got.tensors.items():
+            assert value.dtype == shard.tensors[key].dtype and value.is_contiguous()
+    assert all(not s.repeats for s in batch.split(8))  # 2 rows: a run would be cut
+    assert Batch.concat(batch.split(2)).repeats == batch.repeats
+    assert not batch.index(list(range(16))).repeats and not batch.chunks(4)[0].repeats
+    moved = {"prompts": batch.tensors["prompts"], "scores": batch.tensors["scores"] + 1}
+    assert batch.repeats_of(moved) == {"prompts": 4}  # a new tensor loses the mark

@@ -3,7 +3,10 @@
 A plugin role on two real Ray workers produces [B, P, 64] "hidden states" (a colocated teacher's
 stand-in) and a second node on the same workers reads them: the driver never receives them (driver
 bytes stay below their size), each DP rank reads its own rows, a driver node that asks for them
-fetches them, and the workers' stores are empty after the step, also after a failed one."""
+fetches them, and the workers' stores are empty after the step, also after a failed one. A second
+role on the same workers with one DP rank (`tp1`: both workers run, rank 0 returns) reads them in
+another DP layout: they go from worker to worker through Ray's object store, re-split to the
+reader's ranks, and the driver passes only the refs."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 import tests.plugins.hidden_role  # noqa: F401  (registers the hid role's backend in the driver)
 from dagrl.backends import build_backend
 from dagrl.config.placement import make_plan
-from dagrl.core.batch import Batch
+from dagrl.core.batch import Batch, Held
 from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled
 from dagrl.core.failures import RunFailure
 from dagrl.core.node import NodeResult, register_node_kind
@@ -84,6 +87,20 @@ class PeekNode:
         return NodeResult(Batch({"token_rewards": batch["prompts"].float()}), {"peek_right": float(right)})
 
 
+@register_node_kind("restest_hidden_tp1")
+class HiddenTp1Node(HiddenNode):
+    def run(self, runtime, batch):
+        out, _ = runtime.role("tp1").call(HiddenRole.hidden, batch)
+        return NodeResult(out)
+
+
+@register_node_kind("restest_consume_tp1")
+class ConsumeTp1Node(ConsumeNode):
+    def run(self, runtime, batch):
+        out, per_rank = runtime.role("tp1").call(HiddenRole.consume, batch)
+        return NodeResult(out, {"right_rows": min(m["right_rows"] for m in per_rank)})
+
+
 @register_node_kind("restest_fail")
 class FailNode(_Remote):
     required_inputs = ("teacher_hidden",)
@@ -100,9 +117,13 @@ def hid_pool():
             address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False
         )
     cfg = compose_config(
-        "external_plugins=[tests.plugins.hidden_role]", "+roles.hid=hidden", "trainer.n_gpus_per_node=2"
+        "external_plugins=[tests.plugins.hidden_role]",
+        "+roles.hid=hidden",
+        "+roles.tp1=hidden_tp",
+        "trainer.n_gpus_per_node=2",
+        "placement.colocate_groups=[[hid,tp1]]",
     )
-    plan = make_plan(cfg, {"hid"}, "cpu")
+    plan = make_plan(cfg, {"hid", "tp1"}, "cpu")
     bundles = allocate(plan, timeout_s=60)
     pool = WorkerPool(plan.groups[0], bundles, plan, cfg, build=build_backend)
     try:
@@ -116,8 +137,9 @@ def scheduler_for(tmp_path, cfg, pool, nodes: str) -> Scheduler:
     path = tmp_path / "dag.yaml"
     path.write_text("source: [prompts]\n" + textwrap.dedent(nodes))
     source, specs = load_dag_specs(str(path))
-    dag = build_dag(str(path), source, prune_disabled(specs, cfg), roles_with_pool={"hid"})
-    return Scheduler(dag, Runtime(cfg=cfg, roles={"hid": RoleHandle("hid", pool)}))
+    dag = build_dag(str(path), source, prune_disabled(specs, cfg), roles_with_pool={"hid", "tp1"})
+    roles = {"hid": RoleHandle("hid", pool), "tp1": RoleHandle("tp1", pool)}
+    return Scheduler(dag, Runtime(cfg=cfg, roles=roles))
 
 
 def prompts_batch() -> Batch:
@@ -226,12 +248,14 @@ def test_plan_keeps_what_the_default_dags_read_on_the_same_workers():
         return plan_residency(dag, roles, {s.name for s in dag.nodes})
 
     grpo = plan("actor_rollout_ref.actor.recompute_old_logprobs=true")  # auto skips it on-policy
-    assert grpo["old_logprob"] == ({"old_logprobs"}, set())
-    assert grpo["rollout"] == ({"rollout_logprobs"}, {"responses", "response_mask"})
-    assert plan("algorithm=gkd")["teacher_hidden"] == ({"teacher_hidden"}, set())
+    assert grpo["old_logprob"] == ({"old_logprobs"}, set(), set())
+    sampled = {"responses", "response_mask"}
+    assert grpo["rollout"] == ({"rollout_logprobs", *sampled}, sampled, set())
+    assert plan("algorithm=gkd")["teacher_hidden"] == ({"teacher_hidden"}, set(), set())
     assert "old_logprob" not in plan()  # on-policy by default: the update's own log-probs
     kl = plan("algorithm.use_kl_in_reward=true")
-    assert kl["old_logprob"] == (set(), {"old_logprobs"}) and kl["ref_logprob"] == (set(), {"ref_logprobs"})
+    assert kl["old_logprob"] == ({"old_logprobs"},) * 2 + (set(),)
+    assert kl["ref_logprob"] == ({"ref_logprobs"},) * 2 + (set(),)
 
 
 def test_the_data_is_stored_by_the_first_of_its_readers_in_one_place():
@@ -270,3 +294,82 @@ def test_worker_store_keeps_the_first_of_two_calls_and_refuses_a_dropped_run():
     assert store.drop("7.1") == 1 and not store.entries
     late = store.keep(Batch({"old_logprobs": torch.ones(2, 3)}), keep, dp_rank=1, dp_size=2)
     assert "old_logprobs" in late.tensors and not store.entries
+
+
+@pytest.mark.parametrize(
+    "producer, consumer",
+    [("restest_hidden_tp1", "restest_consume"), ("restest_hidden", "restest_consume_tp1")],
+)
+def test_handed_over_between_dp_layouts_through_the_object_store(tmp_path, hid_pool, producer, consumer):
+    """DP 1 -> DP 2 and DP 2 -> DP 1 on the same two workers: each consumer rank reads exactly its
+    rows (its prompts' hidden states) from the object store, the driver never gets them; and the
+    prompts, in runs of 2 equal rows (collate's n samples), travel as their distinct rows."""
+    cfg, pool = hid_pool
+    scheduler = scheduler_for(
+        tmp_path,
+        cfg,
+        pool,
+        f"""
+        nodes:
+          teacher:
+            kind: {producer}
+            role: {"tp1" if producer.endswith("tp1") else "hid"}
+            inputs: [prompts]
+            outputs: [teacher_hidden]
+          update:
+            kind: {consumer}
+            role: {"tp1" if consumer.endswith("tp1") else "hid"}
+            inputs: [prompts, teacher_hidden]
+            outputs: [scores]
+        """,
+    )
+    prompts = Batch({"prompts": torch.arange(ROWS // 2 * WIDTH).reshape(ROWS // 2, WIDTH)}).repeat_interleave(
+        2
+    )
+    try:
+        out, metrics = scheduler.run(prompts, step=1)
+    finally:
+        scheduler.close()
+    assert metrics["right_rows"] == 1.0
+    assert torch.equal(out["scores"], hidden_of(prompts["prompts"]).sum((1, 2)))
+    # the prompts went to each node as their 4 distinct rows (two layouts: no store), the scores
+    # came back (from both workers where both run one DP rank: the driver reads rank 0's)
+    scores = ROWS * 4 * (2 if consumer.endswith("tp1") else 1)
+    assert metrics["perf/driver_bytes"] == 2 * (ROWS // 2) * WIDTH * 8 + scores
+    assert metrics["perf/handed_bytes"] == HIDDEN_BYTES and metrics["perf/kept_bytes"] == 0
+    assert entries(pool) == [0, 0]
+
+
+def test_handed_over_pieces_cut_for_any_dp_size():
+    """12 rows put by 3 producer ranks (4 each), read by 2 ranks (6 each) or by 4 (3 each)."""
+    refs = (("r0", 0, 4), ("r1", 0, 4), ("r2", 0, 4))
+    column = Held("1.1", "teacher_hidden", rows=12, dp_size=3, nbytes=1200, refs=refs)
+    two = column.pieces(2)
+    assert [p.refs for p in two] == [(("r0", 0, 4), ("r1", 0, 2)), (("r1", 2, 4), ("r2", 0, 4))]
+    assert [(p.part, p.rows, p.nbytes) for p in two] == [(0, 6, 600), (1, 6, 600)]
+    four = [p.refs for p in column.pieces(4)]
+    assert four == [
+        (("r0", 0, 3),),
+        (("r0", 3, 4), ("r1", 0, 2)),
+        (("r1", 2, 4), ("r2", 0, 1)),
+        (("r2", 1, 4),),
+    ]
+    with pytest.raises(AssertionError):  # kept in the producer's stores only: its own DP size
+        Held("1.1", "teacher_hidden", rows=12, dp_size=3).pieces(2)
+
+
+def test_plan_hands_the_rollout_over_to_a_separate_train_pool():
+    """placement=separate: the rollout's log-probs go to the update through the object store only,
+    the responses there too and to the driver for the reward; nothing stays on the rollout pool."""
+
+    class Handle:
+        def __init__(self, pool):
+            self.pool, self.ranks = pool, [(0, 1, True)]
+
+    cfg = compose_config()
+    source, specs = load_dag_specs(cfg.dag)
+    dag = build_dag(cfg.dag, source, prune_disabled(specs, cfg), {"train", "rollout"})
+    roles = {"train": Handle("train pool"), "rollout": Handle("rollout pool")}
+    sampled = {"responses", "response_mask"}
+    plan = plan_residency(dag, roles, {s.name for s in dag.nodes})
+    assert plan == {"rollout": (set(), sampled, {"rollout_logprobs", *sampled})}

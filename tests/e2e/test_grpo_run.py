@@ -81,6 +81,18 @@ def test_separate_rollout_pool_receives_weights_through_ray(ray_local, separate_
     assert [[r[k] for k in same] for r in rows] == [[r[k] for k in same] for r in loaded]
 
 
+def test_separate_pools_hand_the_rollout_over_past_the_driver(separate_run, grpo_run):
+    """With the rollout on a pool of its own, its outputs reach the update through Ray's object
+    store (16 rows × 8 tokens of responses and mask, int64, and log-probs, fp32), and the driver
+    moves less than twice what it moves colocated (the prompts, as their 4 distinct rows, go to
+    each pool, the responses come back once for the reward). Before, it got every output back and
+    put it again: more than twice."""
+    colocated = read_metrics(grpo_run)
+    for row, same_step in zip(read_metrics(separate_run), colocated):
+        assert row["perf/handed_bytes"] == 16 * 8 * (8 + 8 + 4)
+        assert row["perf/driver_bytes"] < 2 * same_step["perf/driver_bytes"]
+
+
 def test_two_train_workers_ddp_over_gloo(ray_local, tmp_path):
     """Two colocated workers: DP=2 shards, DDP all-reduces gradients, both replicas stay equal."""
     from dagrl.main import run

@@ -40,3 +40,16 @@ def stored_entries(worker) -> int:
 @register_backend("hid", "hidden")
 def _hidden(spec, ctx, objective):
     return HiddenRole(spec, ctx)
+
+
+class OneRankRole(HiddenRole):
+    """The same calls as one DP rank over the pool's workers (as a TP group: every worker runs,
+    rank 0 returns the output): against `hidden` on the same workers, a DP layout of 1 beside 2."""
+
+    def dp_info(self) -> tuple[int, int, bool]:
+        return 0, 1, self.rank == 0
+
+
+@register_backend("tp1", "hidden_tp")
+def _hidden_tp(spec, ctx, objective):
+    return OneRankRole(spec, ctx)
