@@ -56,25 +56,26 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# CALL PLAN for the next session on nvidia-h100-x4 (5 install calls, then <= 3 calls of <= 590 s;
-# tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
-# Minutes per group are estimates for a fresh machine (each slot compiles its first vLLM engine into
-# its own cache; an engine's start took 75-104 s on fresh machines): tests_c 3 (measured 184 s),
-# a 4B matrix row 7 (measured ~420 s: build 2, engine 1.2, 10 steps x 13 s), 1.7b-torch 4,
-# 4b-megatron 6 (+2 if the 4B model is not built yet), calculator-vllm 3, gkd-0.6b-1.7b 5 (needs
-# >= 240 s), sample-vllm-rm 4, tests_b1 4 (offload, mixed precision, engine errors: two dagrl runs),
-# tests_b2 6 (9 tests: vLLM engine, teacher, judge), tests_d 4 (two DAPO runs on vLLM), tests_ppo 5
-# (two PPO runs on vLLM), docs_a 9 (a 0.6B gsm8k run, python_math up to 280 s, tiny vLLM; the 8-GPU
-# command skips), docs_b 5 (two dry runs, two short runs), ray_probe 0.3. A slot has ~9.3 minutes.
-#   call 1 (~9 / 7.5 / 9.5 / 7.5 min; ray_probe first: the isolation, checked on the cards):
-#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+docs_a 1:ray_probe+"matrix 4b-torch" 2:ray_probe+tests_b2+"matrix calculator-vllm" 3:ray_probe+tests_b1+tests_c
-#   call 2 (~6-8 / 9 / 9 / 9 min; on call 1's warm machine the 4B and the 1.7B models are built;
-#   4b-megatron's CPU optimizer holds ~64 GiB of host memory, the others little):
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:docs_b+tests_d 2:"matrix gkd-0.6b-1.7b 1.7b-torch" 3:tests_ppo+"matrix sample-vllm-rm"
-#   call 3 (~9 / 9 min): the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs:
+# CALL PLAN for the next session on nvidia-h100-x4 (5 install calls, then 3 calls of <= 590 s): the
+# whole one-GPU record of docs/gpu_acceptance.md but the side-by-sides and the H200 row, on one
+# commit (tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
+# Minutes per group are estimates for a fresh machine. Measured on one H100 on 2026-11-27: handover
+# 4.6, tests_c 3.1, tests_a 7.7 with each vLLM engine compiled (68-103 s a start; the GPU tests now
+# start theirs eager where the engine's speed is not what they check: tests/gpu_runs.py), a 4B row
+# ~7 (model build and start ~4.5, 10 steps x 13 s). Estimates: tests_a 4, tests_b1 3, tests_b2 5,
+# tests_c 2, tests_d 2, tests_ppo 3, docs_a 6-9, docs_b 4, 4b-megatron 6-8, 1.7b-torch 4,
+# gkd-0.6b-1.7b 5, calculator-vllm 3, sample-vllm-rm 4, 0.6b-64x8x512 5, an 8B LoRA row 8-9 (the 8B
+# build ~4, once: the other slot waits on its lock), ray_probe 0.3. A slot has ~9.3 minutes.
+#   call 1 (ray_probe first: the isolation, checked on the cards):
+#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+handover+tests_c 1:ray_probe+"matrix 4b-torch" 2:ray_probe+tests_a+tests_d 3:ray_probe+tests_b1+tests_b2
+#   call 2 (the 4B model is built; 4b-megatron's CPU optimizer holds ~64 GiB of host memory):
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:docs_a 2:"matrix gkd-0.6b-1.7b 1.7b-torch" 3:tests_ppo+"matrix calculator-vllm"
+#   call 3:
+#     bash bench/acceptance_slots.sh $OUT 0:docs_b+"matrix 0.6b-64x8x512" 1:"matrix 8b-torch-lora" 2:"matrix 8b-megatron-lora" 3:"matrix sample-vllm-rm"
+#   A later lease of this kind: the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs
+#   (pp after tp on the same warm machine: it compares with tp's one-GPU row; big: 8B, ~10, may be
+#   cut at 9.3, its CPU optimizer ~128 GiB of host):
 #     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
-#   then, in a later lease of this kind: pp (after tp on the same warm machine: it compares with tp's
-#   one-GPU row) beside gkd3b, then big (8B, ~10: may be cut at 9.3; its CPU optimizer ~128 GiB host):
 #     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
 #   A group that is cut or fails is named in its SLOT line; re-run it (alone or in a slot) next.
 # Run alone (a one-GPU lease, or a call of one slot here): side (~7: TRL ~3.5 then dagrl's
