@@ -87,3 +87,11 @@ def run_cli(args: list[str], *, cwd: str, env: dict[str, str], timeout: float) -
     if code is None:
         raise subprocess.TimeoutExpired(cmd, timeout, output=stdout, stderr=stderr)
     return subprocess.CompletedProcess(cmd, code, stdout, stderr)
+
+
+def failure(proc: subprocess.CompletedProcess, tail: int = 2000) -> str:
+    """What a failed CLI run said: dagrl's one-line `error:` (printed before Ray's workers flush
+    their warnings, so a plain tail of the output can miss it), then the output's tail."""
+    text = proc.stdout + proc.stderr
+    errors = [line for line in text.splitlines() if line.lstrip().startswith("error:")]
+    return "\n".join(errors) + "\n...\n" + text[-tail:]

@@ -19,7 +19,7 @@ import json
 import pytest
 import torch
 
-from tests.gpu_runs import REPO, cli_env, run_cli
+from tests.gpu_runs import REPO, cli_env, failure, run_cli
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -37,7 +37,7 @@ def test_dapo_rounds_on_vllm(tmp_path, sleep_level):
     args += ["trainer.test_freq=2", "trainer.logger=[console]", "trainer.progress_bar=false"]
     args += [f"trainer.default_local_dir={tmp_path}"]
     proc = run_cli(args, cwd=REPO, env=cli_env(), timeout=180)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, failure(proc)
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     steps = [r for r in rows if r["step"] > 0]
     assert max(r["dynamic_sampling/rounds"] for r in steps) >= 2  # the refill ran

@@ -135,12 +135,12 @@ class MegatronCriticBackend:
         if not (policy.params or (on_cuda and (policy.grads or policy.optimizer))):
             return False
         before = allocated_gib()
+        if on_cuda and policy.optimizer:  # before the weights: see MegatronTrainBackend.offload
+            self.optimizer.offload_to_cpu()  # megatron moves it back with .cuda(): GPUs only
         if policy.params:
             self._host.offload(self._params(), cpu_too=True)
         if on_cuda and policy.grads:
             self.model[0].offload_grad_buffers(synchronize=True, empty_cache=False)
-        if on_cuda and policy.optimizer:  # megatron moves it back with .cuda(): GPUs only
-            self.optimizer.offload_to_cpu()
         if on_cuda:
             torch.cuda.empty_cache()
         self.offload_freed_gib = before - allocated_gib()

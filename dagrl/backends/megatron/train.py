@@ -141,14 +141,18 @@ class MegatronTrainBackend:
         if not (self.offload_policy.params or self._offloads_grads() or self._offloads_optimizer()):
             return False
         before = allocated_gib()
+        if self._offloads_optimizer():
+            # First: the distributed optimizer's shard of an fp32 parameter (a critic's value head,
+            # an fp32 model) is a view into the parameter buffer, which the weights' offload frees;
+            # megatron's offload_to_cpu then copies from freed memory (CUDA "invalid argument").
+            # Moved first, the shard becomes a copy of its own, which the step writes back.
+            self.optimizer.offload_to_cpu()
         if self.offload_policy.params:
             self._offload_params()
             self._move_teacher_head(torch.device("cpu"))
         if self._offloads_grads():
             for chunk in self.model:  # storage resized to 0; restore_grad_buffers re-allocates zeros
                 chunk.offload_grad_buffers(synchronize=True, empty_cache=False)
-        if self._offloads_optimizer():
-            self.optimizer.offload_to_cpu()
         if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
         self.offload_freed_gib = before - allocated_gib()

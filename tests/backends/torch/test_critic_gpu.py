@@ -20,7 +20,7 @@ from dagrl.core.worker import Worker
 from dagrl.trainer.setup import worker_parts
 from tests.backends.test_critic import batch
 from tests.conftest import compose_config
-from tests.gpu_runs import REPO, cli_env, run_cli
+from tests.gpu_runs import REPO, cli_env, failure, run_cli
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -77,7 +77,7 @@ def test_ppo_runs_with_vllm_colocated(tmp_path):
     cmd += ["trainer.critic_warmup=1", "trainer.total_training_steps=4", "trainer.test_freq=4"]
     cmd += ["trainer.logger=[console]", "trainer.progress_bar=false", f"trainer.default_local_dir={tmp_path}"]
     proc = run_cli(cmd, cwd=REPO, env=cli_env(), timeout=240)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, failure(proc)
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     steps = [r for r in rows if r["step"] > 0]
     assert steps[0]["actor/critic_warmup"] == 1.0

