@@ -56,22 +56,23 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# CALL PLAN for the next session on nvidia-h100-x4 (5 install calls, then 3 calls of <= 590 s): the
-# whole one-GPU record of docs/gpu_acceptance.md but the side-by-sides and the H200 row, on one
-# commit (tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
-# Minutes per group are estimates for a fresh machine. Measured on one H100 on 2026-11-27: handover
-# 4.6, tests_c 3.1, tests_a 7.7 with each vLLM engine compiled (68-103 s a start; the GPU tests now
-# start theirs eager where the engine's speed is not what they check: tests/gpu_runs.py), a 4B row
-# ~7 (model build and start ~4.5, 10 steps x 13 s). Estimates: tests_a 4, tests_b1 3, tests_b2 5,
-# tests_c 2, tests_d 2, tests_ppo 3, docs_a 6-9, docs_b 4, 4b-megatron 6-8, 1.7b-torch 4,
-# gkd-0.6b-1.7b 5, calculator-vllm 3, sample-vllm-rm 4, 0.6b-64x8x512 5, an 8B LoRA row 8-9 (the 8B
-# build ~4, once: the other slot waits on its lock), ray_probe 0.3. A slot has ~9.3 minutes.
+# CALL PLAN for the next session on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2 calls of
+# <= 590 s): the whole one-GPU record of docs/gpu_acceptance.md but the side-by-sides, on one commit
+# (tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
+# Seconds per group as measured on 4x H200 on 2026-11-27 (session 13, beside three busy slots):
+# handover 255, tests_a 254, tests_b1 312, tests_b2 171, tests_c 139, tests_d 122, tests_ppo 185,
+# docs_a 409, docs_b 171, 4b-torch 239 (the 4B build included), 4b-megatron 187, 1.7b-torch +
+# gkd-0.6b-1.7b 362, calculator-vllm 94, sample-vllm-rm 166, 8b-torch-lora 319, 8b-megatron-lora 324,
+# 8b-megatron 464 (the 8B build, ~2.5 min, included: one slot builds, the others wait on its lock),
+# ray_probe 10. 4,100 s in all: two calls of four slots of ~560 s, packed so that the three 8B rows
+# share one build and the 4B rows another. A slot has ~9.3 minutes.
 #   call 1 (ray_probe first: the isolation, checked on the cards):
-#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+handover+tests_c 1:ray_probe+"matrix 4b-torch" 2:ray_probe+tests_a+tests_d 3:ray_probe+tests_b1+tests_b2
-#   call 2 (the 4B model is built; 4b-megatron's CPU optimizer holds ~64 GiB of host memory):
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:docs_a 2:"matrix gkd-0.6b-1.7b 1.7b-torch" 3:tests_ppo+"matrix calculator-vllm"
-#   call 3:
-#     bash bench/acceptance_slots.sh $OUT 0:docs_b+"matrix 0.6b-64x8x512" 1:"matrix 8b-torch-lora" 2:"matrix 8b-megatron-lora" 3:"matrix sample-vllm-rm"
+#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron calculator-vllm" 1:ray_probe+docs_a+tests_d 2:ray_probe+"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 3:ray_probe+"matrix 8b-megatron-lora 4b-torch"
+#   call 2:
+#     bash bench/acceptance_slots.sh $OUT 0:tests_b1+tests_b2 1:"matrix 8b-torch-lora"+tests_c 2:handover+tests_a 3:"matrix 4b-megatron sample-vllm-rm"+tests_ppo
+#   call 3 (what is left of the lease, ~8 minutes): the row never run on this code, and issue 30's
+#   first pair (tp's one-GPU reference took 125 s, the TP=2 row was cut at 124 s in a 275 s call):
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 0.6b-64x8x512" 2,3:tp
 #   A later lease of this kind: the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs
 #   (pp after tp on the same warm machine: it compares with tp's one-GPU row; big: 8B, ~10, may be
 #   cut at 9.3, its CPU optimizer ~128 GiB of host):
