@@ -252,7 +252,9 @@ class Batch:
         return Batch(tensors, {k: distinct(k, v) for k, v in self.meta.items()}, self.held)
 
     def expanded(self) -> Batch:
-        """The batch as a worker received it with every `Repeated` column expanded again."""
+        """The batch as a worker received it with every `Repeated` column expanded again, and
+        marked (`repeats`): a backend may use the runs (vLLM samples a prompt's n rows in one
+        request)."""
         columns = (*self.tensors.values(), *self.meta.values())
         if not any(isinstance(v, Repeated) for v in columns):
             return self
@@ -261,7 +263,8 @@ class Batch:
             return column.expand() if isinstance(column, Repeated) else column
 
         tensors = {k: expand(v) for k, v in self.tensors.items()}
-        return Batch(tensors, {k: expand(v) for k, v in self.meta.items()}, self.held)
+        marks = {k: v.n for k, v in {**self.tensors, **self.meta}.items() if isinstance(v, Repeated)}
+        return Batch(tensors, {k: expand(v) for k, v in self.meta.items()}, self.held, marks)
 
     def materialized(self) -> Batch:
         """The same columns with every held one as a tensor (fetched when the driver lacks it)."""

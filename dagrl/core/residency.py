@@ -311,7 +311,7 @@ class WorkerStore:
             assert value is not None, f"{key} of run {held.run} is not on this worker (freed or never kept)"
             assert len(value) == held.rows, f"{key}: {len(value)} rows here, {held.rows} expected"
             tensors[key] = value
-        return Batch(tensors, batch.meta)
+        return Batch(tensors, batch.meta, repeats=batch.repeats)
 
     def _handed(self, run: str, refs: tuple) -> torch.Tensor:
         """The rows `refs` name, each object got from the object store once in run `run` (kept
