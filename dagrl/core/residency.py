@@ -35,9 +35,10 @@ start after that call, the driver holds it as a `Held` column that still has its
 nodes read it as before); their calls send "your piece of K" only. The driver substitutes the
 column only where its batch still has the very tensor that was sent (`StepData.held_inputs`).
 
-The n samples of a prompt (`Batch.repeats`, collate's repeat) travel as the prompt: the driver
-puts the distinct rows (`Batch.compacted`), the worker expands them before the backend reads the
-batch (`Worker.call`), row for row the tensor the driver holds.
+The n samples of a prompt (`Batch.repeats`, collate's repeat) travel as the prompt, its tensors
+and its meta lists alike: the driver puts the distinct rows (`Batch.compacted`), the worker
+expands them before the backend reads the batch (`Worker.call`), row for row what the driver
+holds, and leaves them marked as runs (the vLLM rollout samples a run in one request).
 
 `perf/driver_bytes` counts the tensor bytes that cross to or from the driver in a run (shards put,
 results got, columns fetched); an object ref the driver passes is not a tensor and counts 0 (it
