@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from dagrl.errors import ConfigError
@@ -163,8 +163,10 @@ class Backend:
       roles build it first, on an empty device.
     - `hooks`: a train backend's part in decoding its roles' specs and in the plan's automatic
       choices and advice (dagrl/backends/train_hooks.py: TrainHooks); None = none of its own.
-    - `config_type`: the config section class it reads (e.g. megatron's MegatronConfig); None = the
-      generic sections of its role.
+    - `config_type`: the class of its own config section inside a role's section (megatron's
+      MegatronConfig: `actor.megatron`, `ref.megatron`, `critic.megatron`); the role specs and the
+      rules find that section by it (`BackendTable.own_section`, `sections`). None = it reads its
+      role's sections only (torch: actor.*; a rollout engine: rollout.*).
     - `lora_dtypes`: a rollout engine that serves a LoRA adapter beside its base weights, in these
       engine dtypes (vLLM's kernels: 16-bit); None = it takes the merged weights.
     - `standalone_teacher`: it serves `teacher.placement=standalone` (replicas of their own).
@@ -192,6 +194,23 @@ class BackendTable:
         """The backend named `name` (an empty one for a name nothing registered yet)."""
         load_builtins()
         return self.backends.setdefault(name, Backend(name))
+
+    def sections(self, section: Any) -> dict[str, tuple[str, Any]]:
+        """The fields of a role's config section (a dataclass: actor.*, ref.*, critic.*) that are
+        some backend's own section (its `config_type`): field name -> (backend, value)."""
+        load_builtins()
+        owners = {b.config_type: b.name for b in self.backends.values() if b.config_type is not None}
+        out = {}
+        for f in fields(section):
+            value = getattr(section, f.name)
+            if type(value) in owners:
+                out[f.name] = (owners[type(value)], value)
+        return out
+
+    def own_section(self, section: Any, name: str) -> Any:
+        """Backend `name`'s own section inside a role's config section (`actor.megatron` for
+        megatron in actor.*); None when it has none."""
+        return next((v for owner, v in self.sections(section).values() if owner == name), None)
 
     def kinds(self, name: str) -> list[str]:
         """The role kinds backend `name` serves."""

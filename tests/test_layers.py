@@ -111,6 +111,37 @@ def test_config_imports_no_part_anywhere():
     assert bad == []
 
 
+BUILTIN_BACKENDS = {"torch", "megatron", "hf", "vllm"}  # dagrl/backends/<name>/
+NOT_A_BACKEND = {"backends/logprob_kernel.py": {"torch"}}  # DAGRL_LOGPROB_KERNEL=torch|triton
+
+
+def _backend_comparisons(path: Path) -> list[str]:
+    """`x == "megatron"`, `x != "hf"`, `x in ("vllm", ...)`: a branch on a built-in backend's name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in (node.left, *node.comparators):
+            values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            names = {v.value for v in values if isinstance(v, ast.Constant)} & BUILTIN_BACKENDS
+            names -= NOT_A_BACKEND.get(str(path.relative_to(PACKAGE)), set())
+            found += [f"{path.relative_to(PACKAGE)}:{node.lineno} compares with {n!r}" for n in sorted(names)]
+    return found
+
+
+def test_only_a_backend_branches_on_its_own_name():
+    """What a backend is (its own config section, devices, hooks) is asked of the registry
+    (dagrl.registry.Backend), so no module outside dagrl/backends/<name>/ branches on a name."""
+    own = {PACKAGE / "backends" / name for name in BUILTIN_BACKENDS}
+    found = [
+        hit
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not any(d in path.parents for d in own)
+        for hit in _backend_comparisons(path)
+    ]
+    assert not found, "\n".join(found)
+
+
 def test_no_module_over_500_lines():
     long = {
         str(p.relative_to(PACKAGE)): n

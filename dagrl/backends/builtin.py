@@ -32,7 +32,7 @@ from dagrl.backends.vllm.rules import (
     check_vllm_teacher,
 )
 from dagrl.config.roles import Role, RoleSpec
-from dagrl.config.schema import ActorConfig, MegatronConfig, RolloutConfig
+from dagrl.config.schema import MegatronConfig
 from dagrl.config.validate_critic import check_critic_plan
 
 
@@ -136,11 +136,10 @@ def _vllm(spec: RoleSpec, ctx, objective):
 
 
 # vLLM serves a LoRA adapter beside its base weights (its kernels in 16-bit), and the standalone
-# teacher's replicas; each train backend reads its own section (megatron's) or the actor's
+# teacher's replicas; megatron reads a section of its own in actor.*, ref.* and critic.* (torch
+# reads those sections themselves, a rollout engine rollout.*: no section of their own)
 describe_backend("vllm", lora_dtypes=LORA_SERVING_DTYPES, standalone_teacher=True)
 describe_backend("megatron", config_type=MegatronConfig)
-describe_backend("torch", config_type=ActorConfig)
-describe_backend("hf", config_type=RolloutConfig)
 
 # vLLM asks for gpu_memory_utilization × the card at start and refuses to start when less is free:
 # it starts on the empty device, then sleeps while the colocated trainer loads (core/worker.py)

@@ -1,9 +1,10 @@
 """A train backend's part in decoding its roles' specs (dagrl/config/roles.py) and in the plan's
 automatic choices and advice (dagrl/trainer/capacity.py).
 
-The specs of the train, ref and colocated teacher roles carry the backend's own config section,
-layout and offload policy, and the rollout samples in the backend's compute dtype: the backend says
-what those are (`section`, `layout`, `offload`, `compute_dtype`), so the role table names no backend.
+The specs of the train, ref and colocated teacher roles carry the backend's own config section
+(found by the class it registered, `Backend.config_type`), layout and offload policy, and the
+rollout samples in the backend's compute dtype: the backend says what those are (`layout`,
+`offload`, `compute_dtype`), so the role table names no backend.
 
 The plan resolves what the config leaves to `auto` (recomputation, the optimizer's place, offload
 between phases) by trying each choice against the card. What a choice means, and which key holds
@@ -42,8 +43,6 @@ class TrainHooks:
     - `update_levers(spec) -> (recompute lever, optimizer lever)`: the update's keys to pull, each
       None when the spec already pulls it; None = the generic `model.gradient_checkpointing` and
       `actor.optimizer_cpu_offload`.
-    - `section(cfg, trains) -> section | None`: its own config section for the trained role (trains)
-      or a forward-only one (ref, colocated teacher), carried on the spec (`RoleSpec.megatron`).
     - `layout(section) -> ParallelLayout`: the model-parallel layout it gives; None = data parallel.
     - `offload(cfg, section) -> OffloadPolicy`: what its train and ref roles move to the host between
       turns; None = the generic `actor.offload` (params and optimizer state together).
@@ -67,7 +66,6 @@ class TrainHooks:
     names_recompute_key: bool = False
     auto_offload: bool = False
     update_levers: Callable[[Any], tuple[str | None, str | None]] | None = None
-    section: Callable[[Any, bool], Any] | None = None
     layout: Callable[[Any], Any] | None = None
     offload: Callable[[Any, Any], Any] | None = None
     compute_dtype: Callable[[Any], str | None] | None = None

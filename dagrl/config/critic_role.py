@@ -35,7 +35,7 @@ def critic_spec(cfg: DagrlConfig) -> RoleSpec:
     with critic.* (its update section), its forward passes at critic.forward_micro_batch_size."""
     c, arr = cfg.critic, cfg.actor_rollout_ref
     path = c.model.path if c.model.path is not None else arr.model.path
-    mega = c.megatron if c.strategy == "megatron" else None
+    mega = BACKENDS.own_section(c, c.strategy)  # its backend's own section in critic.*, if any
     on = arr.actor.offload is not False  # the actor's offload policy: the two take turns alike
     parallel, offload = ParallelLayout(), OffloadPolicy(params=on, grads=on, optimizer=on)
     # the critic's backend reads its own section as its train kind reads the actor's (the hooks

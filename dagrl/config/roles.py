@@ -396,10 +396,11 @@ def _train_settings(cfg: DagrlConfig, trains: bool) -> TrainSettings:
 
 
 def _section(cfg: DagrlConfig, trains: bool) -> MegatronConfig | None:
-    """The train backend's own config section for a trained or forward-only role (None: it has
-    none, as the data-parallel torch backend)."""
-    hooks = train_hooks(cfg)
-    return hooks.section(cfg, trains) if hooks is not None and hooks.section is not None else None
+    """The train backend's own config section (its `config_type`) in actor.* for a trained role,
+    in ref.* for a forward-only one (ref, colocated teacher); None: it has none, as the
+    data-parallel torch backend."""
+    arr = cfg.actor_rollout_ref
+    return BACKENDS.own_section(arr.actor if trains else arr.ref, arr.actor.strategy)
 
 
 def _layout(cfg: DagrlConfig, section) -> ParallelLayout:

@@ -12,7 +12,7 @@ from dataclasses import fields
 
 from dagrl.config.critic_role import critic_runs, critic_update
 from dagrl.config.roles import Role
-from dagrl.config.schema import CriticConfig, DagrlConfig, MegatronConfig
+from dagrl.config.schema import CriticConfig, DagrlConfig
 from dagrl.errors import ConfigError
 from dagrl.registry import BACKENDS
 
@@ -33,10 +33,12 @@ def check_critic(cfg: DagrlConfig) -> None:
             f"a {c.strategy} critic is planned, not built yet (its value head replaces the backend's"
             f" output layer): use {C}.strategy={' or '.join(critics)}, which trains beside any actor backend",
         )
-    if c.strategy != "megatron":  # critic.megatron.* would be ignored
-        for key, value, default in _changed(c.megatron, MegatronConfig(), f"{C}.megatron"):
+    for name, (owner, section) in BACKENDS.sections(c).items():
+        if owner == c.strategy:
+            continue
+        for key, value, default in _changed(section, type(section)(), f"{C}.{name}"):  # ignored
             raise ConfigError(
-                key, value, f"only read with {C}.strategy=megatron; set it or leave the key at {default!r}"
+                key, value, f"only read with {C}.strategy={owner}; set it or leave the key at {default!r}"
             )
     BACKENDS.lookup(Role.critic, c.strategy, f"{C}.strategy")
     update = critic_update(cfg)

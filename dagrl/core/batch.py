@@ -147,16 +147,19 @@ def _cut(refs: tuple, start: int, stop: int) -> tuple:
 @dataclass
 class Repeated:
     """A column on its way to the workers as its distinct rows: row i of `rows` stands for rows
-    i*n .. i*n+n-1 (collate's n samples of one prompt). The worker expands it (`Batch.expanded`)
-    before any backend reads the batch, so backends see the very tensor the driver had."""
+    i*n .. i*n+n-1 (collate's n samples of one prompt). A tensor column, or a meta column's list
+    (ground truth, extra_info: what an environment's reset reads). The worker expands it
+    (`Batch.expanded`) before any backend reads the batch, so backends see the rows the driver had."""
 
-    rows: torch.Tensor
+    rows: torch.Tensor | list
     n: int
 
     def __len__(self) -> int:
         return len(self.rows) * self.n
 
-    def expand(self) -> torch.Tensor:
+    def expand(self) -> torch.Tensor | list:
+        if isinstance(self.rows, list):
+            return [row for row in self.rows for _ in range(self.n)]
         return self.rows.repeat_interleave(self.n, dim=0)
 
 
@@ -167,10 +170,10 @@ class Batch:
     and micro-batches, `union`/`concat` join them back; no key outside `KEYS` reaches a DAG.
     `held` columns stayed on the workers that computed them (`Held`); reading one (`batch[key]`,
     `index`) fetches it, `split` over its DP size cuts it into the pieces each rank holds.
-    `repeats` marks tensor columns whose rows come in runs of n equal rows (collate's n samples per
-    prompt): the driver sends them as their distinct rows (`compacted`), the workers expand them
-    (`expanded`). Operations that keep the runs whole keep the mark; any other drops it (the
-    column is then sent as it is)."""
+    `repeats` marks columns (tensor or meta) whose rows come in runs of n equal rows (collate's n
+    samples per prompt): the driver sends them as their distinct rows (`compacted`), the workers
+    expand them (`expanded`). Operations that keep the runs whole keep the mark; any other drops it
+    (the column is then sent as it is)."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, list] = field(default_factory=dict)
@@ -183,7 +186,8 @@ class Batch:
         sizes = {len(v) for v in (*self.tensors.values(), *self.meta.values(), *self.held.values())}
         assert len(sizes) <= 1, f"batch columns disagree on row count: {sizes}"
         for key, n in self.repeats.items():
-            assert key in self.tensors and len(self.tensors[key]) % n == 0, f"{key}: not in runs of {n} rows"
+            column = self.tensors.get(key, self.meta.get(key))
+            assert column is not None and len(column) % n == 0, f"{key}: not in runs of {n} rows"
 
     def __len__(self) -> int:
         for v in (*self.tensors.values(), *self.meta.values(), *self.held.values()):
@@ -221,28 +225,46 @@ class Batch:
             {**self.repeats, **other.repeats},
         )
 
-    def repeats_of(self, tensors: dict[str, torch.Tensor]) -> dict[str, int]:
-        """The repeat marks `tensors` (a new batch's columns) keep from this batch: a column keeps
-        its mark while it is the very tensor that had it, under whatever key."""
-        marked = {id(self.tensors[k]): n for k, n in self.repeats.items()}
-        return {k: marked[id(v)] for k, v in tensors.items() if id(v) in marked}
+    def repeats_of(
+        self, tensors: dict[str, torch.Tensor], meta: dict[str, list] | None = None
+    ) -> dict[str, int]:
+        """The repeat marks a new batch's columns (`tensors`, and `meta`: this batch's by default)
+        keep from this batch: a column keeps its mark while it is the very tensor or list that had
+        it, under whatever key."""
+        mine = {**self.tensors, **self.meta}
+        marked = {id(mine[k]): n for k, n in self.repeats.items()}
+        columns = {**tensors, **(self.meta if meta is None else meta)}
+        return {k: marked[id(v)] for k, v in columns.items() if id(v) in marked}
 
     def compacted(self) -> Batch:
         """The batch as it goes to a worker: each marked column as its distinct rows (`Repeated`)."""
         if not self.repeats:
             return self
-        tensors = {
-            k: Repeated(v[:: self.repeats[k]].contiguous(), self.repeats[k]) if k in self.repeats else v
-            for k, v in self.tensors.items()
-        }
-        return Batch(tensors, self.meta, self.held)
+
+        def distinct(key: str, column):
+            n = self.repeats.get(key)
+            if n is None:
+                return column
+            rows = column[::n]
+            return Repeated(rows.contiguous() if isinstance(rows, torch.Tensor) else rows, n)
+
+        tensors = {k: distinct(k, v) for k, v in self.tensors.items()}
+        return Batch(tensors, {k: distinct(k, v) for k, v in self.meta.items()}, self.held)
 
     def expanded(self) -> Batch:
-        """The batch as a worker received it with every `Repeated` column expanded again."""
-        if not any(isinstance(v, Repeated) for v in self.tensors.values()):
+        """The batch as a worker received it with every `Repeated` column expanded again, and
+        marked (`repeats`): a backend may use the runs (vLLM samples a prompt's n rows in one
+        request)."""
+        columns = (*self.tensors.values(), *self.meta.values())
+        if not any(isinstance(v, Repeated) for v in columns):
             return self
-        tensors = {k: v.expand() if isinstance(v, Repeated) else v for k, v in self.tensors.items()}
-        return Batch(tensors, self.meta, self.held)
+
+        def expand(column):
+            return column.expand() if isinstance(column, Repeated) else column
+
+        tensors = {k: expand(v) for k, v in self.tensors.items()}
+        marks = {k: v.n for k, v in {**self.tensors, **self.meta}.items() if isinstance(v, Repeated)}
+        return Batch(tensors, {k: expand(v) for k, v in self.meta.items()}, self.held, marks)
 
     def materialized(self) -> Batch:
         """The same columns with every held one as a tensor (fetched when the driver lacks it)."""
@@ -262,10 +284,11 @@ class Batch:
         )
 
     def repeat_interleave(self, n: int) -> Batch:
-        """Each row repeated n times in place (row i -> rows i*n .. i*n+n-1); the tensor columns are
-        marked as such (`repeats`), so they travel to the workers once per row of `self`."""
+        """Each row repeated n times in place (row i -> rows i*n .. i*n+n-1); the columns (tensors
+        and meta lists) are marked as such (`repeats`), so they travel to the workers once per row
+        of `self`."""
         out = self.index([i for i in range(len(self)) for _ in range(n)])
-        return Batch(out.tensors, out.meta, repeats={k: n for k in out.tensors} if n > 1 else {})
+        return Batch(out.tensors, out.meta, repeats={k: n for k in out.keys()} if n > 1 else {})
 
     def split(self, parts: int) -> list[Batch]:
         """Split into `parts` equal contiguous chunks (DP shards); a held column split over its own

@@ -281,6 +281,8 @@ class RoleHandle:
                 held[key] = replace(h, refs=()) if h.refs else h  # the own store, not the object store
             elif h.refs:
                 held[key] = h
+                if h.source is not None:  # the workers keep what they get until the run ends
+                    h.source.step.holds(self.pool)
             else:
                 fetched[key] = h.materialize()
         if not fetched and all(held[k] is h for k, h in data.held.items()):

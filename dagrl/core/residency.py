@@ -19,11 +19,13 @@ on the train workers for the update on the same workers. Now, per run of a DAG:
     consume (RoleHandle.call):  a call on the same pool with the same DP layout that slices its
         data over DP sends rank r only "DP rank r's piece of K" (`Held.part == r`); the worker
         reads its own store. A DP-sliced call elsewhere gets, for a handed-over key, the refs and
-        row ranges of its rows (`Held.pieces`, any DP size) and `ray.get`s them in the worker:
+        row ranges of its rows (`Held.pieces`, any DP size) and `ray.get`s them in the worker,
+        each object once per run however many nodes there read it (`WorkerStore.fetched`):
         the pieces go from pool to pool, the driver passes refs. Any other reader (a driver
         node, an `index` on the driver, a call not sliced over DP) fetches the column first:
         the values are always there when asked for, just not moved when nobody asks.
-    free (end of the run, also on failure):  every pool that stored entries drops the run's;
+    free (end of the run, also on failure):  every pool that stored entries or got handed-over
+        objects drops the run's;
         the objects handed over are freed by Ray once the run's batch (its refs) is dropped.
 
 The data's own columns (the DAG's `source`: prompts, their mask, ...) are planned the same way
@@ -33,9 +35,10 @@ start after that call, the driver holds it as a `Held` column that still has its
 nodes read it as before); their calls send "your piece of K" only. The driver substitutes the
 column only where its batch still has the very tensor that was sent (`StepData.held_inputs`).
 
-The n samples of a prompt (`Batch.repeats`, collate's repeat) travel as the prompt: the driver
-puts the distinct rows (`Batch.compacted`), the worker expands them before the backend reads the
-batch (`Worker.call`), row for row the tensor the driver holds.
+The n samples of a prompt (`Batch.repeats`, collate's repeat) travel as the prompt, its tensors
+and its meta lists alike: the driver puts the distinct rows (`Batch.compacted`), the worker
+expands them before the backend reads the batch (`Worker.call`), row for row what the driver
+holds, and leaves them marked as runs (the vLLM rollout samples a run in one request).
 
 `perf/driver_bytes` counts the tensor bytes that cross to or from the driver in a run (shards put,
 results got, columns fetched); an object ref the driver passes is not a tensor and counts 0 (it
@@ -235,7 +238,11 @@ def tensor_bytes(obj) -> int:
 
 def from_object_store(refs: tuple) -> torch.Tensor:
     """The rows `refs` ((ObjectRef, start, stop), ...) name, in order, as one tensor of its own."""
-    values = ray.get([ref for ref, _, _ in refs])
+    return rows_of(ray.get([ref for ref, _, _ in refs]), refs)
+
+
+def rows_of(values: list[torch.Tensor], refs: tuple) -> torch.Tensor:
+    """The rows `refs` name of the objects `values` (one per ref, in order), as one tensor."""
     if len(refs) == 1 and refs[0][1] == 0 and refs[0][2] == len(values[0]):
         return values[0]
     return torch.cat([v[a:b] for v, (_, a, b) in zip(values, refs)])  # a copy, never a view
@@ -253,6 +260,9 @@ class WorkerStore:
 
     def __init__(self) -> None:
         self.entries: dict[tuple[str, str], torch.Tensor] = {}
+        # (run, ObjectRef) -> the object, got once per run: two nodes here (a teacher and the
+        # update) reading one handed-over column would otherwise each fetch and unpickle it
+        self.fetched: dict[tuple[str, object], torch.Tensor] = {}
         self.dropped: deque[str] = deque(maxlen=64)  # a late store for a finished run is refused
 
     def keep(self, result, keep: Keep, dp_rank: int, dp_size: int, returns: bool = True):
@@ -293,7 +303,7 @@ class WorkerStore:
         for key, held in batch.held.items():
             assert held.part == dp_rank, f"{key}: piece of DP rank {held.part} sent to DP rank {dp_rank}"
             if held.refs:
-                tensors[key] = from_object_store(held.refs)
+                tensors[key] = self._handed(held.run, held.refs)
                 assert len(tensors[key]) == held.rows, (
                     f"{key}: {len(tensors[key])} rows, {held.rows} expected"
                 )
@@ -302,15 +312,28 @@ class WorkerStore:
             assert value is not None, f"{key} of run {held.run} is not on this worker (freed or never kept)"
             assert len(value) == held.rows, f"{key}: {len(value)} rows here, {held.rows} expected"
             tensors[key] = value
-        return Batch(tensors, batch.meta)
+        return Batch(tensors, batch.meta, repeats=batch.repeats)
+
+    def _handed(self, run: str, refs: tuple) -> torch.Tensor:
+        """The rows `refs` name, each object got from the object store once in run `run` (kept
+        until the run is dropped; a run already dropped keeps nothing)."""
+        missing = list(dict.fromkeys(ref for ref, _, _ in refs if (run, ref) not in self.fetched))
+        got = dict(zip(missing, ray.get(missing))) if missing else {}
+        if run not in self.dropped:
+            self.fetched.update({(run, ref): value for ref, value in got.items()})
+        values = [got[ref] if ref in got else self.fetched[(run, ref)] for ref, _, _ in refs]
+        return rows_of(values, refs)
 
     def get(self, run: str, key: str) -> torch.Tensor:
         return self.entries[(run, key)]
 
     def drop(self, run: str) -> int:
-        """Free a run's entries; returns how many there were."""
+        """Free a run's entries (and the objects it got from the object store); returns how many
+        entries there were."""
         self.dropped.append(run)
         gone = [k for k in self.entries if k[0] == run]
         for k in gone:
             del self.entries[k]
+        for k in [k for k in self.fetched if k[0] == run]:
+            del self.fetched[k]
         return len(gone)

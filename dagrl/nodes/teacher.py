@@ -54,7 +54,7 @@ def with_teacher_prompts(batch: Batch) -> Batch:
     swapped = {"prompts": batch["teacher_prompts"], "prompt_mask": batch["teacher_prompt_mask"]}
     held = {k: h for k, h in view.held.items() if k not in swapped}  # responses may stay on workers
     tensors = {**view.tensors, **swapped}
-    return Batch(tensors, view.meta, held, batch.repeats_of(tensors))
+    return Batch(tensors, view.meta, held, batch.repeats_of(tensors, view.meta))
 
 
 def teacher_inputs_for(cfg) -> tuple[tuple[str, ...], tuple[str, ...]]:

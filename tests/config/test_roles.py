@@ -58,6 +58,20 @@ def test_megatron_layout_comes_from_the_spec():
     assert (plan.roles["train"].dp, plan.roles["train"].tp, plan.roles["train"].pp) == (2, 2, 2)
 
 
+def test_a_backends_own_section_is_found_by_its_config_type():
+    """The specs carry the section the backend registered the class of (megatron: actor.megatron
+    for the trained role, ref.megatron for the forward-only ones); torch has none of its own."""
+    from dagrl.registry import BACKENDS
+
+    cfg = compose_config("actor_rollout_ref.actor.strategy=megatron", "trainer.n_gpus_per_node=8")
+    arr = cfg.actor_rollout_ref
+    specs = build_role_specs(cfg, ROLES)
+    assert specs["train"].megatron is arr.actor.megatron and specs["ref"].megatron is arr.ref.megatron
+    assert BACKENDS.sections(cfg.critic) == {"megatron": ("megatron", cfg.critic.megatron)}
+    assert BACKENDS.own_section(arr.actor, "torch") is None
+    assert build_role_specs(compose_config(), ROLES)["train"].megatron is None
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_torch_roles_offload_per_actor_offload(on):
     """actor.offload reaches the torch train and ref backends built from the specs (a spec that

@@ -184,11 +184,14 @@ def test_the_n_samples_of_a_prompt_travel_once_and_expand_to_the_drivers_rows():
     from dagrl.core.residency import tensor_bytes
 
     batch = make_batch(4).repeat_interleave(4)  # 16 rows: 4 prompts × 4 samples
-    assert batch.repeats == {"prompts": 4, "scores": 4}
+    marks = {"prompts": 4, "scores": 4, "data_source": 4, "ground_truth": 4}
+    assert batch.repeats == marks
     for shard in batch.split(2):  # 8 rows each: runs whole
-        assert shard.repeats == {"prompts": 4, "scores": 4}
+        assert shard.repeats == marks
         wire = pickle.loads(pickle.dumps(shard.compacted()))  # what the worker receives
         assert tensor_bytes(wire) == tensor_bytes(shard) // 4
+        # the meta lists (an environment's reset reads them) travel once per prompt too
+        assert {k: len(v.rows) for k, v in wire.meta.items()} == {"data_source": 2, "ground_truth": 2}
         got = wire.expanded()
         assert_same(got, shard)
         for key, value in got.tensors.items():
@@ -197,4 +200,6 @@ def test_the_n_samples_of_a_prompt_travel_once_and_expand_to_the_drivers_rows():
     assert Batch.concat(batch.split(2)).repeats == batch.repeats
     assert not batch.index(list(range(16))).repeats and not batch.chunks(4)[0].repeats
     moved = {"prompts": batch.tensors["prompts"], "scores": batch.tensors["scores"] + 1}
-    assert batch.repeats_of(moved) == {"prompts": 4}  # a new tensor loses the mark
+    kept = {"prompts": 4, "data_source": 4, "ground_truth": 4}
+    assert batch.repeats_of(moved) == kept  # a new tensor loses the mark
+    assert batch.repeats_of(moved, {"ground_truth": list(batch.meta["ground_truth"])}) == {"prompts": 4}

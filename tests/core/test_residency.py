@@ -28,7 +28,13 @@ from dagrl.core.residency import Keep, WorkerStore, plan_inputs, plan_residency
 from dagrl.core.runtime import Runtime
 from dagrl.core.scheduler import Scheduler
 from tests.conftest import compose_config
-from tests.plugins.hidden_role import HiddenRole, hidden_of, stored_entries
+from tests.plugins.hidden_role import (
+    HiddenRole,
+    count_object_fetches,
+    hidden_of,
+    object_fetches,
+    stored_entries,
+)
 
 ROWS, WIDTH = 8, 16
 HIDDEN_BYTES = ROWS * WIDTH * 64 * 4
@@ -99,6 +105,20 @@ class ConsumeTp1Node(ConsumeNode):
     def run(self, runtime, batch):
         out, per_rank = runtime.role("tp1").call(HiddenRole.consume, batch)
         return NodeResult(out, {"right_rows": min(m["right_rows"] for m in per_rank)})
+
+
+@register_node_kind("restest_consume_tp1_again")
+class ConsumeTp1AgainNode(_Remote):
+    """A second reader of the hidden states on the tp1 role (as a teacher and the update both
+    read a handed-over column on one pool)."""
+
+    required_inputs = ("prompts", "teacher_hidden")
+    outputs = ("token_rewards",)
+
+    def run(self, runtime, batch):
+        out, per_rank = runtime.role("tp1").call(HiddenRole.consume, batch)
+        rewards = Batch({"token_rewards": out["scores"]})
+        return NodeResult(rewards, {"right_rows_again": min(m["right_rows"] for m in per_rank)})
 
 
 @register_node_kind("restest_fail")
@@ -338,6 +358,46 @@ def test_handed_over_between_dp_layouts_through_the_object_store(tmp_path, hid_p
     assert metrics["perf/driver_bytes"] == 2 * (ROWS // 2) * WIDTH * 8 + scores
     assert metrics["perf/handed_bytes"] == HIDDEN_BYTES and metrics["perf/kept_bytes"] == 0
     assert entries(pool) == [0, 0]
+
+
+def test_two_readers_of_a_handed_over_column_on_one_worker_fetch_it_once(tmp_path, hid_pool):
+    """DP 2 -> two nodes on a DP-1 role of the same workers: each worker gets the two producer
+    ranks' objects from the object store once for both nodes, and holds none after the step."""
+    cfg, pool = hid_pool
+    scheduler = scheduler_for(
+        tmp_path,
+        cfg,
+        pool,
+        """
+        nodes:
+          teacher:
+            kind: restest_hidden
+            role: hid
+            inputs: [prompts]
+            outputs: [teacher_hidden]
+          update:
+            kind: restest_consume_tp1
+            role: tp1
+            inputs: [prompts, teacher_hidden]
+            outputs: [scores]
+          again:
+            kind: restest_consume_tp1_again
+            role: tp1
+            inputs: [prompts, teacher_hidden]
+            outputs: [token_rewards]
+            after: [update]
+        """,
+    )
+    pool.get([a.run.remote(count_object_fetches) for a in pool.actors])
+    try:
+        out, metrics = scheduler.run(prompts_batch(), step=1)
+    finally:
+        scheduler.close()
+        fetches = pool.get([a.run.remote(object_fetches) for a in pool.actors])
+    assert metrics["right_rows"] == metrics["right_rows_again"] == 1.0
+    assert torch.equal(out["token_rewards"], out["scores"])
+    assert fetches == [(2, 0), (2, 0)]  # (objects got, objects still held): two, once, freed
+    assert metrics["perf/handed_bytes"] == HIDDEN_BYTES
 
 
 def test_handed_over_pieces_cut_for_any_dp_size():

@@ -37,6 +37,34 @@ def stored_entries(worker) -> int:
     return len(worker.store.entries)
 
 
+def count_object_fetches(worker) -> None:
+    """From now on, count the objects this worker gets from Ray's object store for its calls'
+    handed-over columns (`worker.object_fetches`): ray.get, as the worker's store calls it, counted."""
+    import dagrl.core.residency as residency
+
+    real = getattr(residency.ray, "real", residency.ray)
+
+    class CountingRay:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def get(self, refs, *args, **kwargs):
+            worker.object_fetches += len(refs) if isinstance(refs, list) else 1
+            return real.get(refs, *args, **kwargs)
+
+    CountingRay.real = real
+    worker.object_fetches = 0
+    residency.ray = CountingRay()
+
+
+def object_fetches(worker) -> tuple[int, int]:
+    """(objects fetched since count_object_fetches, objects still cached); stops counting."""
+    import dagrl.core.residency as residency
+
+    residency.ray = getattr(residency.ray, "real", residency.ray)
+    return worker.object_fetches, len(getattr(worker.store, "fetched", ()))
+
+
 @register_backend("hid", "hidden")
 def _hidden(spec, ctx, objective):
     return HiddenRole(spec, ctx)

@@ -35,12 +35,6 @@ def _update_levers(spec) -> tuple[str | None, str | None]:
     return recompute, optimizer
 
 
-def _section(cfg, trains: bool):
-    """actor.megatron for the trained role, ref.megatron for a forward-only one (ref, teacher)."""
-    arr = cfg.actor_rollout_ref
-    return arr.actor.megatron if trains else arr.ref.megatron
-
-
 def _layout(m) -> ParallelLayout:
     return ParallelLayout(
         m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
@@ -59,7 +53,6 @@ def _compute_dtype(cfg) -> str:
 
 
 MEGATRON_HOOKS = TrainHooks(
-    section=_section,
     layout=_layout,
     offload=_offload,
     compute_dtype=_compute_dtype,

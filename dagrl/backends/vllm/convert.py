@@ -19,6 +19,27 @@ def prompt_token_lists(prompts: torch.Tensor, prompt_mask: torch.Tensor) -> list
     return [row[mask.bool()].tolist() for row, mask in zip(prompts, prompt_mask)]
 
 
+def completions_in_row_order(outputs: Sequence, n: int, prompts: Sequence[Sequence[int]]) -> list:
+    """One completion per row from one request output per prompt (`RequestOutput`s in request
+    order, as `LLM.generate` returns them), each with `n` completions: request r's completion i
+    is row r * n + i, the order of collate's rows (a prompt's n samples are consecutive rows).
+
+    The completions are placed by their own `index` (vLLM's sample number within the request,
+    0..n-1), not by their place in the list; each output's prompt must be request r's prompt
+    (`prompts[r]`), so a reordering fails here instead of pairing a response with another prompt.
+    """
+    assert len(outputs) == len(prompts), f"{len(outputs)} request outputs for {len(prompts)} prompts"
+    rows = []
+    for r, (output, prompt) in enumerate(zip(outputs, prompts)):
+        assert list(output.prompt_token_ids) == list(prompt), f"request {r}: the output of another prompt"
+        by_index = sorted(output.outputs, key=lambda c: c.index)
+        assert [c.index for c in by_index] == list(range(n)), (
+            f"request {r}: samples {[c.index for c in by_index]}, expected 0..{n - 1}"
+        )
+        rows.extend(by_index)
+    return rows
+
+
 def responses_to_tensors(
     token_ids: Sequence[Sequence[int]],
     logprobs: Sequence[Sequence[float]] | None,

@@ -10,6 +10,11 @@ weight refresh wakes it in stages so old weights, new weights and the KV cache n
 GPU together (see `begin_weight_update` / `finish_weight_update`). Free GPU memory after each
 phase is reported as `memory/rollout_*_free_gib`.
 
+A prompt's n samples (collate's runs of n rows, which the worker hands over marked:
+`Batch.repeats`) are one request with `SamplingParams(n=...)`; vLLM fans it out into n sequences
+seeded seed + i, which are the seeds one request per row had, and returns them by sample index
+(`convert.completions_in_row_order` puts them back on their rows).
+
 A LoRA policy synced as adapters (rollout.lora_sync adapter, auto's choice here) keeps the base
 the engine loaded and takes only the adapter tensors each sync: they are handed to vLLM's LoRA
 manager in memory (`lora_adapter.py`, no file written) and every request names the adapter.
@@ -24,7 +29,7 @@ import torch
 
 from dagrl.backends import device_memory
 from dagrl.backends.hf_model import eos_token_ids, load_generation_config, load_tokenizer, resolve_model_path
-from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
+from dagrl.backends.vllm.convert import completions_in_row_order, prompt_token_lists, responses_to_tensors
 from dagrl.backends.vllm.engine import start_engine
 from dagrl.backends.vllm.engine_args import llm_kwargs, sampling_kwargs
 from dagrl.backends.vllm.lora_adapter import PolicyAdapter
@@ -39,6 +44,14 @@ def request_seed_base(step_seed: int, replica: int) -> int:
     """Seed of request 0 of a replica's shard; request i uses base + i (int64-safe for shards
     under 65,536 rows and 64 replicas)."""
     return ((step_seed % 2**31) * 64 + replica % 64) << 16
+
+
+def samples_per_request(batch: Batch, temperature: float) -> int:
+    """How many rows one engine request samples: a prompt's n rows when the batch marks its prompts
+    as runs of n (collate's n samples per prompt, `Batch.repeats`) and sampling is not greedy; 1
+    otherwise (validation, greedy, a shard whose runs were cut)."""
+    n = batch.repeats.get("prompts", 1)
+    return n if n > 1 and batch.repeats.get("prompt_mask") == n and temperature > 0 else 1
 
 
 def _free_gib() -> float:
@@ -144,21 +157,24 @@ class VLLMRolloutBackend:
         kwargs = sampling_kwargs(self.spec, self.eos_ids, validate)
         if self.multi_turn is not None:
             return self._episodes(batch, kwargs, request_seed_base(seed, self.ctx.rank // self.tp))
-        prompts = [
-            TokensPrompt(prompt_token_ids=ids)
-            for ids in prompt_token_lists(batch["prompts"], batch["prompt_mask"])
-        ]
-        # one seed per request: vLLM samples by (seed, position), so a row's response does not depend
-        # on what else is in the batch, and the ranks of a TP group draw the same tokens
+        # a prompt's n samples (collate's runs of n rows) are one request of n: the prompt is sent
+        # and checked once, the engine fans it out into n sequences; validation keeps a request
+        # per row, and so does greedy sampling (vLLM refuses greedy with n > 1)
+        n = 1 if validate else samples_per_request(batch, kwargs["temperature"])
+        token_lists = prompt_token_lists(batch["prompts"][::n], batch["prompt_mask"][::n])
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in token_lists]
+        # one seed per row: vLLM samples by (seed, position), so a row's response does not depend on
+        # what else is in the batch, and the ranks of a TP group draw the same tokens. A request
+        # of n gets the seed of its first row; vLLM seeds its sample i with seed + i, row i's seed.
         base = request_seed_base(seed, self.ctx.rank // self.tp)
-        params = [SamplingParams(seed=base + i, **kwargs) for i in range(len(prompts))]
+        params = [SamplingParams(seed=base + r * n, **{**kwargs, "n": n}) for r in range(len(prompts))]
         start = time.perf_counter()
         lora_request = self.adapter.request if self.adapter is not None else None
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora_request)
         seconds = time.perf_counter() - start
         # the engine awake with its KV cache: the step's device_memory_used_gib includes this moment
         metrics = {"rollout/device_memory_used_gib": device_memory.note_phase_end()}
-        samples = [o.outputs[0] for o in outputs]
+        samples = completions_in_row_order(outputs, n, token_lists)
         logprobs = None
         if self.settings.calculate_log_probs:
             logprobs = [s.logprobs.logprobs for s in samples]  # FlatLogprobs: one per sampled token

@@ -110,6 +110,48 @@ def test_same_seed_same_samples(engines, prompts):
     assert not torch.equal(a["responses"], c["responses"])
 
 
+def test_one_request_samples_a_prompts_n_rows(engines, cfg, monkeypatch):
+    """16 prompts × 4 samples as the worker gets them (runs of 4, `Batch.repeats`): 16 requests of
+    n=4 reach the engine, each row is its prompt's (the trainer scores it as the engine sampled it),
+    the rows draw with the seeds one request per row had (vLLM seeds sample i with seed + i: the
+    same rows but where the batch's numerics differ), and a seed repeats its samples."""
+    import pickle
+
+    from dagrl.backends.hf_model import load_tokenizer, resolve_model_path
+    from dagrl.data.builtin import generate_rows
+    from dagrl.data.parquet import PromptDataset
+    from dagrl.trainer.loop import collate
+
+    vllm_backend, _, trainer = engines
+    tok = load_tokenizer(resolve_model_path(None))
+    data = PromptDataset.from_rows(generate_rows("test", 16, 2), tok, max_prompt_length=32, source="test")
+    rows = collate([data[i] for i in range(16)], tok.pad_token_id, 4, 0).select(["prompts", "prompt_mask"])
+    batch = pickle.loads(pickle.dumps(rows.compacted())).expanded()  # what Worker.call hands it
+    assert batch.repeats == {"prompts": 4, "prompt_mask": 4}
+    sent = []
+    real = vllm_backend.llm.generate
+
+    def counting(prompts, params, **kwargs):
+        sent.append((len(prompts), {p.n for p in params}))
+        return real(prompts, params, **kwargs)
+
+    monkeypatch.setattr(vllm_backend.llm, "generate", counting)
+    out, _ = vllm_backend.generate(batch, seed=5)
+    again, _ = vllm_backend.generate(batch, seed=5)
+    other, _ = vllm_backend.generate(batch, seed=6)
+    per_row, _ = vllm_backend.generate(Batch(dict(batch.tensors)), seed=5)  # no runs: 64 requests
+    assert sent == [(16, {4})] * 3 + [(64, {1})]
+    assert torch.equal(out["responses"], again["responses"])
+    assert not torch.equal(out["responses"], other["responses"])
+    same = (out["responses"] == per_row["responses"]).all(1).float().mean()
+    assert same >= 0.9, f"only {float(same):.0%} of the rows equal their one-request-per-row draw"
+    scored, _ = trainer.forward_logprobs(batch.union(out), "old_logprobs")
+    mask = out["response_mask"].bool()
+    diff = (scored["old_logprobs"] - out["rollout_logprobs"])[mask].abs()
+    tol = 2e-3 if DTYPE == "float32" else 5e-2
+    assert diff.mean() < tol and diff.max() < 50 * tol, (float(diff.mean()), float(diff.max()))
+
+
 def test_staged_refresh_from_sleep_loads_new_weights(engines, prompts):
     vllm_backend, hf_backend, trainer = engines
     with torch.no_grad():  # new weights the engine has never seen
