@@ -163,3 +163,14 @@ def test_the_awake_engine_never_sleeps_and_a_refresh_resets_its_prefix_cache():
         VLLMRolloutBackend.finish_weight_update(awake)
         assert VLLMRolloutBackend.offload(unresolved) is True
     assert calls == ["reset", "sleep"]
+
+
+def test_ms_swift_sleep_level_keeps_its_engine_sleeping():
+    """ms-swift sleeps its colocated engine only when sleep_level > 0: its GKD YAML asks for 1, so
+    the engine sleeps as its dagrl preset pins (auto would keep it awake at this size)."""
+    from tests.config.test_config_file import SWIFT, typed
+
+    cfg = typed("--config", str(SWIFT / "rollout_colocate_teacher_colocate.yaml"))
+    assert cfg.actor_rollout_ref.rollout.free_cache_engine is True
+    separate = typed("--config", str(SWIFT / "rollout_separate_teacher_colocate.yaml"))
+    assert separate.actor_rollout_ref.rollout.free_cache_engine is False  # its own GPUs: never sleeps
