@@ -83,7 +83,8 @@ def test_readme_configuration_keeps_the_engine_awake(qwen3_06b, card, share):
     assert prepared.plan.specs[Role.rollout].rollout.free_cache_engine is False
     [group] = prepared.memory.groups
     rows = {row.phase: row for row in group.rows}
-    assert rows["update"].others[Role.rollout] == share * prepared.memory.card_bytes  # awake: its pool
+    # awake: its pool, and the sampler's transient for 256 sequences x 151,936 words that torch keeps cached
+    assert rows["update"].others[Role.rollout] == share * prepared.memory.card_bytes + 256 * 151_936 * 64
     assert prepared.memory.peak() <= RESIDENT_SHARE * prepared.memory.card_bytes
     text = format_memory_plan(prepared.memory)
     assert f"{R}.free_cache_engine: auto -> false" in text

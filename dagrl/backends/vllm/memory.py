@@ -23,6 +23,12 @@ ASLEEP_RESIDUE_BYTES = 0.5 * 2**30
 ENGINE_OVERHEAD_BYTES = 2.5 * GIB
 KV_BLOCK_TOKENS = 16  # vLLM's block size on CUDA: a sequence takes whole blocks
 KV_HEADROOM = 1.25  # over the step's sequences at full length: no request waits for blocks
+# What a generate takes beyond the engine's share, per sequence and vocabulary word (the sampler's
+# fp32 logits, log-probs and their copies): the rollout phase measured 2.5 GiB (256 sequences) and
+# 5.7 GiB (512) above the plan at the 0.6B shape, the torch trainer's fp32 gradients left out
+# (bench/gpu_matrix.py rows, 2026-11-26/27). Asleep, the hand-over returns it before the update;
+# awake, torch keeps it cached for the next phases, so an awake engine counts it throughout.
+SAMPLING_BYTES_PER_ROW_WORD = 64
 
 
 def pool_bytes(utilization: float, card_bytes: float) -> dict[str, float]:
@@ -60,13 +66,18 @@ def awake_share(shape: ModelShape, width: int, tp: int, rows: int, context: int,
 
 def rollout_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The vllm rollout's registered estimate: its pool while it samples; asleep (colocated, with
-    free_cache_engine) a residue on the device and, at level 1, its weight shard on the host."""
+    free_cache_engine) a residue on the device and, at level 1, its weight shard on the host; awake
+    beside other roles its pool and the sampling transient in every phase."""
     r = spec.rollout
     sleeps = r.free_cache_engine is not False and colocated > 1  # None: unresolved, today's default
     util = r.gpu_memory_utilization or SLEEPING_SHARE
     host = host_bytes(shape, param_width(spec.model.dtype), spec.parallel.tp, r.sleep_level, sleeps)
     idle = idle_bytes(util, card, sleeps)
-    return RoleMemory({}, idle, {"rollout": pool_bytes(util, card)}, host)
+    active = pool_bytes(util, card)
+    if not sleeps and colocated > 1:  # awake beside other roles: the sampling transient stays cached
+        rows = math.ceil(cfg.data.train_batch_size * r.n / layout.dp)
+        idle["sampling"] = active["sampling"] = rows * shape.vocab * SAMPLING_BYTES_PER_ROW_WORD
+    return RoleMemory({}, idle, {"rollout": active}, host)
 
 
 def teacher_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
