@@ -118,7 +118,7 @@ def resolve_residency(cfg: DagrlConfig, plan: Plan, model_path: str, card_bytes:
         f"{' over' if peak > limit else ' within'} {RESIDENT_SHARE:.0%} of {card_bytes / GIB:.0f} GiB"
     )
     if slower:
-        why += f"; awake would need {', '.join(slower)}"
+        why += f"; awake, {', '.join(slower)}: slower than sleeping"
     notes.insert(0, f"{R}.free_cache_engine: auto -> {str(not stays).lower()} ({why})")
     memory = resolve(cfg, plan, RESIDENT_SHARE if stays else 1.0)
     memory.notes[:0] = notes
