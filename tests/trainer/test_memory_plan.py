@@ -432,6 +432,9 @@ def test_8b_megatron_on_a_141_gib_card_splits_the_cpu_optimizer_to_fit_a_128_gb_
     assert host["rollout"] == pytest.approx(2 * params, rel=0.01)
     assert prepared.memory.peak() <= 0.9 * 139.8 * GIB
     assert f"optimizer_offload_fraction: auto -> {share}" in format_memory_plan(prepared.memory)
+    # the engine's residency left to auto: asleep at 0.5, as counted here (test_engine_residency.py)
+    r = prepared.cfg.actor_rollout_ref.rollout
+    assert (r.free_cache_engine, r.gpu_memory_utilization) == (True, 0.5)
     # the smallest such share: 0.05 less keeps more on the card than 90 % of it
     cpu = f"{A}.megatron.optimizer_cpu_offload=true"  # a pinned share needs the CPU optimizer pinned
     less = dry(model, *overrides, cpu, f"{A}.megatron.optimizer_offload_fraction={share - 0.05:.2f}")
