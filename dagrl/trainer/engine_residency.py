@@ -35,9 +35,9 @@ from dagrl.config.schema import DagrlConfig
 from dagrl.registry import BACKENDS
 
 R = "actor_rollout_ref.rollout"
-RESIDENT_SHARE = (
-    0.9  # auto keeps state resident (an engine awake, a trainer) only with this much of the card planned
-)
+# auto keeps state resident (an engine awake, a trainer between phases) only with this much of the
+# card planned: the rest absorbs what the plan does not see (fragmentation, a generate's buffers)
+RESIDENT_SHARE = 0.9
 # resolve(cfg, plan, limit) -> MemoryPlan: the trainer's auto choices, each fitting limit x the card
 Resolver = Callable[[DagrlConfig, Plan, float], object]
 
