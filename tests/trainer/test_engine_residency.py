@@ -166,3 +166,11 @@ def test_ms_swift_sleep_level_keeps_its_engine_sleeping():
     assert cfg.actor_rollout_ref.rollout.free_cache_engine is True
     separate = typed("--config", str(SWIFT / "rollout_separate_teacher_colocate.yaml"))
     assert separate.actor_rollout_ref.rollout.free_cache_engine is False  # its own GPUs: never sleeps
+
+
+def test_the_sampling_pipeline_keeps_today(qwen3_06b):
+    """pipeline=sample: the sampler reads the rollout section, beside no trainer: asleep at 0.5."""
+    prepared = dry(qwen3_06b, "pipeline=sample", H100)
+    r = prepared.cfg.actor_rollout_ref.rollout
+    assert Role.sampler in prepared.plan.roles
+    assert (r.free_cache_engine, r.gpu_memory_utilization) == (True, 0.5)
