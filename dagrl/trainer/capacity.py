@@ -69,7 +69,8 @@ def plan_device_memory(
     cfg: DagrlConfig, plan: Plan, model_path: str, phases: set[str] | None = None
 ) -> tuple[MemoryPlan | None, str | None]:
     """The per-phase memory plan of a GPU plan (None on CPU or with no figure for the card), with
-    the defaults it chooses (gradient checkpointing when left to auto), and the warning a dry run
+    the defaults it chooses where left to auto (whether the engine stays awake, then the trainer's
+    recomputation, optimizer place and offload), and the warning a dry run
     prints where a phase does not fit; a real run raises ConfigError instead."""
     if plan.device != "cuda":
         settle_engine_defaults(cfg)
