@@ -6,6 +6,8 @@ spec and the workload of a phase; reading the shape is the only part that touche
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 
@@ -56,7 +58,17 @@ def shape_from_config(hf_cfg, params: int, expert_params: int = 0, qk_norm: bool
 
 
 def read_model_shape(path: str, trust_remote_code: bool = False) -> ModelShape:
-    """The shape of the model directory (or hub id) `path`; parameters counted on the meta device."""
+    """The shape of the model directory (or hub id) `path`; parameters counted on the meta device.
+    Read once per directory and version of its config.json: the memory plan asks at each of its
+    automatic choices, and building the meta model takes ~0.1 s at 28 layers."""
+    config = os.path.join(os.path.expanduser(path), "config.json")
+    info = os.stat(config) if os.path.isfile(config) else None
+    stamp = (info.st_mtime_ns, info.st_size) if info is not None else None
+    return _read_shape(path, trust_remote_code, stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_shape(path: str, trust_remote_code: bool, stamp: tuple[int, int] | None) -> ModelShape:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -170,6 +170,9 @@ def _swift_pairs(raw: dict) -> list[tuple[str, object]]:
     for group, body in groups.items():
         for key, value in body.items():
             pairs.append((_group_key(group, str(key)), value))
+    sleeps = "actor_rollout_ref.rollout.free_cache_engine"
+    if raw.get("sleep_level") and all(key != sleeps for key, _ in pairs):
+        pairs.append((sleeps, True))  # ms-swift sleeps its colocated engine only when sleep_level > 0
     return pairs
 
 

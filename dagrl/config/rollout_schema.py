@@ -97,13 +97,17 @@ class RolloutConfig:
     """Top-k sampling; -1 = off."""
     tensor_model_parallel_size: int = ranged(1, ge=1)
     """vllm: tensor parallel size of each engine replica (hf: 1)."""
-    gpu_memory_utilization: float = ranged(0.5, gt=0, le=1)
-    """vllm: share of the GPU's memory the engine may take (weights + activations + KV cache)."""
+    gpu_memory_utilization: Optional[float] = ranged(None, gt=0, le=1, hint="or null = auto")
+    """vllm: share of the GPU's memory the engine takes (weights + activations + KV cache); None
+    (auto): the memory plan sizes it for the step's work where the engine stays awake beside a
+    colocated trainer (free_cache_engine auto -> false), else 0.5 (docs/memory.md)."""
     sleep_level: int = ranged(1, ge=1, le=2, hint="1 = weights kept in CPU memory, 2 = dropped")
     """vllm: 1 = weights to CPU while asleep, 2 = weights dropped (the next sync refills them)."""
-    free_cache_engine: bool = True
+    free_cache_engine: Optional[bool] = None
     """vllm: sleep (free weights and KV cache) while colocated roles use the GPU; false keeps the
-    engine resident, which is fastest when the trainer's state and the engine both fit."""
+    engine resident, which is fastest when the trainer's state and the engine both fit. None
+    (auto): false where the memory plan fits the awake engine and the trainer on the card with a
+    tenth of it to spare, true otherwise (docs/memory.md)."""
     max_num_batched_tokens: Optional[int] = ranged(None, ge=1, hint="or null for vLLM's default")
     """vllm: tokens per engine step; None = vLLM's default."""
     max_num_seqs: Optional[int] = ranged(None, ge=1, hint="or null for vLLM's default")

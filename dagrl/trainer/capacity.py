@@ -4,7 +4,8 @@ the dataset against the batch size.
 Both run in `prepare`, before Ray starts: a dry run prints the memory warning and goes on (the plan
 is often made on a laptop for a cluster), a real run refuses, naming the phase and the keys that
 lower it; a batch larger than the dataset is refused by both. Defaults left to `auto` are chosen
-here from the plan (gradient checkpointing).
+here from the plan (whether the engine stays awake: engine_residency.py; gradient checkpointing,
+the optimizer's place, offload).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import data_files
 from dagrl.errors import ConfigError
 from dagrl.registry import BACKENDS, load_builtins
+from dagrl.trainer.engine_residency import RESIDENT_SHARE, resolve_residency, settle_engine_defaults
 from dagrl.trainer.memory_plan import MemoryPlan, describe, plan_memory
 
 A, R, REF, M = (
@@ -67,18 +69,27 @@ def plan_device_memory(
     cfg: DagrlConfig, plan: Plan, model_path: str, phases: set[str] | None = None
 ) -> tuple[MemoryPlan | None, str | None]:
     """The per-phase memory plan of a GPU plan (None on CPU or with no figure for the card), with
-    the defaults it chooses (gradient checkpointing when left to auto), and the warning a dry run
+    the defaults it chooses where left to auto (whether the engine stays awake, then the trainer's
+    recomputation, optimizer place and offload), and the warning a dry run
     prints where a phase does not fit; a real run raises ConfigError instead."""
     if plan.device != "cuda":
+        settle_engine_defaults(cfg)
         return None, None
     capacity, source = device_memory_gib(cfg)
     if capacity is None:
+        settle_engine_defaults(cfg)
         return None, None
-    make_plan = partial(plan_memory, cfg, plan, model_path, capacity, source, phases)
-    memory = _resolve_recompute(cfg, plan, make_plan)
-    memory = _resolve_optimizer_host(cfg, plan, make_plan, memory)
-    memory = _resolve_offload_fraction(cfg, plan, make_plan, memory)
-    memory = _resolve_offload(cfg, plan, make_plan, memory)
+
+    def resolve(job: DagrlConfig, job_plan: Plan, limit: float) -> MemoryPlan:
+        """The trainer's auto choices for `job` (the real config or a trial copy), the update
+        fitting `limit` x the card (beside an awake engine RESIDENT_SHARE of it, else all of it)."""
+        make_plan = partial(plan_memory, job, job_plan, model_path, capacity, source, phases)
+        memory = _resolve_recompute(job, job_plan, make_plan, limit)
+        memory = _resolve_optimizer_host(job, job_plan, make_plan, memory, limit)
+        memory = _resolve_offload_fraction(job, job_plan, make_plan, memory)
+        return _resolve_offload(job, job_plan, make_plan, memory)
+
+    memory = resolve_residency(cfg, plan, model_path, capacity * GIB, resolve)
     _specs_follow(cfg, plan)
     return memory, check_memory(cfg, memory, plan) or check_host_memory(cfg, memory)
 
@@ -138,7 +149,7 @@ def _specs_follow(cfg: DagrlConfig, plan: Plan) -> None:
 
 
 def _resolve_optimizer_host(
-    cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan], memory: MemoryPlan
+    cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan], memory: MemoryPlan, limit: float = 1.0
 ) -> MemoryPlan:
     """optimizer_cpu_offload=None (auto: actor.optimizer_cpu_offload on the torch backend,
     actor.megatron.optimizer_cpu_offload on megatron): the optimizer's fp32 state and step stay on
@@ -158,7 +169,7 @@ def _resolve_optimizer_host(
     on_device = memory.peak("update")
     peak = memory.peak()
     tight = hooks.resident_between_phases and peak > RESIDENT_SHARE * memory.card_bytes
-    if on_device <= memory.card_bytes and not tight:
+    if on_device <= limit * memory.card_bytes and not tight:
         return memory
     owner.optimizer_cpu_offload = True
     hosted = make_plan()
@@ -215,9 +226,6 @@ def train_hooks_of(plan: Plan) -> TrainHooks | None:
     return hooks_of(plan.specs.get(Role.train))
 
 
-RESIDENT_SHARE = 0.9  # auto keeps the trainer resident only with this much of the card planned
-
-
 def _resolve_offload(
     cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan], memory: MemoryPlan
 ) -> MemoryPlan:
@@ -249,7 +257,9 @@ def _resolve_offload(
     return memory
 
 
-def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan]) -> MemoryPlan:
+def _resolve_recompute(
+    cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], MemoryPlan], limit: float = 1.0
+) -> MemoryPlan:
     """model.gradient_checkpointing=None (auto): off when the update fits without it, else on; the
     choice and both figures become a note of the plan. On megatron (with recompute_granularity
     unset) on means megatron's full recompute, one layer per unit, as the key means there."""
@@ -262,7 +272,7 @@ def _resolve_recompute(cfg: DagrlConfig, plan: Plan, make_plan: Callable[[], Mem
     model.gradient_checkpointing = False
     memory = make_plan()
     without = memory.peak("update")
-    if without <= memory.card_bytes:
+    if without <= limit * memory.card_bytes:
         memory.notes.append(f"{M}.gradient_checkpointing: auto -> false (update {without / GIB:.1f} GiB)")
         return memory
     model.gradient_checkpointing = True

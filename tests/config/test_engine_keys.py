@@ -37,4 +37,4 @@ def test_hf_key_under_vllm_is_refused_and_each_engine_keeps_its_own():
     checked(f"{R}.micro_batch_size_per_gpu=8")  # hf reads it
     cfg = checked(f"{R}.name=vllm", f"{R}.gpu_memory_utilization=0.3", "trainer.dry_run=true")
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.3
-    checked(f"{R}.gpu_memory_utilization=0.5")  # the default value itself is no choice: accepted
+    checked(f"{R}.gpu_memory_utilization=null")  # the default (auto) is no choice: accepted

@@ -69,7 +69,9 @@ SMALL_JOB = (
 
 def test_small_colocated_job_by_hand(small):
     # both pinned: auto would skip the old-log-prob pass on-policy and keep this small trainer resident
-    prepared = dry(small, *SMALL_JOB, f"{A}.recompute_old_logprobs=true", f"{A}.offload=true")
+    # and the engine asleep: auto would keep it awake beside this small trainer (test_engine_residency.py)
+    asleep = f"{R}.free_cache_engine=true"
+    prepared = dry(small, *SMALL_JOB, f"{A}.recompute_old_logprobs=true", f"{A}.offload=true", asleep)
     [group] = prepared.memory.groups
     rows = {r.phase: r for r in group.rows}
     assert list(rows) == ["rollout", "old_logprob", "update"]
@@ -312,7 +314,12 @@ def test_critic_is_counted_on_the_actor_devices_by_hand(small):
     """algorithm=ppo: the critic (the same small model with a value head, colocated by default)
     has phases of its own and leaves what its offload keeps in everyone else's."""
     prepared = dry(
-        small, *SMALL_JOB, "algorithm=ppo", f"{A}.recompute_old_logprobs=true", f"{A}.offload=true"
+        small,
+        *SMALL_JOB,
+        "algorithm=ppo",
+        f"{A}.recompute_old_logprobs=true",
+        f"{A}.offload=true",
+        f"{R}.free_cache_engine=true",
     )
     [group] = prepared.memory.groups
     assert group.roles == ["train", "rollout", "critic"]
@@ -359,7 +366,14 @@ def test_megatron_critic_is_counted_by_hand(small):
     """critic.strategy=megatron beside the megatron actor: the trunk without a vocabulary layer (the
     small model's is tied: nothing to take off) plus the [64, 1] head and its bias, bf16 weights,
     fp32 grads, fp32 master + Adam; megatron's per-token layer bytes, no logits."""
-    prepared = dry(small, *SMALL_JOB, "algorithm=ppo", f"{A}.strategy=megatron", "critic.strategy=megatron")
+    prepared = dry(
+        small,
+        *SMALL_JOB,
+        "algorithm=ppo",
+        f"{A}.strategy=megatron",
+        "critic.strategy=megatron",
+        f"{R}.free_cache_engine=true",  # the engine asleep, as counted below
+    )
     rows = {r.phase: r for r in prepared.memory.groups[0].rows}
     params = 138_112 + 64 + 1
     # per token and layer (megatron/memory.py): 2 B × (2q + 3kv + (q + kv) + q + 4i + 2h) with
@@ -418,6 +432,9 @@ def test_8b_megatron_on_a_141_gib_card_splits_the_cpu_optimizer_to_fit_a_128_gb_
     assert host["rollout"] == pytest.approx(2 * params, rel=0.01)
     assert prepared.memory.peak() <= 0.9 * 139.8 * GIB
     assert f"optimizer_offload_fraction: auto -> {share}" in format_memory_plan(prepared.memory)
+    # the engine's residency left to auto: asleep at 0.5, as counted here (test_engine_residency.py)
+    r = prepared.cfg.actor_rollout_ref.rollout
+    assert (r.free_cache_engine, r.gpu_memory_utilization) == (True, 0.5)
     # the smallest such share: 0.05 less keeps more on the card than 90 % of it
     cpu = f"{A}.megatron.optimizer_cpu_offload=true"  # a pinned share needs the CPU optimizer pinned
     less = dry(model, *overrides, cpu, f"{A}.megatron.optimizer_offload_fraction={share - 0.05:.2f}")

@@ -74,13 +74,14 @@ def llm_kwargs(spec, model_path: str) -> dict[str, Any]:
         dtype=_VLLM_DTYPES[spec.model.dtype],
         trust_remote_code=spec.model.trust_remote_code,
         tensor_parallel_size=spec.parallel.tp,
-        gpu_memory_utilization=r.gpu_memory_utilization,
+        # None only where no memory plan resolved auto (a backend built from a bare spec): today's default
+        gpu_memory_utilization=r.gpu_memory_utilization or SLEEPING_SHARE,
         max_model_len=max_model_len(spec),
         enforce_eager=r.enforce_eager,
         enable_chunked_prefill=r.enable_chunked_prefill,
         enable_prefix_caching=r.enable_prefix_caching,
         load_format=r.load_format,
-        enable_sleep_mode=r.free_cache_engine,
+        enable_sleep_mode=r.free_cache_engine is not False,
         seed=spec.seed,
         distributed_executor_backend="external_launcher",
         logprobs_mode="processed_logprobs",
@@ -159,6 +160,7 @@ TEACHER_RESERVED_ENGINE_KWARGS: dict[str, str] = {
 }
 VLLM_DEFAULT_MAX_LOGPROBS = 20  # vllm.config.ModelConfig.max_logprobs: caps prompt_logprobs too
 TEACHER_GPU_MEMORY_UTILIZATION = 0.85  # the teacher's GPUs hold nothing else
+SLEEPING_SHARE = 0.5  # rollout.gpu_memory_utilization of an engine that sleeps while the trainer works
 
 
 def teacher_max_model_len(prompt_length: int, response_length: int) -> int:

@@ -92,7 +92,9 @@ class VLLMRolloutBackend:
 
     def offload(self) -> bool:
         """Hand the GPU to a colocated role: free the KV cache and the weights (sleep_level)."""
-        if not self.settings.free_cache_engine:
+        if (
+            self.settings.free_cache_engine is False
+        ):  # None: no plan resolved auto, the engine was built to sleep
             return False
         if not self.asleep:
             # level 2 drops the weights for the next sync to refill; before the first sync (the

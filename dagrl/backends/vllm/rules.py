@@ -216,7 +216,7 @@ def _check_lora(cfg: DagrlConfig) -> None:
             lora.rank,
             f"vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}: lower it, or {R}.lora_sync=merged",
         )
-    if r.free_cache_engine and r.sleep_level == 2:
+    if r.free_cache_engine is not False and r.sleep_level == 2:  # auto (None) may choose to sleep
         raise ConfigError(
             f"{R}.sleep_level",
             2,
