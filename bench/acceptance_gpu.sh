@@ -17,6 +17,7 @@
 #                                                 #   4b-megatron; 8b-megatron on one H200; gkd-0.6b-1.7b,
                                                  #   calculator-vllm, sample-vllm-rm (documented runs)
 #   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl's defaults at 32x8x256, 10 steps each (same call)
+#   bash bench/acceptance_gpu.sh OUT side_awake   # dagrl's defaults (engine awake where it fits) vs asleep, same call
 #   bash bench/acceptance_gpu.sh OUT side_dapo    # DAPO (2 rounds a step) beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT side_lora    # TRL + PEFT against dagrl LoRA, rank 64 (carry .anchors)
 #   bash bench/acceptance_gpu.sh OUT side_ppo     # PPO with the critic colocated beside GRPO's defaults, same call
@@ -113,6 +114,10 @@ matrix)
 side)  # TRL, then dagrl's defaults (only the engine named), 32x8x256, STEPS each (10: the median is
     # over steps 2..N, so both get nine steps of steady state), same call: the first shape
     STEPS=${STEPS:-10} bash bench/vllm_gpu.sh side "$OUT/side" trl default | grep -E "^==|SIDE" | cut -c1-600
+    ;;
+side_awake)  # the defaults against the same with free_cache_engine=true, 32x8x256: what the awake
+    # auto gains or loses (on an 80 GiB card it turns recomputation on to fit beside the engine)
+    STEPS=${STEPS:-10} bash bench/vllm_gpu.sh side "$OUT/side_awake" default asleep | grep -E "^==|SIDE" | cut -c1-600
     ;;
 side_lora)  # TRL with a PEFT adapter, then dagrl with the same adapter (rank 64, all-linear), same call
     bash .anchors/side_by_side.sh >/dev/null 2>&1  # builds the anchor's model and rows only

@@ -70,9 +70,14 @@
 #     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron calculator-vllm" 1:ray_probe+docs_a+tests_d 2:ray_probe+"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 3:ray_probe+"matrix 8b-megatron-lora 4b-torch"
 #   call 2:
 #     bash bench/acceptance_slots.sh $OUT 0:tests_b1+tests_b2 1:"matrix 8b-torch-lora"+tests_c 2:handover+tests_a 3:"matrix 4b-megatron sample-vllm-rm"+tests_ppo
-#   call 3 (what is left of the lease, ~8 minutes): the row never run on this code, and issue 30's
-#   first pair (tp's one-GPU reference took 125 s, the TP=2 row was cut at 124 s in a 275 s call):
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 0.6b-64x8x512" 2,3:tp
+#   call 3 (what is left of the lease, ~8 minutes): the side-by-side with TRL, alone (issue 29's
+#   <= 0.6x with the defaults, which now keep the engine awake where it fits):
+#     bash bench/acceptance_slots.sh $OUT 0:side
+#   then, if >= 7 minutes remain: the awake defaults against the engine told to sleep, same call:
+#     bash bench/acceptance_slots.sh $OUT 0:side_awake
+#   The next lease after it: 0:"matrix 0.6b-64x8x512" 2,3:tp (the row never run on this code, and
+#   issue 30's first pair: tp's one-GPU reference took 125 s, the TP=2 row was cut at 124 s in a
+#   275 s call), then side_64, side_lora, side_ppo alone.
 #   A later lease of this kind: the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs
 #   (pp after tp on the same warm machine: it compares with tp's one-GPU row; big: 8B, ~10, may be
 #   cut at 9.3, its CPU optimizer ~128 GiB of host):

@@ -89,6 +89,9 @@ side)
         trl) mkdir -p "$OUT/trl"; step trl 420 env OUT="$OUT/trl" bash .anchors/side_by_side.sh trl ;;
         fast) side dagrl_fast $FAST ;;
         default) side dagrl_default $R.name=vllm ;;  # what a user gets with only the engine named
+        # the defaults with the engine told to sleep: the plan's choice before the awake auto (an
+        # awake engine may take recomputation to fit beside the trainer: this is its price's check)
+        asleep) side dagrl_asleep $R.name=vllm $R.free_cache_engine=true ;;
         # the same at the side-by-side's second shape (ANCHOR_PROMPTS=64 ANCHOR_LEN=512 for TRL): one
         # optimizer step over the whole batch, as TRL's gradient accumulation does
         default64) side dagrl_default64 $R.name=vllm data.train_batch_size=64 data.max_response_length=512 \
