@@ -94,3 +94,36 @@ def test_offload_moves_the_masters_and_forward_only_roles_have_none(bf16_update)
     ref_spec = replace(backend.spec, name="ref", kind="ref", trains=False)
     ref = TorchTrainBackend(replace(ref_spec, train=replace(backend.settings, update=None)), backend.ctx)
     assert ref.optimizer is None and not any(p.requires_grad for p in ref.model.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_adam_state_exists_from_the_start_and_the_steps_are_those_of_a_lazy_one(dtype):
+    """The moments are created with the optimizer (mixed_precision._create_moments: made inside
+    the first step, they pin cached GPU segments for the whole run); the weights after three steps
+    equal, bit for bit, those of an optimizer whose state AdamW creates lazily."""
+    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
+    from dagrl.config.schema import OptimConfig
+
+    optim = OptimConfig(lr=1e-2, weight_decay=0.1)
+    torch.manual_seed(0)
+    init = [torch.randn(8, 4, dtype=dtype), torch.randn(5, dtype=dtype)]
+    eager_params = [torch.nn.Parameter(t.clone()) for t in init]
+    lazy_params = [torch.nn.Parameter(t.clone()) for t in init]
+    eager = MasterWeightsAdamW(eager_params, optim)
+    states = list(eager.inner.state.values())
+    assert len(states) == 2 and all(int(s["step"]) == 0 for s in states)
+    assert all(not s["exp_avg"].any() and not s["exp_avg_sq"].any() for s in states)
+    assert all(torch.equal(p, t) for p, t in zip(eager_params, init))  # the lr-0 step moved nothing
+    lazy = MasterWeightsAdamW(lazy_params, optim)
+    lazy.inner.state.clear()  # as AdamW leaves it until its first step
+    for step in range(3):
+        grads = [
+            torch.randn(t.shape, dtype=dtype, generator=torch.Generator().manual_seed(step)) for t in init
+        ]
+        for opt, params in ((eager, eager_params), (lazy, lazy_params)):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            opt.step(max_norm=1.0)
+            opt.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(eager_params, lazy_params))
+    assert all(torch.equal(a, b) for a, b in zip(eager.masters, lazy.masters))
