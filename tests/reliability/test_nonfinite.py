@@ -61,7 +61,10 @@ def test_nan_advantages_skip_the_update_torch():
     assert metrics[NONFINITE_GRADS] == 1 and metrics[NONFINITE_LOSSES] == 1
     assert math.isnan(metrics["actor/grad_norm"])
     assert all(torch.equal(a, b) for a, b in zip(before, backend.model.parameters()))
-    assert not backend.optimizer.state  # AdamW never stepped: its moments are untouched
+    # AdamW never stepped: its moments (made with the optimizer) are still zeros, at step 0
+    states = list(backend.optimizer.state.values())
+    assert states and all(int(st["step"]) == 0 for st in states)
+    assert all(not st["exp_avg"].any() and not st["exp_avg_sq"].any() for st in states)
 
 
 def _nan_update_megatron(rank: int, world: int, cfg, batch):
