@@ -92,9 +92,9 @@ class VLLMRolloutBackend:
 
     def offload(self) -> bool:
         """Hand the GPU to a colocated role: free the KV cache and the weights (sleep_level)."""
-        if (
-            self.settings.free_cache_engine is False
-        ):  # None: no plan resolved auto, the engine was built to sleep
+        # None: no memory plan resolved auto (a backend built from a bare spec), and the engine
+        # was started with sleep mode (engine_args.llm_kwargs), as before auto existed
+        if self.settings.free_cache_engine is False:
             return False
         if not self.asleep:
             # level 2 drops the weights for the next sync to refill; before the first sync (the
