@@ -34,7 +34,7 @@ from dagrl.backends.megatron.critic_rules import critic_megatron
 from dagrl.backends.megatron.distill_steps import to_response_grid
 from dagrl.backends.megatron.micro_inputs import MicroInputs, micro_inputs
 from dagrl.backends.megatron.model import build_model, transformer_config
-from dagrl.backends.megatron.optimizer import optimizer_config
+from dagrl.backends.megatron.optimizer import build_optimizer, optimizer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import layer_spec_for
 from dagrl.backends.megatron.weights import load_hf_weights
@@ -99,7 +99,6 @@ class MegatronCriticBackend:
             DistributedDataParallelConfig,
             finalize_model_grads,
         )
-        from megatron.core.optimizer import get_megatron_optimizer
 
         assert spec.train is not None and spec.train.update is not None, "the critic trains"
         self.spec, self.ctx, self.settings = spec, ctx, spec.train
@@ -116,7 +115,7 @@ class MegatronCriticBackend:
         )
         self.model = [DistributedDataParallel(self.tcfg, ddp_cfg, self.chunks[0])]
         self.tcfg.finalize_model_grads_func = finalize_model_grads
-        self.optimizer = get_megatron_optimizer(optimizer_config(update, self.m, self.dtype), self.model)
+        self.optimizer = build_optimizer(optimizer_config(update, self.m, self.dtype), self.model)
         self.steps = 0  # critic updates done: the LR schedule's and the shuffle's position
         self.offload_freed_gib = 0.0
         self._host = HostStore()

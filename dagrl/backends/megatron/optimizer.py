@@ -64,3 +64,36 @@ def optimizer_config(actor: ActorConfig, m: MegatronConfig, dtype: torch.dtype):
         config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 = True  # decoupled fp32 grads to the CPU
         config.store_param_remainders = False
     return config
+
+
+def build_optimizer(config, model: list):
+    """megatron-core's optimizer over `model` (DDP chunks), with the distributed optimizer's
+    parameter-to-state map made right for param groups that mix fp32 and 16-bit parameters.
+
+    megatron-core 0.16.1 numbers each group's parameters in grad-buffer order (the bf16 buffer
+    before the fp32 one), but lists the group's optimizer parameters fp32 shards first: in a mixed
+    group (a bf16 critic trunk with its fp32 value head) every checkpoint read or write then pairs a
+    parameter with another one's state; a save fails on the first size mismatch and a load fills
+    same-sized parameters with each other's state. Here the map follows the optimizer's order."""
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    optimizer = get_megatron_optimizer(config, model)
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(o, DistributedOptimizer):
+            _align_group_order(o)
+    return optimizer
+
+
+def _align_group_order(o) -> None:
+    """model_param_group_index_map[param] = (group, place) of param's shard in the inner
+    optimizer's param_groups, which megatron builds as [*fp32 shards, *16-bit shards] per group."""
+    for group, (fp32, half) in enumerate(zip(o.model_fp32_groups, o.model_float16_groups, strict=True)):
+        for place, param in enumerate([*fp32, *half]):
+            o.model_param_group_index_map[param] = (group, place)
+        o.opt_group_ranges[group]["params"] = [*fp32, *half]
+    for param, (group, place) in o.model_param_group_index_map.items():
+        shard = o.optimizer.param_groups[group]["params"][place]
+        size = o._get_model_param_range_map(param)["param"].size
+        if shard is not None and shard.numel() != size:  # None: precision-aware, held by the optimizer
+            raise RuntimeError(f"megatron optimizer: a {tuple(param.shape)} parameter maps to a {size}-element shard")

@@ -34,7 +34,7 @@ from dagrl.backends.megatron import distill_steps
 from dagrl.backends.megatron import lora as lora_layers
 from dagrl.backends.megatron.micro_inputs import MicroInputs, micro_inputs, padding_stats
 from dagrl.backends.megatron.model import build_model, model_shape, transformer_config
-from dagrl.backends.megatron.optimizer import optimizer_config
+from dagrl.backends.megatron.optimizer import build_optimizer, optimizer_config
 from dagrl.backends.megatron.parallel import dp_info, init_parallel
 from dagrl.backends.megatron.spec import layer_spec_for
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
@@ -113,8 +113,6 @@ class MegatronTrainBackend:
             DistributedDataParallelConfig,
             finalize_model_grads,
         )
-        from megatron.core.optimizer import get_megatron_optimizer
-
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -125,7 +123,7 @@ class MegatronTrainBackend:
             for i, chunk in enumerate(model)
         ]
         self.tcfg.finalize_model_grads_func = finalize_model_grads
-        optimizer = get_megatron_optimizer(optimizer_config(actor, self.m, self.dtype), model)
+        optimizer = build_optimizer(optimizer_config(actor, self.m, self.dtype), model)
         return model, optimizer
 
     # ---- placement -----------------------------------------------------------------------------
