@@ -34,12 +34,21 @@ def param_width(param_dtype) -> int:
 @dataclass
 class RoleMemory:
     """One role's bytes per device: `active` while it has the device (besides a phase's own
-    transient parts in `phases`), `idle` while a colocated role has it, `host` kept in host memory."""
+    transient parts in `phases`), `idle` while a colocated role has it, `host` kept in host memory.
+    `stays`: its hand-over moves nothing off the device (its offload returns False); where every
+    role of a device stays, the worker never empties torch's cache (core/worker.py: settle), so
+    each role's largest phase stays reserved through every phase (trainer/memory_plan.py)."""
 
     active: dict[str, float]
     idle: dict[str, float]
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     host: float = 0.0
+    stays: bool = False
+
+    def peak(self) -> float:
+        """The most it holds in any phase (what torch's cache keeps where nothing empties it)."""
+        held = [parts_total({**self.active, **own}) for own in self.phases.values()]
+        return max([parts_total(self.idle), parts_total(self.active), *held])
 
 
 @dataclass(frozen=True)

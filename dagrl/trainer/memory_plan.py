@@ -53,6 +53,7 @@ class PhaseRow:
     parts: dict[str, float]  # the active role's parts (bytes)
     others: dict[str, float]  # colocated role -> bytes it leaves on the device
     total: float
+    resident: bool = False  # nothing is handed over: the others' bytes are their cached peaks
 
 
 @dataclass
@@ -141,15 +142,22 @@ def plan_memory(
 
 
 def _rows(roles: dict[str, RoleMemory]) -> list[PhaseRow]:
+    """Each phase's row. Where no role of the device hands anything over (a role alone, or every
+    one `stays`: an engine kept awake beside a trainer that offloads nothing), the worker never
+    empties torch's cache, so what a role held at its largest stays reserved in every phase:
+    the active role's row gains it as `cached`, the others count their peak."""
     rows = []
+    resident = len(roles) == 1 or all(m.stays for m in roles.values())
     for phase, role, own in PHASES:
         if role not in roles or own not in roles[role].phases:
             continue
         mem = roles[role]
         parts = {**mem.active, **mem.phases[own]}
-        others = {r: parts_total(m.idle) for r, m in roles.items() if r != role}
+        if resident and mem.peak() > parts_total(parts):
+            parts["cached"] = mem.peak() - parts_total(parts)
+        others = {r: m.peak() if resident else parts_total(m.idle) for r, m in roles.items() if r != role}
         total = CONTEXT_BYTES + parts_total(parts) + sum(others.values())
-        rows.append(PhaseRow(phase, role, parts, others, total))
+        rows.append(PhaseRow(phase, role, parts, others, total, resident))
     return rows
 
 
@@ -229,5 +237,5 @@ def describe(row: PhaseRow) -> str:
     own = " + ".join(f"{k} {v / GIB:.2f}" for k, v in row.parts.items())
     text = f"{row.role}: {own}"
     for role, size in row.others.items():
-        text += f"; {role} idle {size / GIB:.2f}"
+        text += f"; {role} {'cached' if row.resident else 'idle'} {size / GIB:.2f}"
     return text + f"; context {CONTEXT_BYTES / GIB:.2f}"

@@ -250,10 +250,28 @@ def test_out_of_memory_line_quotes_the_plan(small):
     other = DeviceFault("nccl", "train", 0, "train_step", "timeout", "")
     assert fault_plan_hint(prepared.memory, prepared.plan, other) == ""
     # vLLM's wake failing in the colocated refresh quotes the rollout phase: the pool and what the
-    # trainer leaves on the device beside it
+    # trainer leaves on the device beside it (asleep between rollouts: the engine must wake)
+    asleep = dry(small, *SMALL_JOB, f"{R}.free_cache_engine=true")
     wake = DeviceFault(CUDA_OOM, "train+rollout", 0, "_copy_local", "CUDA Error: out of memory", "")
-    hint = fault_plan_hint(prepared.memory, prepared.plan, wake)
+    hint = fault_plan_hint(asleep.memory, asleep.plan, wake)
     assert hint.startswith("planned") and "rollout: pool" in hint and "train idle" in hint
+
+
+def test_a_device_where_nothing_is_handed_over_keeps_each_roles_peak(small):
+    """The engine awake beside a trainer that offloads nothing: the worker never empties torch's
+    cache (core/worker.py: settle), so the rollout phase holds the update's activations and logits
+    too (4B torch on an H200: 115.3 GiB in use at both hand-overs, the update planned 105.7, the
+    rollout 72.2 before). With the engine asleep the trainer's cache is emptied for the rollout."""
+    from dagrl.trainer.memory_plan import describe
+
+    awake = {r.phase: r for r in dry(small, *SMALL_JOB).memory.groups[0].rows}
+    assert awake["rollout"].resident and awake["rollout"].total == pytest.approx(awake["update"].total)
+    assert "train cached" in describe(awake["rollout"])
+    asleep = {r.phase: r for r in dry(small, *SMALL_JOB, f"{R}.free_cache_engine=true").memory.groups[0].rows}
+    assert not asleep["rollout"].resident
+    assert asleep["rollout"].others["train"] < awake["rollout"].others["train"]  # its state, no cache
+    offloads = {r.phase: r for r in dry(small, *SMALL_JOB, f"{A}.offload=true").memory.groups[0].rows}
+    assert not offloads["rollout"].resident  # the trainer's offload empties the cache
 
 
 def test_offload_auto_keeps_the_trainer_resident_only_where_it_fits(small):

@@ -159,6 +159,12 @@ def forward_bytes(shape: ModelShape, width: int, layout: MegatronLayout, work: W
     return {"logits": logits} if logits >= layer else {"activations": layer}
 
 
+def stays(spec) -> bool:
+    """Whether the role's hand-over moves nothing (train.py / critic.py: offload returns False)."""
+    o = spec.offload
+    return not (o.params or (spec.trains and (o.grads or o.optimizer)))
+
+
 def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The megatron backend's registered estimate: a role's footprint per device, per phase."""
     m = spec.megatron
@@ -185,7 +191,7 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     # host: the CPU optimizer's state, and what offload copies there while another role runs (the
     # gradient buffers are freed, not copied: the next update zeroes them)
     moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
-    mem = RoleMemory(state, idle, host=host + parts_total(moved))
+    mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
     width = param_width(m.param_dtype)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
         mem.phases[phase] = forward_bytes(shape, width, mlayout, work)
@@ -240,7 +246,7 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
     # host, as the actor's: what offload copies there (freed gradient buffers are copied nowhere)
     moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
-    mem = RoleMemory(state, idle, host=host + parts_total(moved))
+    mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
     width = param_width(m.param_dtype)
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
     mem.phases["values"] = {

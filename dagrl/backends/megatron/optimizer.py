@@ -96,4 +96,7 @@ def _align_group_order(o) -> None:
         shard = o.optimizer.param_groups[group]["params"][place]
         size = o._get_model_param_range_map(param)["param"].size
         if shard is not None and shard.numel() != size:  # None: precision-aware, held by the optimizer
-            raise RuntimeError(f"megatron optimizer: a {tuple(param.shape)} parameter maps to a {size}-element shard")
+            raise RuntimeError(
+                f"megatron optimizer: the {size} elements of a {tuple(param.shape)} parameter map to "
+                f"a {shard.numel()}-element optimizer shard"
+            )

@@ -113,6 +113,7 @@ class MegatronTrainBackend:
             DistributedDataParallelConfig,
             finalize_model_grads,
         )
+
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,

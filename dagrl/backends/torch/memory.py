@@ -119,7 +119,7 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     lora = spec.lora if spec.trains else None
     state = state_bytes(shape, width, spec.trains, on_host, lora)
     kept = between_updates(state, width, on_host, lora is not None)
-    mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params))
+    mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params), stays=not spec.offload.params)
     if on_host:  # fp32 master, its gradient, m, v of what trains
         mem.host = (adapter_params(shape, lora) if lora is not None else shape.params) * 16.0
     elif spec.offload.params:
@@ -141,7 +141,7 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     width, update = param_width(spec.model.dtype), spec.train.update
     state = state_bytes(shape, width, trains=True)
     kept = between_updates(state, width, optimizer_on_host=False)
-    mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params))
+    mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params), stays=not spec.offload.params)
     if spec.offload.params:
         mem.host = parts_total(kept) - kept.get("grads", 0.0)
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)

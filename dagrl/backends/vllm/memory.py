@@ -77,11 +77,11 @@ def rollout_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated:
     if not sleeps and colocated > 1:  # awake beside other roles: the sampling transient stays cached
         rows = math.ceil(cfg.data.train_batch_size * r.n / layout.dp)
         idle["sampling"] = active["sampling"] = rows * shape.vocab * SAMPLING_BYTES_PER_ROW_WORD
-    return RoleMemory({}, idle, {"rollout": active}, host)
+    return RoleMemory({}, idle, {"rollout": active}, host, stays=not sleeps)
 
 
 def teacher_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The standalone teacher's registered estimate: its own devices, never asleep."""
     util = spec.engine_kwargs.get("gpu_memory_utilization", TEACHER_GPU_MEMORY_UTILIZATION)
     pool = pool_bytes(util, card)
-    return RoleMemory({}, pool, {"teacher": pool})
+    return RoleMemory({}, pool, {"teacher": pool}, stays=True)
