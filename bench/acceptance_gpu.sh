@@ -74,6 +74,11 @@ tests() {  # tests NAME FILES...: one pytest process per file, one row for the g
     echo "| $name | $DEVICE | $rc | $passed/$total$cut | | | |" >>"$OUT/rows.md"
 }
 
+side_row() {  # side_row NAME: the group's row from its SIDE lines (OUT/NAME.side.out, bench/side_row.py)
+    grep -E "^==|SIDE|rc=" "$OUT/$1.side.out" | cut -c1-600
+    python3 bench/side_row.py "$1" "$DEVICE" "$OUT/$1.side.out" >>"$OUT/rows.md"
+}
+
 TESTS_B1=(tests/backends/torch/test_offload_gpu.py tests/backends/test_mixed_precision_gpu.py
     tests/reliability/test_engine_errors_gpu.py)
 TESTS_B2=(tests/backends/vllm/test_vllm_gpu.py tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py)
@@ -113,11 +118,13 @@ matrix)
     ;;
 side)  # TRL, then dagrl's defaults (only the engine named), 32x8x256, STEPS each (10: the median is
     # over steps 2..N, so both get nine steps of steady state), same call: the first shape
-    STEPS=${STEPS:-10} bash bench/vllm_gpu.sh side "$OUT/side" trl default | grep -E "^==|SIDE" | cut -c1-600
+    STEPS=${STEPS:-10} bash bench/vllm_gpu.sh side "$OUT/side" trl default >"$OUT/side.side.out" 2>&1
+    side_row side
     ;;
 side_awake)  # the defaults against the same with free_cache_engine=true, 32x8x256: what the awake
     # auto gains or loses (on an 80 GiB card it turns recomputation on to fit beside the engine)
-    STEPS=${STEPS:-10} bash bench/vllm_gpu.sh side "$OUT/side_awake" default asleep | grep -E "^==|SIDE" | cut -c1-600
+    STEPS=${STEPS:-10} bash bench/vllm_gpu.sh side "$OUT/side_awake" default asleep >"$OUT/side_awake.side.out" 2>&1
+    side_row side_awake
     ;;
 side_lora)  # TRL with a PEFT adapter, then dagrl with the same adapter (rank 64, all-linear), same call
     bash .anchors/side_by_side.sh >/dev/null 2>&1  # builds the anchor's model and rows only
@@ -125,17 +132,21 @@ side_lora)  # TRL with a PEFT adapter, then dagrl with the same adapter (rank 64
     PYTHONPATH=/tmp/trlsite:$PYTHONPATH timeout 300 torchrun --nproc_per_node 1 bench/trl_grpo_lora.py \
         >"$OUT/trl_lora.log" 2>&1
     grep -E "^SIDE|Error" "$OUT/trl_lora.log" | tail -3 | cut -c1-600
+    grep -E "^SIDE" "$OUT/trl_lora.log" | tail -1 >"$OUT/side_lora.side.out"
     stop_ray
     LORA="actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=128"
     LORA="$LORA actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.actor.optim.lr=1e-5"
     OUT=$OUT EXTRA="actor_rollout_ref.rollout.name=vllm $LORA" bash .anchors/side_by_side.sh dagrl \
-        | grep -E "^SIDE|rc=" | cut -c1-600
+        >>"$OUT/side_lora.side.out" 2>&1
+    side_row side_lora
     ;;
 side_dapo)  # GRPO's defaults first, then DAPO: compare their SIDE lines only with each other
-    bash bench/vllm_gpu.sh side "$OUT/side_dapo" default dapo | grep -E "^==|SIDE" | cut -c1-600
+    bash bench/vllm_gpu.sh side "$OUT/side_dapo" default dapo >"$OUT/side_dapo.side.out" 2>&1
+    side_row side_dapo
     ;;
 side_ppo)  # GRPO's defaults first, then PPO (critic colocated): compare their SIDE lines only with each other
-    bash bench/vllm_gpu.sh side "$OUT/side_ppo" default ppo | grep -E "^==|SIDE" | cut -c1-600
+    bash bench/vllm_gpu.sh side "$OUT/side_ppo" default ppo >"$OUT/side_ppo.side.out" 2>&1
+    side_row side_ppo
     ;;
 tests_ppo)
     tests tests_ppo tests/backends/torch/test_critic_gpu.py tests/backends/megatron/test_critic_gpu.py
@@ -157,7 +168,8 @@ throughput)
 side_64)  # the side-by-side's second shape, 64 prompts x 8 x 512 tokens: TRL, then dagrl's defaults on
     # the same model and rows (STEPS 6: TRL's first step alone takes over a minute), same call
     ANCHOR_PROMPTS=64 ANCHOR_LEN=512 STEPS=${STEPS:-6} bash bench/vllm_gpu.sh side "$OUT/side_64" trl default64 \
-        | grep -E "^==|SIDE" | cut -c1-600
+        >"$OUT/side_64.side.out" 2>&1
+    side_row side_64
     ;;
 ray_probe)  # the check of bench/acceptance_slots.sh: a driver's ray.init() starts this slot's own Ray
     python3 bench/ray_probe.py "$OUT" "${3:-0}" "$DEVICE" 2>&1 | tee -a "$OUT/ray_probe.log" | grep -E "^PROBE|rror"
