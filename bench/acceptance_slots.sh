@@ -59,25 +59,24 @@
 # CALL PLAN for the next session on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2 calls of
 # <= 590 s): the whole one-GPU record of docs/gpu_acceptance.md but the side-by-sides, on one commit
 # (tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
-# Seconds per group as measured on 4x H200 on 2026-11-27 (session 13, beside three busy slots):
-# handover 255, tests_a 254, tests_b1 312, tests_b2 171, tests_c 139, tests_d 122, tests_ppo 185,
-# docs_a 409, docs_b 171, 4b-torch 239 (the 4B build included), 4b-megatron 187, 1.7b-torch +
-# gkd-0.6b-1.7b 362, calculator-vllm 94, sample-vllm-rm 166, 8b-torch-lora 319, 8b-megatron-lora 324,
-# 8b-megatron 464 (the 8B build, ~2.5 min, included: one slot builds, the others wait on its lock),
-# ray_probe 10. 4,100 s in all: two calls of four slots of ~560 s, packed so that the three 8B rows
-# share one build and the 4B rows another. A slot has ~9.3 minutes.
-#   call 1 (ray_probe first: the isolation, checked on the cards):
-#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron calculator-vllm" 1:ray_probe+docs_a+tests_d 2:ray_probe+"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 3:ray_probe+"matrix 8b-megatron-lora 4b-torch"
+# Seconds per group as measured on 4x H200 on 2026-11-27 (session 14, beside three busy slots):
+# ray_probe 10, docs_a 417, tests_d 130, gkd-0.6b-1.7b + 1.7b-torch 360, docs_b 172,
+# 8b-megatron-lora + 4b-torch 540 (both builds, 8B ~2.5 min, included), tests_b1 330, tests_b2 124,
+# 8b-torch-lora + calculator-vllm 368, tests_c 97, handover 189, tests_a 241, 4b-megatron +
+# sample-vllm-rm 304, tests_ppo 190, 8b-megatron 546 with the 8B build (cut after 9 steps: it now
+# runs in call 2, on the model call 1 built; the models stay in /tmp/dagrl_models while the machine
+# stays warm). ~4,060 s in all: two calls of four slots of <= 560 s.
+#   call 1 (ray_probe first: the isolation, checked on the cards; the 8B and 4B builds):
+#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora 4b-torch" 1:ray_probe+docs_a+tests_c 2:ray_probe+"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 3:ray_probe+tests_b1+tests_d
 #   call 2:
-#     bash bench/acceptance_slots.sh $OUT 0:tests_b1+tests_b2 1:"matrix 8b-torch-lora"+tests_c 2:handover+tests_a 3:"matrix 4b-megatron sample-vllm-rm"+tests_ppo
-#   call 3 (what is left of the lease, ~8 minutes): the side-by-side with TRL, alone (issue 29's
-#   <= 0.6x with the defaults, which now keep the engine awake where it fits):
-#     bash bench/acceptance_slots.sh $OUT 0:side
-#   then, if >= 7 minutes remain: the awake defaults against the engine told to sleep, same call:
-#     bash bench/acceptance_slots.sh $OUT 0:side_awake
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron"+tests_b2 1:"matrix 8b-torch-lora calculator-vllm" 2:handover+tests_a 3:"matrix 4b-megatron sample-vllm-rm"+tests_ppo
+#   call 3 (what is left of the lease, ~9 minutes): the side-by-side's second shape with TRL, alone
+#   (issue 29's <= 0.6x with the defaults at 64x8x512; session 14 measured 0.58x at 32x8x256):
+#     bash bench/acceptance_slots.sh $OUT 0:side_64
+#   (side_awake, the awake defaults against the engine told to sleep, ~7 minutes, when a lease has room.)
 #   The next lease after it: 0:"matrix 0.6b-64x8x512" 2,3:tp (the row never run on this code, and
 #   issue 30's first pair: tp's one-GPU reference took 125 s, the TP=2 row was cut at 124 s in a
-#   275 s call), then side_64, side_lora, side_ppo alone.
+#   275 s call), then side_awake, side_lora, side_ppo alone.
 #   A later lease of this kind: the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs
 #   (pp after tp on the same warm machine: it compares with tp's one-GPU row; big: 8B, ~10, may be
 #   cut at 9.3, its CPU optimizer ~128 GiB of host):
