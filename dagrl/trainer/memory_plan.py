@@ -83,9 +83,12 @@ class MemoryPlan:
         return max((r.total for g in self.groups for r in g.rows if phase in (None, r.phase)), default=0.0)
 
     def over(self) -> list[tuple[GroupMemory, PhaseRow]]:
-        """(group, phase) pairs whose total exceeds the card, largest first."""
+        """(group, phase) pairs whose total exceeds the card, largest first; among equals (a device
+        where nothing is handed over carries every role's peak in every phase) the phase whose own
+        parts make the peak, so that its levers are the ones named."""
         found = [(g, r) for g in self.groups for r in g.rows if r.total > self.card_bytes]
-        return sorted(found, key=lambda gr: -gr[1].total)
+        own = lambda r: parts_total(r.parts) - r.parts.get("cached", 0.0)  # noqa: E731
+        return sorted(found, key=lambda gr: (-gr[1].total, -own(gr[1])))
 
 
 # DAG node kind -> the phase it runs in (validation and driver-side nodes take no device phase)

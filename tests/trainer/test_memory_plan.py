@@ -274,6 +274,22 @@ def test_a_device_where_nothing_is_handed_over_keeps_each_roles_peak(small):
     assert not offloads["rollout"].resident  # the trainer's offload empties the cache
 
 
+def test_over_the_card_where_nothing_is_handed_over_names_the_phase_that_makes_the_peak(qwen3_4b):
+    """Every phase of such a device carries the same total: the refusal names the update (whose
+    own parts make it), not the rollout that comes first."""
+    pinned = (f"{R}.free_cache_engine=false", f"{A}.offload=false", f"{M}.gradient_checkpointing=false")
+    prepared = dry(
+        qwen3_4b,
+        *MEGATRON_16X4[1:],
+        f"{A}.ppo_micro_batch_size_per_gpu=64",
+        "trainer.gpu_memory_gib=80",
+        *pinned,
+    )
+    totals = {r.phase: r.total for _, r in prepared.memory.over()}
+    assert len(set(totals.values())) == 1 and {"rollout", "update"} <= totals.keys()
+    assert prepared.memory.over()[0][1].phase == "update"
+
+
 def test_offload_auto_keeps_the_trainer_resident_only_where_it_fits(small):
     """actor.offload=null: resident when every phase fits in 90 % of the card that way; the
     rollout phase then carries the trainer's weights and Adam state besides the engine's pool."""
