@@ -21,6 +21,7 @@
 #   bash bench/acceptance_gpu.sh OUT side_dapo    # DAPO (2 rounds a step) beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT side_lora    # TRL + PEFT against dagrl LoRA, rank 64 (carry .anchors)
 #   bash bench/acceptance_gpu.sh OUT side_ppo     # PPO with the critic colocated beside GRPO's defaults, same call
+#   bash bench/acceptance_gpu.sh OUT side_algos   # side_dapo and side_ppo in one call: GRPO's defaults, DAPO, PPO
 #   bash bench/acceptance_gpu.sh OUT tests_ppo    # the critic on the GPU (tests/backends/{torch,megatron}/test_critic_gpu.py)
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
@@ -36,7 +37,7 @@
 # before the deadline; a file or row cut by it says so in its row.
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, memory, throughput or ray_probe}
+WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, side_algos, memory, throughput or ray_probe}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
@@ -147,6 +148,10 @@ side_dapo)  # GRPO's defaults first, then DAPO: compare their SIDE lines only wi
 side_ppo)  # GRPO's defaults first, then PPO (critic colocated): compare their SIDE lines only with each other
     bash bench/vllm_gpu.sh side "$OUT/side_ppo" default ppo >"$OUT/side_ppo.side.out" 2>&1
     side_row side_ppo
+    ;;
+side_algos)  # side_dapo and side_ppo on one reference run (issue 32's two rows, ~8 minutes)
+    bash bench/vllm_gpu.sh side "$OUT/side_algos" default dapo ppo >"$OUT/side_algos.side.out" 2>&1
+    side_row side_algos
     ;;
 tests_ppo)
     tests tests_ppo tests/backends/torch/test_critic_gpu.py tests/backends/megatron/test_critic_gpu.py

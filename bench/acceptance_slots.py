@@ -34,8 +34,8 @@ MULTI_GPU = {
 }  # fmt: skip
 ONE_GPU = {
     "tests_a", "tests_b", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo", "handover", "docs_a",
-    "docs_b", "matrix", "side", "side_64", "side_dapo", "side_lora", "side_ppo", "side_awake", "memory",
-    "throughput", "ray_probe",
+    "docs_b", "matrix", "side", "side_64", "side_dapo", "side_lora", "side_ppo", "side_algos", "side_awake",
+    "memory", "throughput", "ray_probe",
 }  # fmt: skip
 # groups that must own the host: run them in a call of one slot
 TIMING = (
@@ -48,6 +48,7 @@ ALONE = {
     "side_64": TIMING,
     "side_dapo": TIMING,
     "side_ppo": TIMING,
+    "side_algos": TIMING,
     "side_lora": TIMING,
     "side_awake": TIMING,
     "separate": "the weight sync's GB/s is held against a raw NCCL broadcast measured after it",

@@ -46,7 +46,7 @@
 #     under TMPDIR.
 #   - Groups that must own the host are refused beside other slots (a call of one slot runs them):
 #     two_nodes (`ray start --port=6379`, its address file and its `ray stop`); the side-by-sides
-#     side, side_64, side_dapo, side_ppo, side_lora (a ratio of timings taken one after the other in
+#     side, side_64, side_dapo, side_ppo, side_algos, side_lora (a ratio of timings taken one after the other in
 #     the call, which neighbours in other phases would skew; and .anchors/side_by_side.sh uses the
 #     fixed /tmp/dagrl_side); separate, dp2, dp4 (GB/s against a floor, scaling ratios).
 #     Every other row's step seconds are taken beside neighbours (the rows say which cards): they
@@ -76,7 +76,7 @@
 #   (side_awake, the awake defaults against the engine told to sleep, ~7 minutes, when a lease has room.)
 #   The next lease after it: 0:"matrix 0.6b-64x8x512" 2,3:tp (the row never run on this code, and
 #   issue 30's first pair: tp's one-GPU reference took 125 s, the TP=2 row was cut at 124 s in a
-#   275 s call), then side_awake, side_lora, side_ppo alone.
+#   275 s call), then side_awake, side_lora, side_algos (side_dapo + side_ppo, ~8) alone.
 #   A later lease of this kind: the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs
 #   (pp after tp on the same warm machine: it compares with tp's one-GPU row; big: 8B, ~10, may be
 #   cut at 9.3, its CPU optimizer ~128 GiB of host):
