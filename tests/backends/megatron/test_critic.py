@@ -46,8 +46,11 @@ def _critic(rank: int, world: int, *overrides: str):
     from dagrl.config.roles import role_spec
     from dagrl.core.worker import ParallelContext
 
-    dtype = [o for o in overrides if o.startswith(f"{CM}.param_dtype=")]
-    cfg = compose_config(*(c for c in COMMON if not (dtype and c.startswith(f"{CM}.param_dtype="))), *overrides)
+    dtype = f"{CM}.param_dtype="
+    if any(o.startswith(dtype) for o in overrides):  # in place of COMMON's fp32
+        cfg = compose_config(*(c for c in COMMON if not c.startswith(dtype)), *overrides)
+    else:
+        cfg = compose_config(*COMMON, *overrides)
     return MegatronCriticBackend(role_spec(cfg, "critic"), ParallelContext(rank, world, torch.device("cpu")))
 
 
@@ -117,8 +120,11 @@ def test_update_fits_the_returns_and_tp2_with_sequence_parallel_equals_tp1():
     torch.testing.assert_close(two[0]["values"][mask], one["values"][mask], rtol=0, atol=1e-4)
 
 
-def _save_then_step(rank: int, world: int, batch, path: str, dtype: str) -> dict:
-    backend = _critic(rank, world, f"{CM}.param_offload=true", f"{CM}.param_dtype={dtype}")
+BF16 = f"{CM}.param_dtype=bfloat16"
+
+
+def _save_then_step(rank: int, world: int, batch, path: str) -> dict:
+    backend = _critic(rank, world, f"{CM}.param_offload=true", BF16)
     backend.train_step(_with_values(backend, batch))
     # the hand-over to a colocated role: the weights' storages leave and come back bit for bit
     before = [p.detach().clone() for p in backend.chunks[0].parameters()]
@@ -133,8 +139,8 @@ def _save_then_step(rank: int, world: int, batch, path: str, dtype: str) -> dict
     }
 
 
-def _load_then_step(rank: int, world: int, batch, path: str, dtype: str) -> dict:
-    backend = _critic(rank, world, "trainer.seed=7", f"{CM}.param_dtype={dtype}")  # another head until it loads
+def _load_then_step(rank: int, world: int, batch, path: str) -> dict:
+    backend = _critic(rank, world, "trainer.seed=7", BF16)  # another head until it loads
     backend.load(path)
     assert backend.steps == 1
     backend.train_step(_with_values(backend, batch))
@@ -143,15 +149,15 @@ def _load_then_step(rank: int, world: int, batch, path: str, dtype: str) -> dict
     }
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_offload_and_save_and_load_restore_the_critic_exactly(tmp_path, dtype):
+def test_offload_and_save_and_load_restore_the_critic_exactly(tmp_path):
     """An offload and onload change nothing, and step 2 after a resume equals step 2 straight on:
     weights, head, fp32 Adam moments and the step count (the LR schedule's position) came back.
-    bfloat16: a bf16 trunk and the fp32 head share the optimizer's param groups (megatron-core's
-    parameter-to-state map of such groups is set right by backends/megatron/optimizer.py)."""
+    In bf16, as on a GPU: the bf16 trunk (fp32 master copies) and the fp32 head (its shards are
+    views of the weights) share the optimizer's param groups, whose parameter-to-state map
+    megatron-core 0.16.1 gets wrong (backends/megatron/optimizer.py sets it right)."""
     batch = critic_batch()
-    [straight] = run_distributed(_save_then_step, 1, batch, str(tmp_path), dtype)
-    [resumed] = run_distributed(_load_then_step, 1, batch, str(tmp_path), dtype)
+    [straight] = run_distributed(_save_then_step, 1, batch, str(tmp_path))
+    [resumed] = run_distributed(_load_then_step, 1, batch, str(tmp_path))
     assert straight.keys() == resumed.keys() and "output_layer.weight" in straight
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
