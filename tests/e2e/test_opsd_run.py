@@ -74,13 +74,14 @@ def test_self_current_teacher_runs_on_the_train_workers(ray_local, tmp_path):
 
 @pytest.mark.slow
 def test_reverse_kl_reward_pulls_grpo_toward_the_teacher(ray_local, tmp_path):
-    """GRPO with the per-token reverse KL to the shipped teacher in its advantages: the KL falls."""
+    """GRPO with the per-token reverse KL to the shipped teacher in its advantages: the KL falls.
+    16 steps: last 4 / first 4 = 0.61 (2.197 -> 1.346; 20 steps: 0.64, 8 steps: 0.87), bar 0.7."""
     from dagrl.main import run
 
     run(
         compose_config(
             "algorithm.distill_reward.coef=1.0",
-            "trainer.total_training_steps=20",
+            "trainer.total_training_steps=16",
             "trainer.val_before_train=false",
             "trainer.test_freq=-1",
             "trainer.progress_bar=false",
