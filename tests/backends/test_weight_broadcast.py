@@ -3,6 +3,7 @@ receivers in separate processes (the NCCL form runs in the GPU suite)."""
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import socket
 
@@ -46,7 +47,11 @@ def _member(rank: int, world: int, port: int, results) -> None:
         return sum(v.numel() * v.element_size() for v in bucket.values())
 
     nbytes = group.receive(load)
-    results.put((rank, nbytes, got))
+    # as bytes: a tensor put on a queue is shared through this process's file descriptors, which
+    # are gone if it exits before the parent reads it (FileNotFoundError in the parent's get)
+    buffer = io.BytesIO()
+    torch.save(got, buffer)
+    results.put((rank, nbytes, buffer.getvalue()))
 
 
 def test_one_sender_two_receivers_over_gloo():
@@ -59,6 +64,7 @@ def test_one_sender_two_receivers_over_gloo():
     for p in procs:
         p.start()
     out = {rank: (nbytes, got) for rank, nbytes, got in (results.get(timeout=120) for _ in procs)}
+    out = {rank: (nbytes, got and torch.load(io.BytesIO(got))) for rank, (nbytes, got) in out.items()}
     for p in procs:
         p.join(timeout=30)
     sent = out[0][0]
