@@ -37,9 +37,11 @@ def build_random_qwen3(
     max_positions: int = 4096,
     head_dim: int | None = None,
     config_only: bool = False,
+    tied: bool | None = None,
 ) -> str:
     """The model directory `out`; config_only writes config.json and the tokenizer without weights
-    (enough for a dry run's memory plan, which reads the shape only)."""
+    (enough for a dry run's memory plan, which reads the shape only); tied: embeddings tied (None:
+    as Qwen3 does at that width)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
@@ -54,7 +56,7 @@ def build_random_qwen3(
         num_key_value_heads=kv_heads,
         head_dim=head_dim or max(hidden // heads, 16),  # Qwen3's own: 128 at every size
         max_position_embeddings=max_positions,
-        tie_word_embeddings=hidden < 4096,  # Qwen3 ties embeddings up to 4B, unties from 8B
+        tie_word_embeddings=hidden < 4096 if tied is None else tied,  # Qwen3: tied to 4B, untied from 8B
         initializer_range=init_std,
         bos_token_id=1,
         eos_token_id=1,

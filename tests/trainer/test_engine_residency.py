@@ -16,7 +16,8 @@ from dagrl.backends.vllm.rollout import VLLMRolloutBackend
 from dagrl.config.roles import Role
 from dagrl.trainer.engine_residency import RESIDENT_SHARE, why_asleep
 from dagrl.trainer.memory_plan import format_memory_plan
-from tests.trainer.test_memory_plan import dry, qwen3_dir
+from tests.trainer.conftest import qwen3_dir
+from tests.trainer.test_memory_plan import dry
 
 A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
 # the README's configuration (bench/gpu_matrix.py's 0.6b-32x8x256 row): 32 prompts x 8 x (128 + 256)
@@ -44,11 +45,6 @@ H100, H200 = "trainer.gpu_memory_gib=79.2", "trainer.gpu_memory_gib=139.8"  # th
 @pytest.fixture(scope="module")
 def qwen3_06b(tmp_path_factory) -> str:
     return qwen3_dir(tmp_path_factory.mktemp("q06b"), 1024, 28, 16, 8, 128, 3072, 151936)
-
-
-@pytest.fixture(scope="module")
-def qwen3_4b(tmp_path_factory) -> str:
-    return qwen3_dir(tmp_path_factory.mktemp("q4b"), 2560, 36, 32, 8, 128, 9728, 151936)
 
 
 def test_awake_share_by_hand(qwen3_06b):

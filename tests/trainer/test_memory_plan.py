@@ -12,34 +12,14 @@ from dagrl.trainer.capacity import check_memory
 from dagrl.trainer.memory_plan import CONTEXT_BYTES, format_memory_plan
 from dagrl.trainer.setup import prepare
 from tests.conftest import compose_config
+from tests.trainer.conftest import qwen3_dir
 
 A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
-
-
-def qwen3_dir(path, hidden, layers, heads, kv_heads, head_dim, intermediate, vocab) -> str:
-    from transformers import Qwen3Config
-
-    Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate,
-        tie_word_embeddings=True,
-    ).save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> str:
     return qwen3_dir(tmp_path_factory.mktemp("small"), 64, 2, 4, 2, 16, 128, 1000)
-
-
-@pytest.fixture(scope="module")
-def qwen3_4b(tmp_path_factory) -> str:
-    return qwen3_dir(tmp_path_factory.mktemp("q4b"), 2560, 36, 32, 8, 128, 9728, 151936)
 
 
 def dry(model: str, *overrides: str):
