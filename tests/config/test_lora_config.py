@@ -95,12 +95,13 @@ def test_refused_before_ray_naming_the_key(overrides, key, says):
     assert info.value.key == key
 
 
-def test_memory_plan_counts_a_frozen_base_and_fp32_adapters():
-    """Qwen3-8B's shape, rank 64 on every linear layer: 174.6M adapter parameters; bf16 base
-    weights only, adapters 4 + 4 + 8 bytes (weights, gradients, Adam's moments), no master."""
+def test_memory_plan_counts_a_frozen_base_and_bf16_adapters_with_fp32_masters():
+    """Qwen3-8B's shape, rank 64 on every linear layer: 174.6M adapter parameters; the bf16 base's
+    weights only, the adapters as trained weights of a bf16 model: 2 + 2 bytes (weights, gradients
+    during the update) and 12 of fp32 master and Adam's moments."""
     from dagrl.backends.model_shape import ModelShape
     from dagrl.backends.torch.lora import adapter_params
-    from dagrl.backends.torch.memory import state_bytes
+    from dagrl.backends.torch.memory import between_updates, state_bytes
     from dagrl.config.roles import LoraSettings
 
     shape = ModelShape(4096, 36, 32, 8, 128, 12288, 151936, False, 8_190_735_360)
@@ -110,12 +111,16 @@ def test_memory_plan_counts_a_frozen_base_and_fp32_adapters():
     parts = state_bytes(shape, 2, trains=True, lora=lora)
     adapters = 174_587_904
     assert parts == {
-        "weights": shape.params * 2 + adapters * 4,
-        "grads": adapters * 4,
-        "optimizer": adapters * 8,
+        "weights": (shape.params + adapters) * 2,
+        "grads": adapters * 2,
+        "optimizer": adapters * 12,
     }
+    kept = between_updates(parts, 2, optimizer_on_host=False)
+    assert "grads" not in kept  # the masters take them at the step
     full = state_bytes(shape, 2, trains=True)
-    assert sum(parts.values()) / 2**30 < 18 < sum(full.values()) / 2**30  # 17.9 GiB against 122 GiB
+    assert sum(kept.values()) / 2**30 < 17.6 < sum(full.values()) / 2**30  # 17.5 GiB against 122 GiB
+    fp32 = state_bytes(shape, 4, trains=True, lora=lora)  # fp32 adapters: stepped in place
+    assert fp32["optimizer"] == adapters * 8 and fp32["grads"] == adapters * 4
 
 
 def test_vllm_engine_is_started_for_the_adapter_it_will_get():
