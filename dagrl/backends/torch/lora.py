@@ -115,7 +115,8 @@ def _merged(layer, weight: torch.Tensor, masters: Masters | None) -> torch.Tenso
     assert not layer.fan_in_fan_out, "transformers' Linear layers store [out, in]"
     a = _pick(layer.lora_A[ADAPTER].weight, masters).to(weight.device, torch.float32)
     b = _pick(layer.lora_B[ADAPTER].weight, masters).to(weight.device, torch.float32)
-    return (weight.float() + (b @ a) * layer.scaling[ADAPTER]).to(weight.dtype)
+    merged = (b @ a).mul_(layer.scaling[ADAPTER]).add_(weight)  # one fp32 [out, in] alive
+    return merged.to(weight.dtype)
 
 
 @torch.no_grad()
@@ -175,9 +176,8 @@ def base_only(peft_model):
     return peft_model.disable_adapter() if peft_model is not None else contextlib.nullcontext()
 
 
-def adapter_params(shape, lora: LoraSettings) -> int:
-    """Adapter parameters of a decoder of `shape` (Qwen/Llama linear layer names): r·(in + out)
-    per adapted layer."""
+def _adapted_dims(shape, lora: LoraSettings) -> list[tuple[int, int]]:
+    """(in, out) of each adapted layer of one decoder layer of `shape` (Qwen/Llama names)."""
     h, q, kv, i = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate
     dims = {
         "q_proj": (h, q),
@@ -189,8 +189,21 @@ def adapter_params(shape, lora: LoraSettings) -> int:
         "down_proj": (i, h),
     }
     targets = list(dims) if lora.target_modules == ALL_LINEAR else lora.target_modules
-    per_layer = sum(sum(dims[t]) for t in targets if t in dims)
-    return lora.rank * per_layer * shape.layers
+    return [dims[t] for t in targets if t in dims]
+
+
+def adapter_params(shape, lora: LoraSettings) -> int:
+    """Adapter parameters of a decoder of `shape`: r·(in + out) per adapted layer."""
+    return lora.rank * sum(i + o for i, o in _adapted_dims(shape, lora)) * shape.layers
+
+
+def merged_sync_bytes(shape, lora: LoraSettings, width: int, bucket_bytes: float) -> float:
+    """What a merged sync allocates besides the model: the adapted weights it makes (`width` bytes
+    each; the base's other tensors go as they are), one bucket of them alive at a time, and one
+    layer's fp32 B·A being folded in (`_merged`)."""
+    dims = _adapted_dims(shape, lora)
+    made = sum(i * o for i, o in dims) * shape.layers * width
+    return float(min(made, bucket_bytes) + 4 * max((i * o for i, o in dims), default=0))
 
 
 def save_merged(peft_model, path: str, masters: Masters | None = None) -> None:

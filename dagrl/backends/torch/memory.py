@@ -32,7 +32,8 @@ from dagrl.backends.memory import (
     workload,
 )
 from dagrl.backends.model_shape import ModelShape
-from dagrl.backends.torch.lora import adapter_params
+from dagrl.backends.torch.lora import adapter_params, merged_sync_bytes
+from dagrl.config.schema import LoraSync
 
 
 def state_bytes(
@@ -122,6 +123,9 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
         mem.host = parts_total(kept) - kept.get("grads", 0.0)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
         mem.phases[phase] = forward_bytes(shape, width, work)
+    if lora is not None and lora.sync == LoraSync.merged:  # the sync's merged weights
+        bucket = arr.rollout.weight_sync_bucket_mb * 2.0**20
+        mem.phases["weight_sync"] = {"merged": merged_sync_bytes(shape, lora, width, bucket)}
     if spec.trains:
         recompute = bool(arr.model.gradient_checkpointing)
         update = update_bytes(shape, width, update_workload(cfg, layout.dp), recompute)

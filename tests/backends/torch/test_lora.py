@@ -109,11 +109,15 @@ def base_model():
 
 
 def test_adapter_sync_sends_the_adapters_only(trained):
-    cfg = _config("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16")
+    cfg = _config(
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "actor_rollout_ref.rollout.lora_sync=adapter",
+    )
     spec = role_spec(cfg, "train")
     assert spec.lora.sync == "adapter" and role_spec(cfg, "rollout").lora.sync == "adapter"
     backend = trained[1]
-    backend.lora = spec.lora  # the same model, synced as vLLM's auto choice sends it
+    backend.lora = spec.lora  # the same model, synced as to a vLLM engine on devices of its own
     try:
         buckets = list(backend.export_weights())
     finally:
