@@ -168,8 +168,8 @@ def test_vllm_engine_is_started_for_the_adapter_it_will_get():
 def test_megatron_memory_plan_counts_a_frozen_base_and_sharded_adapters():
     """The same shape on megatron: a fused layer's HF names share one A (q/k/v, gate/up), so
     146.3M adapter parameters against PEFT's 174.6M; at TP2 the split side
-    of each fused layer halves (column-parallel B, row-parallel A); Adam's moments shard over DP
-    under the distributed optimizer; the base has weights only."""
+    of each fused layer halves (column-parallel B, row-parallel A); the main params and Adam's
+    moments shard over DP under the distributed optimizer; the base has weights only."""
     from dagrl.backends.megatron.lora import adapter_params
     from dagrl.backends.megatron.memory import MegatronLayout, lora_state_bytes
     from dagrl.backends.model_shape import ModelShape
@@ -183,7 +183,10 @@ def test_megatron_memory_plan_counts_a_frozen_base_and_sharded_adapters():
     assert adapter_params(shape, lora, tp=2) == 146_276_352 - 64 * 36 * split / 2
     parts = lora_state_bytes(shape, MegatronLayout(tp=2, dp=4, workers=8), "bfloat16", lora, True)
     adapters = adapter_params(shape, lora, tp=2)
-    assert parts == {"weights": shape.params + adapters * 4, "grads": adapters * 4, "optimizer": adapters * 2}
+    # bf16 adapters as megatron's bf16 params: fp32 main gradient, fp32 main param + m + v / DP
+    assert parts == {"weights": shape.params + adapters * 2, "grads": adapters * 4, "optimizer": adapters * 3}
+    fp32 = lora_state_bytes(shape, MegatronLayout(tp=2, dp=4, workers=8), "float32", lora, True)
+    assert fp32["optimizer"] == adapters * 2  # fp32 adapters are their own main params
     assert adapter_params(
         shape, LoraSettings(rank=64, alpha=128.0, target_modules=("q_proj", "k_proj", "v_proj"))
     ) == 64 * 36 * (4096 + 6144)
