@@ -194,10 +194,7 @@ def test_bf16_adapters_compute_in_bf16_and_step_fp32_masters(tmp_path):
     fp32 = [(op, d) for op, d, o in seen.ops if getattr(o, "dtype", None) == torch.float32]
     assert not fp32, f"{name}: fp32 work in the adapter's forward and backward: {fp32}"
 
-    g = torch.Generator().manual_seed(0)
-    for p in adapters:
-        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
-    backend.optimizer_step()
+    _made_up_step(backend, seed=0)
     masters = backend.optimizer.masters_by_param()
     assert all(masters[p].dtype == torch.float32 for p in adapters)
     assert all(torch.equal(p, masters[p].to(p.dtype)) for p in adapters)
@@ -209,3 +206,21 @@ def test_bf16_adapters_compute_in_bf16_and_step_fp32_masters(tmp_path):
     assert saved.keys() == lora_layers.adapter_weights(backend.model).keys()
     want = lora_layers.adapter_weights(backend.model, masters)
     assert all(saved[k].dtype == torch.float32 and torch.equal(saved[k], want[k]) for k in saved)
+
+    # a checkpoint restores the adapters and their masters: the next step is the same, bit for bit
+    backend.save(str(tmp_path / "ckpt"))
+    resumed = train_backend(TorchTrainBackend, cfg, CPU)
+    resumed.load(str(tmp_path / "ckpt"))
+    for b in (backend, resumed):
+        _made_up_step(b, seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), backend.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(resumed.optimizer.masters, backend.optimizer.masters))
+
+
+def _made_up_step(backend, seed: int) -> None:
+    """An optimizer step on seeded random gradients of the adapters."""
+    g = torch.Generator().manual_seed(seed)
+    for p in backend.model.parameters():
+        if p.requires_grad:
+            p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+    backend.optimizer_step()
