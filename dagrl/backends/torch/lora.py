@@ -19,10 +19,10 @@ What leaves the backend:
   not merged (a merge and unmerge in bf16 would not give the weights back bit for bit).
 - `adapter_weights`: the adapter tensors only, named as PEFT saves them
   (`base_model.model.<module>.lora_A.weight`), which is the form vLLM's LoRA loader parses.
-Both take the adapters the forward runs (the weight sync: what the trainer's policy is, as a
-full-parameter sync sends the compute weights) or, given `masters`, the optimizer's fp32 masters
-(checkpoints and the HF export: the adapters as trained, not their rounding).
 - the reference model of KL is the same module with the adapter disabled (`base_only`).
+The first two take the adapters the forward runs (the weight sync: what the trainer's policy is,
+as a full-parameter sync sends the compute weights) or, given `masters`, the optimizer's fp32
+masters (checkpoints and the HF export: the adapters as trained, not their rounding).
 """
 
 from __future__ import annotations
