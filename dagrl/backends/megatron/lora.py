@@ -306,7 +306,7 @@ def merged_weight(adapted: list[AdaptedLayer]) -> Callable[[torch.Tensor], torch
         adapter = by_weight.get(id(param))
         if adapter is None:
             return param
-        return (param.to(torch.float32) + adapter.delta()).to(param.dtype)
+        return adapter.delta().add_(param).to(param.dtype)  # one fp32 shard alive, not three
 
     return weight
 
