@@ -39,10 +39,11 @@ MEGA = f"{A}.megatron"
 SETUPS = {
     "torch": (),  # the defaults: the plan picks recomputation, vLLM's pool, offload
     "torch-cpuopt": (f"{A}.optimizer_cpu_offload=true", f"{M}.gradient_checkpointing=true"),
-    # LoRA rank 64 on every linear layer: frozen bf16 base, fp32 adapters, adapter-only sync to vLLM
+    # LoRA rank 64 on every linear layer: frozen bf16 base, bf16 adapters with fp32 masters, merged
+    # sync to the colocated vLLM (lora_sync auto)
     "torch-lora": (f"{M}.lora_rank=64", f"{M}.lora_alpha=128", f"{A}.optim.lr=1e-5"),
     "megatron": (f"{A}.strategy=megatron",),
-    # the same LoRA on megatron's fused layers (backends/megatron/lora.py), adapter-only sync
+    # the same LoRA on megatron's fused layers (backends/megatron/lora.py), merged sync (auto)
     "megatron-lora": (
         f"{A}.strategy=megatron",
         f"{M}.lora_rank=64",

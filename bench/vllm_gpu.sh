@@ -72,7 +72,7 @@ check)
     step tiny_vllm 300 python3 -m dagrl.main trainer.device=cuda $R.name=vllm $R.gpu_memory_utilization=0.3 \
         trainer.default_local_dir=/tmp/tiny_vllm trainer.progress_bar=false
     grep -E "^step|val" "$OUT/tiny_vllm.log" | tail -n 8
-    # LoRA: adapters synced from memory each step (lora_sync auto = adapter on a bf16 vLLM engine)
+    # LoRA: the adapter sync's GPU tests, then a run with the colocated auto (merged weights)
     step lora_gpu_tests 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/vllm/test_lora_gpu.py
     step tiny_vllm_lora 300 python3 -m dagrl.main trainer.device=cuda $R.name=vllm $R.gpu_memory_utilization=0.3 \
         actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32 $A.optim.lr=1e-3 \
@@ -107,6 +107,7 @@ side)
         hf) side dagrl_hf ;;
         lora) side dagrl_lora $LORA ;;
         lora_merged) side dagrl_lora_merged $LORA $R.lora_sync=merged ;;
+        lora_adapter) side dagrl_lora_adapter $LORA $R.lora_sync=adapter ;;  # auto's choice apart
         *) echo "unknown side run $what" ;;
         esac
     done

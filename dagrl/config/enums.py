@@ -124,6 +124,6 @@ class RolloutRSLevel(str, Enum):
 class LoraSync(str, Enum):
     """How a LoRA actor's weights reach the rollout engine (actor_rollout_ref.rollout.lora_sync)."""
 
-    auto = "auto"  # adapter where the engine serves LoRA (a bf16/fp16 vllm), merged otherwise (hf)
+    auto = "auto"  # adapter to a LoRA-serving engine on devices of its own, else merged
     adapter = "adapter"  # the adapter tensors only; the engine applies them (vLLM's LoRA support)
     merged = "merged"  # base + scale · B·A under the base's names: any engine, no LoRA kernels

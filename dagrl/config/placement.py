@@ -248,6 +248,7 @@ def format_plan(plan: Plan) -> str:
                 f"  {role}: {r.workers} workers, DP={r.dp} TP={r.tp} PP={r.pp} CP={r.cp}{_backend(plan, role)}"
                 f"{_memory(plan, role)}"
             )
+            lines += _lora_sync(plan, role)
     idle = idle_slots(plan)
     if idle:
         lines.append(
@@ -270,6 +271,16 @@ def _backend(plan: Plan, role: str) -> str:
     if spec.kind in (Role.train, Role.ref, Role.teacher):
         return f", train backend {spec.backend}" + ("" if spec.trains else " (forward only)")
     return f", backend {spec.backend}"
+
+
+def _lora_sync(plan: Plan, role: str) -> list[str]:
+    """The rollout's LoRA sync, and why where auto chose it."""
+    spec = plan.specs.get(role)
+    lora = spec.lora if spec is not None and spec.kind == Role.rollout else None
+    if lora is None:
+        return []
+    how = f"auto -> {lora.sync.value} ({lora.sync_reason})" if lora.sync_reason else lora.sync.value
+    return [f"    actor_rollout_ref.rollout.lora_sync: {how}"]
 
 
 def idle_slots(plan: Plan) -> list[int]:

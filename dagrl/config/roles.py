@@ -102,13 +102,15 @@ ALL_LINEAR = "all-linear"  # PEFT's name for every linear layer but the output l
 class LoraSettings:
     """LoRA of the policy (actor_rollout_ref.model.lora_*), set on the train and rollout roles'
     specs when lora_rank > 0. `sync`: what the weight sync carries, rollout.lora_sync resolved for
-    the configured engine: adapter (the adapters; the engine serves LoRA) or merged."""
+    the configured engine and placement (`lora_sync_choice`): adapter (the adapters; the engine
+    serves LoRA) or merged."""
 
     rank: int
     alpha: float
     target_modules: tuple[str, ...] | str = ALL_LINEAR
     dropout: float = 0.0
     sync: LoraSync = LoraSync.merged
+    sync_reason: str = field(default="", compare=False)  # why auto chose `sync` ("": given)
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,11 @@ def lora_reference_is_base(cfg: DagrlConfig) -> bool:
     hooks = train_hooks(cfg)
     if policy_lora(cfg) is None or hooks is None or not hooks.lora_reference_is_base:
         return False
+    return _colocated(cfg, Role.train, Role.ref)
+
+
+def _colocated(cfg: DagrlConfig, a: str, b: str) -> bool:
+    """Roles `a` and `b` share a colocate group (placement.colocate_groups or device_groups)."""
     if cfg.placement.device_groups is not None:
         from dagrl.config.device_groups import _as_dict
 
@@ -239,29 +246,47 @@ def lora_reference_is_base(cfg: DagrlConfig) -> bool:
         groups = [list(g.get("workers", ())) for g in raw.values() if isinstance(g, dict)]
     else:
         groups = cfg.placement.colocate_groups
-    return any(Role.train in g and Role.ref in g for g in groups)
+    return any(a in g and b in g for g in groups)
+
+
+def lora_sync_choice(cfg: DagrlConfig) -> tuple[LoraSync, str]:
+    """rollout.lora_sync resolved, and why auto chose it ("" when it was given). Merged where the
+    engine serves no adapters in its dtype, or shares the trainer's devices: the merged weights
+    are copied on the device (bytes cost little there) and the engine decodes without LoRA
+    kernels; adapter where the weights cross devices or nodes, which the adapters' ~1/20 of the
+    bytes pays (docs/lora.md: "Which sync, and why the defaults")."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.lora_sync != LoraSync.auto:
+        return r.lora_sync, ""
+    dtype, serves = rollout_dtype(cfg), BACKENDS.backend(r.name).lora_dtypes or ()
+    if not serves:
+        return LoraSync.merged, f"the {r.name} engine serves no adapters"
+    if dtype not in serves:
+        return LoraSync.merged, f"the {r.name} engine serves adapters in {'/'.join(serves)}, not {dtype}"
+    if _colocated(cfg, Role.train, Role.rollout):
+        return LoraSync.merged, (
+            "the engine shares the trainer's devices: the merged weights are an on-device copy, and"
+            " decoding runs without LoRA kernels"
+        )
+    return LoraSync.adapter, "the weights cross devices: the adapters only, the base stays in the engine"
 
 
 def policy_lora(cfg: DagrlConfig) -> LoraSettings | None:
     """The policy's LoRA settings, None when it trains all weights (lora_rank = 0)."""
-    m, r = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
+    m = cfg.actor_rollout_ref.model
     if m.lora_rank <= 0:
         return None
     targets = m.target_modules
     if isinstance(targets, str) and targets != ALL_LINEAR:
         targets = [t.strip() for t in targets.split(",") if t.strip()]
-    sync = r.lora_sync
-    if (
-        sync == LoraSync.auto
-    ):  # an engine serving adapters takes them in its dtypes; others the merged weights
-        serves = rollout_dtype(cfg) in (BACKENDS.backend(r.name).lora_dtypes or ())
-        sync = LoraSync.adapter if serves else LoraSync.merged
+    sync, reason = lora_sync_choice(cfg)
     return LoraSettings(
         rank=m.lora_rank,
         alpha=float(m.lora_alpha),
         target_modules=targets if isinstance(targets, str) else tuple(str(t) for t in targets),
         dropout=float(m.lora_dropout),
         sync=sync,
+        sync_reason=reason,
     )
 
 

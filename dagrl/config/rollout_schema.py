@@ -149,8 +149,10 @@ class RolloutConfig:
     lora_sync: LoraSync = LoraSync.auto
     """With actor_rollout_ref.model.lora_rank > 0: what the weight sync sends. adapter: the
     adapters only, served by the engine's LoRA support (vllm); merged: the base with the adapters
-    folded in, under the base's names (any engine). auto: adapter on a bf16/fp16 vllm engine (its
-    LoRA kernels take 16-bit inputs), merged otherwise (hf, an fp32 engine)."""
+    folded in, under the base's names (any engine). auto: merged where the engine shares the
+    trainer's devices (an on-device copy; decoding without LoRA kernels), adapter where the weights
+    cross devices to a bf16/fp16 vllm engine (its LoRA kernels take 16-bit inputs), merged to any
+    other engine (hf, an fp32 engine); the plan prints the choice and why (docs/lora.md)."""
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling of validation."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)

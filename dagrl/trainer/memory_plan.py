@@ -30,6 +30,7 @@ CONTEXT_BYTES = 1.0 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers: outsi
 # (phase, the role that has the device, the phase of the role's estimate), in the order a step runs
 # them; a sampling job's sampler samples as a rollout does, reward models score in a phase each
 PHASES = (
+    ("weight_sync", Role.train, "weight_sync"),  # what a sync makes (a LoRA merge), engine awake
     ("rollout", Role.rollout, "rollout"),
     ("rollout", Role.sampler, "rollout"),
     ("rm", Role.rm, "score"),
@@ -93,6 +94,7 @@ class MemoryPlan:
 
 # DAG node kind -> the phase it runs in (validation and driver-side nodes take no device phase)
 NODE_PHASES = {
+    "weight_sync": "weight_sync",
     "rollout": "rollout",
     "old_logprob": "old_logprob",
     "ref_logprob": "ref_logprob",

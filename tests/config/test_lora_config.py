@@ -14,6 +14,8 @@ from dagrl.main import compose
 M, R = "actor_rollout_ref.model", "actor_rollout_ref.rollout"
 BF16 = "actor_rollout_ref.model.dtype=bfloat16"
 MEGATRON = "actor_rollout_ref.actor.strategy=megatron"
+ADAPTER = f"{R}.lora_sync=adapter"
+SEPARATE = ("placement=separate", "trainer.n_gpus_per_node=2", "trainer.device=cuda")
 
 
 def typed(*overrides: str):
@@ -38,11 +40,20 @@ def test_verl_keys_give_the_train_and_rollout_specs_their_lora():
     assert role_aliases(cfg) == {"ref": "train"}
     own_group = typed(f"{M}.lora_rank=16", "placement.colocate_groups=[[train,rollout]]")
     assert role_aliases(own_group) == {}
-    vllm = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm", f"{M}.dtype=bfloat16"), ["train"])
-    assert vllm["train"].lora.sync == "adapter" and vllm["train"].lora.target_modules == "all-linear"
+    # vLLM beside the trainer (the default placement): merged, an on-device copy without LoRA
+    # kernels; on devices of its own: the adapters, the bytes that cross
+    vllm = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm", BF16), ["train"])["train"]
+    assert vllm.lora.sync == "merged" and vllm.lora.target_modules == "all-linear"
+    assert "shares the trainer's devices" in vllm.lora.sync_reason
+    apart = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm", BF16, *SEPARATE), ["train"])
+    assert apart["train"].lora.sync == "adapter" and "cross devices" in apart["train"].lora.sync_reason
     # vLLM's LoRA kernels take 16-bit inputs only: an fp32 engine gets merged weights
-    fp32 = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm"), ["train"])["train"]
-    assert fp32.lora.sync == "merged"
+    fp32 = build_role_specs(typed(f"{M}.lora_rank=16", f"{R}.name=vllm", *SEPARATE), ["train"])["train"]
+    assert fp32.lora.sync == "merged" and "not float32" in fp32.lora.sync_reason
+    given = build_role_specs(
+        typed(f"{M}.lora_rank=16", f"{R}.name=vllm", BF16, f"{R}.lora_sync=adapter"), ["train"]
+    )
+    assert given["train"].lora.sync == "adapter" and given["train"].lora.sync_reason == ""
 
 
 @pytest.mark.parametrize(
@@ -75,9 +86,9 @@ def test_ms_swift_tuner_type_and_lora_names(overrides, want):
             "one pipeline stage",
         ),
         ((f"{M}.lora_rank=8", f"{R}.lora_sync=adapter"), f"{R}.lora_sync", "hf rollout does not serve"),
-        ((f"{M}.lora_rank=1024", f"{R}.name=vllm", BF16), f"{M}.lora_rank", "up to rank 512"),
+        ((f"{M}.lora_rank=1024", f"{R}.name=vllm", BF16, ADAPTER), f"{M}.lora_rank", "up to rank 512"),
         (
-            (f"{M}.lora_rank=8", f"{R}.name=vllm", BF16, f"{R}.sleep_level=2"),
+            (f"{M}.lora_rank=8", f"{R}.name=vllm", BF16, ADAPTER, f"{R}.sleep_level=2"),
             f"{R}.sleep_level",
             "base weights",
         ),
@@ -95,12 +106,24 @@ def test_refused_before_ray_naming_the_key(overrides, key, says):
     assert info.value.key == key
 
 
-def test_memory_plan_counts_a_frozen_base_and_fp32_adapters():
-    """Qwen3-8B's shape, rank 64 on every linear layer: 174.6M adapter parameters; bf16 base
-    weights only, adapters 4 + 4 + 8 bytes (weights, gradients, Adam's moments), no master."""
+def test_auto_merged_beside_the_trainer_takes_what_an_adapter_sync_refuses():
+    """Sleep level 2 and ranks above vLLM's LoRA limit: the merged sync resends the whole model."""
+    from dagrl.config.roles import Role, role_spec
+    from dagrl.config.validate import check_role_rules
+
+    cfg = typed(f"{M}.lora_rank=1024", f"{R}.name=vllm", BF16, f"{R}.sleep_level=2")
+    validate(cfg)
+    check_role_rules(cfg, [role_spec(cfg, Role.rollout)])
+    assert role_spec(cfg, Role.rollout).lora.sync == "merged"
+
+
+def test_memory_plan_counts_a_frozen_base_and_bf16_adapters_with_fp32_masters():
+    """Qwen3-8B's shape, rank 64 on every linear layer: 174.6M adapter parameters; the bf16 base's
+    weights only, the adapters as trained weights of a bf16 model: 2 + 2 bytes (weights, gradients
+    during the update) and 12 of fp32 master and Adam's moments."""
     from dagrl.backends.model_shape import ModelShape
-    from dagrl.backends.torch.lora import adapter_params
-    from dagrl.backends.torch.memory import state_bytes
+    from dagrl.backends.torch.lora import adapter_params, merged_sync_bytes
+    from dagrl.backends.torch.memory import between_updates, state_bytes
     from dagrl.config.roles import LoraSettings
 
     shape = ModelShape(4096, 36, 32, 8, 128, 12288, 151936, False, 8_190_735_360)
@@ -110,18 +133,26 @@ def test_memory_plan_counts_a_frozen_base_and_fp32_adapters():
     parts = state_bytes(shape, 2, trains=True, lora=lora)
     adapters = 174_587_904
     assert parts == {
-        "weights": shape.params * 2 + adapters * 4,
-        "grads": adapters * 4,
-        "optimizer": adapters * 8,
+        "weights": (shape.params + adapters) * 2,
+        "grads": adapters * 2,
+        "optimizer": adapters * 12,
     }
+    kept = between_updates(parts, 2, optimizer_on_host=False)
+    assert "grads" not in kept  # the masters take them at the step
     full = state_bytes(shape, 2, trains=True)
-    assert sum(parts.values()) / 2**30 < 18 < sum(full.values()) / 2**30  # 17.9 GiB against 122 GiB
+    assert sum(kept.values()) / 2**30 < 17.6 < sum(full.values()) / 2**30  # 17.5 GiB against 122 GiB
+    # a merged sync makes the adapted weights: one 256 MiB bucket of them alive, and the largest
+    # layer's (MLP, 12288 x 4096) fp32 B·A while it is folded in
+    assert merged_sync_bytes(shape, lora, 2, 256 * 2**20) == 256 * 2**20 + 4 * 12288 * 4096
+    fp32 = state_bytes(shape, 4, trains=True, lora=lora)  # fp32 adapters: stepped in place
+    assert fp32["optimizer"] == adapters * 8 and fp32["grads"] == adapters * 4
 
 
 def test_vllm_engine_is_started_for_the_adapter_it_will_get():
     from dagrl.backends.vllm.engine_args import adapter_peft_config, llm_kwargs
 
-    spec = build_role_specs(typed(f"{M}.lora_rank=40", f"{R}.name=vllm", BF16), ["rollout"])["rollout"]
+    adapter = typed(f"{M}.lora_rank=40", f"{R}.name=vllm", BF16, f"{R}.lora_sync=adapter")
+    spec = build_role_specs(adapter, ["rollout"])["rollout"]
     kwargs = llm_kwargs(spec, "/m")
     assert (kwargs["enable_lora"], kwargs["max_loras"], kwargs["max_lora_rank"]) == (True, 1, 64)
     assert adapter_peft_config(spec.lora) == {
@@ -130,15 +161,15 @@ def test_vllm_engine_is_started_for_the_adapter_it_will_get():
         "target_modules": "all-linear",
         "bias": "none",
     }
-    merged = typed(f"{M}.lora_rank=40", f"{R}.name=vllm", BF16, f"{R}.lora_sync=merged")
+    merged = typed(f"{M}.lora_rank=40", f"{R}.name=vllm", BF16)  # auto beside the trainer
     assert "enable_lora" not in llm_kwargs(build_role_specs(merged, ["rollout"])["rollout"], "/m")
 
 
 def test_megatron_memory_plan_counts_a_frozen_base_and_sharded_adapters():
     """The same shape on megatron: a fused layer's HF names share one A (q/k/v, gate/up), so
     146.3M adapter parameters against PEFT's 174.6M; at TP2 the split side
-    of each fused layer halves (column-parallel B, row-parallel A); Adam's moments shard over DP
-    under the distributed optimizer; the base has weights only."""
+    of each fused layer halves (column-parallel B, row-parallel A); the main params and Adam's
+    moments shard over DP under the distributed optimizer; the base has weights only."""
     from dagrl.backends.megatron.lora import adapter_params
     from dagrl.backends.megatron.memory import MegatronLayout, lora_state_bytes
     from dagrl.backends.model_shape import ModelShape
@@ -152,7 +183,10 @@ def test_megatron_memory_plan_counts_a_frozen_base_and_sharded_adapters():
     assert adapter_params(shape, lora, tp=2) == 146_276_352 - 64 * 36 * split / 2
     parts = lora_state_bytes(shape, MegatronLayout(tp=2, dp=4, workers=8), "bfloat16", lora, True)
     adapters = adapter_params(shape, lora, tp=2)
-    assert parts == {"weights": shape.params + adapters * 4, "grads": adapters * 4, "optimizer": adapters * 2}
+    # bf16 adapters as megatron's bf16 params: fp32 main gradient, fp32 main param + m + v / DP
+    assert parts == {"weights": shape.params + adapters * 2, "grads": adapters * 4, "optimizer": adapters * 3}
+    fp32 = lora_state_bytes(shape, MegatronLayout(tp=2, dp=4, workers=8), "float32", lora, True)
+    assert fp32["optimizer"] == adapters * 2  # fp32 adapters are their own main params
     assert adapter_params(
         shape, LoraSettings(rank=64, alpha=128.0, target_modules=("q_proj", "k_proj", "v_proj"))
     ) == 64 * 36 * (4096 + 6144)
@@ -162,7 +196,7 @@ def test_lora_follows_what_each_backend_registers(monkeypatch):
     """Whether a train backend applies LoRA and a rollout engine serves an adapter is the backend's
     own entry (its hooks' applies_lora, its lora_dtypes), not a list of names in config/: a plugin
     train backend without LoRA is refused naming those with it, and an engine registering 16-bit
-    adapter serving gets the adapter sync."""
+    adapter serving gets the adapter sync (on devices of its own)."""
     from dataclasses import replace
 
     from dagrl.backends.registry import describe_backend, register_backend
@@ -178,5 +212,5 @@ def test_lora_follows_what_each_backend_registers(monkeypatch):
     assert e.value.key == f"{M}.lora_rank" and "plain_train train backend does not apply LoRA" in str(e.value)
     register_backend("rollout", "adapter_engine")(object)
     describe_backend("adapter_engine", lora_dtypes=("bfloat16",))
-    served = build_role_specs(typed(f"{M}.lora_rank=8", f"{R}.name=adapter_engine", BF16), ["train"])
-    assert served["train"].lora.sync == "adapter"
+    served = typed(f"{M}.lora_rank=8", f"{R}.name=adapter_engine", BF16, *SEPARATE)
+    assert build_role_specs(served, ["train"])["train"].lora.sync == "adapter"

@@ -26,10 +26,14 @@ A's full matrix is drawn from a generator seeded by (seed, layer, name), so ever
 from the same adapters.
 
 The base: every base parameter has requires_grad off before DDP is built, so DDP gives it no
-gradient buffer and the optimizer neither an fp32 main copy nor Adam state; the adapters are
-fp32 parameters (an fp32 param is its own main param in megatron's optimizers). The adapter
-branch runs in fp32 on the layer's input and is added to the layer's output in its dtype, as
-PEFT's autocast_adapter_dtype does. `enabled=False` turns every adapter off: the base, which is
+gradient buffer and the optimizer neither an fp32 main copy nor Adam state. The adapters are
+parameters in the layer's dtype, trained as megatron trains every bf16 parameter: fp32 main
+gradients, fp32 main params and Adam state in its optimizer, the result rounded into the
+adapter. The branch then runs in the layer's dtype on its input; fp32 adapters (PEFT's
+autocast_adapter_dtype, this module's choice until 2026-11-27) cast every adapted layer's input
+to fp32, multiplied in fp32 and added an fp32 result to the bf16 output, which cost the torch
+backend's LoRA update 1.8x its full-parameter one on an H100 (docs/lora.md). The merged weight
+adds scale · B·A computed in fp32. `enabled=False` turns every adapter off: the base, which is
 the reference of KL (no second copy of the model).
 """
 
@@ -121,20 +125,22 @@ class LoraAdapter(torch.nn.Module):
         self.dropout_p = lora.dropout
         self.enabled = True
         self.tp_group = ps.get_tensor_model_parallel_group()
-        dev = weight.device
-        self.A = torch.nn.Parameter(torch.empty(lora.rank, in_local, dtype=torch.float32, device=dev))
-        self.B = torch.nn.Parameter(torch.zeros(out_local, lora.rank, dtype=torch.float32, device=dev))
+        dev, dtype = weight.device, weight.dtype  # the layer's: its optimizer keeps fp32 mains
+        self.A = torch.nn.Parameter(torch.empty(lora.rank, in_local, dtype=dtype, device=dev))
+        self.B = torch.nn.Parameter(torch.zeros(out_local, lora.rank, dtype=dtype, device=dev))
         split = self.B if column else self.A  # the tensor split over TP like the layer's weight
         set_tensor_model_parallel_attributes(split, True, 0 if column else 1, 1)
         replicated = self.A if column else self.B
         replicated.sequence_parallel = sequence_parallel  # its grad: a partial sum per sequence slice
         # rows of B outside the target (part of a fused layer): held at zero, their gradient zero
-        self.register_buffer("row_mask", None if row_mask is None else row_mask.to(dev), persistent=False)
+        mask = None if row_mask is None else row_mask.to(dev, dtype)  # B's dtype: no promotion
+        self.register_buffer("row_mask", mask, persistent=False)
 
     @torch.no_grad()
     def reset(self, seed: int) -> None:
         """A as PEFT draws it (kaiming-uniform, bound 1/sqrt(fan_in)) from the full matrix every
-        TP rank draws alike; B zero, so the adapted layer starts as the base."""
+        TP rank draws alike (in fp32, then rounded into A's dtype); B zero, so the adapted layer
+        starts as the base."""
         from megatron.core import parallel_state as ps
 
         rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
@@ -176,8 +182,8 @@ class LoraAdapter(torch.nn.Module):
         return self.B if self.row_mask is None else self.B * self.row_mask
 
     def delta(self) -> torch.Tensor:
-        """scale · B·A of this rank's shard, shaped like the layer's local weight (fp32)."""
-        return (self._b() @ self.A) * self.scale
+        """scale · B·A of this rank's shard, shaped like the layer's local weight, in fp32."""
+        return (self._b().float() @ self.A.float()) * self.scale
 
 
 @dataclass
@@ -195,7 +201,7 @@ class AdaptedLayer:
 
 
 def apply_lora(chunks: list, lora: LoraSettings, seed: int, sequence_parallel: bool) -> list[AdaptedLayer]:
-    """Freeze every parameter of `chunks`, put an fp32 adapter on each targeted linear layer
+    """Freeze every parameter of `chunks`, put an adapter (in the layer's dtype) on each targeted linear layer
     (in place) and return them; the model's output equals the base's until B moves."""
     layers, unknown = target_layers(lora.target_modules)
     assert not unknown, f"megatron/lora_rules.py lets no unknown target through: {unknown}"
@@ -292,23 +298,25 @@ def adapters_disabled(adapted: list[AdaptedLayer], when: bool = True) -> Iterato
 
 
 def merged_weight(adapted: list[AdaptedLayer]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """param -> the tensor to export for it: an adapted layer's weight shard plus its scale·B·A
-    in the weight's dtype (PEFT's merge arithmetic), every other parameter as it is."""
+    """param -> the tensor to export for it: an adapted layer's weight shard plus its scale·B·A,
+    added in fp32 and rounded once into the weight's dtype, every other parameter as it is."""
     by_weight = {id(a.module.weight): a.adapter for a in adapted}
 
     def weight(param: torch.Tensor) -> torch.Tensor:
         adapter = by_weight.get(id(param))
         if adapter is None:
             return param
-        return (param.to(torch.float32) + adapter.delta()).to(param.dtype)
+        return adapter.delta().add_(param).to(param.dtype)  # one fp32 shard alive, not three
 
     return weight
 
 
 @torch.no_grad()
 def adapter_tensors(adapted: list[AdaptedLayer], tcfg) -> Iterator[tuple[str, torch.Tensor]]:
-    """(PEFT name, full fp32 tensor) of every adapter, q/k/v and gate/up split out of the fused
-    layers (module docstring). A collective over TP: every rank consumes it in step."""
+    """(PEFT name, full tensor in the adapters' dtype) of every adapter, q/k/v and gate/up split
+    out of the fused layers (module docstring). A collective over TP: every rank consumes it in
+    step. bf16 adapters leave as the forward runs them (their fp32 mains are the distributed
+    optimizer's shards), as megatron's full-parameter export sends its bf16 weights."""
     from dagrl.backends.megatron.weights import _Fuse, _unfuse
 
     for a in sorted(adapted, key=lambda a: (a.layer, list(FUSED_LAYERS).index(a.kind))):

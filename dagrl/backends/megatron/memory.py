@@ -98,15 +98,17 @@ def lora_state_bytes(
     shape: ModelShape, layout: MegatronLayout, param_dtype, lora, distributed_optimizer: bool
 ):
     """A LoRA actor's state (lora.py): the frozen base in param_dtype (no gradient, no master, no
-    Adam state), the fp32 adapters with an fp32 gradient and Adam's m, v (sharded over DP×CP by
-    the distributed optimizer), no master copy."""
+    Adam state), the adapters in param_dtype with an fp32 main gradient, and Adam's m, v plus an
+    fp32 main param when param_dtype is 16-bit (sharded over DP×CP by the distributed optimizer)."""
     from dagrl.backends.megatron.lora import adapter_params
 
     parts, _ = state_bytes(shape, layout, param_dtype, False, distributed_optimizer)
     adapters = adapter_params(shape, lora, layout.tp) / layout.pp
-    parts["weights"] += 4.0 * adapters  # offloaded with the base
+    width = param_width(param_dtype)
+    parts["weights"] += width * adapters  # offloaded with the base
     parts["grads"] = 4.0 * adapters
-    parts["optimizer"] = 8.0 * adapters / (layout.dp * layout.cp if distributed_optimizer else 1)
+    main = 4.0 if width < 4 else 0.0
+    parts["optimizer"] = (8.0 + main) * adapters / (layout.dp * layout.cp if distributed_optimizer else 1)
     return parts
 
 

@@ -3,8 +3,9 @@
 State per parameter (w = bytes of the model dtype): weights w and gradients w; AdamW keeps m and v
 in fp32 (8 B) and, for bf16/fp16 weights, an fp32 master copy (4 B): 16 B per trained parameter in
 bf16, as megatron's mixed precision. With LoRA (model.lora_rank > 0) the base is frozen (its
-weights only, no gradient, master or moments) and the fp32 adapters are what trains: 4 B of
-weights, 4 of gradients and 8 of Adam's moments each, no master. With the optimizer step on the host (actor.optimizer_cpu_offload)
+weights only, no gradient, master or moments) and the adapters are what trains, held as every
+trained weight is: w of weights, w of gradients (during the update only, for bf16), fp32 master
+(bf16) and moments (lora.py). With the optimizer step on the host (actor.optimizer_cpu_offload)
 the device keeps weights and gradients only. `actor.offload` moves weights and optimizer state to
 host memory while a colocated role has the device; gradients stay (they live until the next
 update's zero_grad).
@@ -31,38 +32,34 @@ from dagrl.backends.memory import (
     workload,
 )
 from dagrl.backends.model_shape import ModelShape
-from dagrl.backends.torch.lora import adapter_params
+from dagrl.backends.torch.lora import adapter_params, merged_sync_bytes
+from dagrl.config.schema import LoraSync
 
 
 def state_bytes(
     shape: ModelShape, width: int, trains: bool, optimizer_on_host: bool = False, lora=None
 ) -> dict[str, float]:
     """Weights, gradients and optimizer state on the device while the role runs; `lora` (the
-    spec's LoraSettings): a frozen base and fp32 adapters."""
+    spec's LoraSettings): a frozen base and adapters in the compute dtype, which train as a
+    full-parameter run's weights do (fp32 masters for bf16)."""
     adapters = adapter_params(shape, lora) if lora is not None else 0
-    parts = {"weights": float(shape.params * width + adapters * 4)}
+    trained = adapters if lora is not None else shape.params
+    parts = {"weights": float((shape.params + adapters) * width)}
     if not trains:
         return parts
-    if lora is not None:
-        parts["grads"] = float(adapters * 4)
-        if not optimizer_on_host:
-            parts["optimizer"] = float(adapters * 8)
-        return parts
-    parts["grads"] = float(shape.params * width)
+    parts["grads"] = float(trained * width)
     if not optimizer_on_host:
         master = 4 if width < 4 else 0  # fp32 master weights for bf16/fp16 compute weights
-        parts["optimizer"] = float(shape.params * (8 + master))
+        parts["optimizer"] = float(trained * (8 + master))
     return parts
 
 
-def between_updates(
-    state: dict[str, float], width: int, optimizer_on_host: bool, lora: bool = False
-) -> dict[str, float]:
+def between_updates(state: dict[str, float], width: int, optimizer_on_host: bool) -> dict[str, float]:
     """What the role keeps outside its update: the compute-dtype gradients live only from the
-    backward to the optimizer step when fp32 masters take them (bf16/fp16 weights) or the step
-    runs on the host (both free them as they are read: mixed_precision.py); fp32 AdamW on the
-    weights themselves keeps them until the next update's zero_grad (so do fp32 LoRA adapters)."""
-    if (width < 4 and not lora) or optimizer_on_host:
+    backward to the optimizer step when fp32 masters take them (bf16/fp16 weights, LoRA adapters
+    included) or the step runs on the host (both free them as they are read: mixed_precision.py);
+    fp32 AdamW on the weights themselves keeps them until the next update's zero_grad."""
+    if width < 4 or optimizer_on_host:
         return {k: v for k, v in state.items() if k != "grads"}
     return dict(state)
 
@@ -118,7 +115,7 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     on_host = spec.trains and arr.actor.optimizer_cpu_offload  # the optimizer step on the host
     lora = spec.lora if spec.trains else None
     state = state_bytes(shape, width, spec.trains, on_host, lora)
-    kept = between_updates(state, width, on_host, lora is not None)
+    kept = between_updates(state, width, on_host)
     mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params), stays=not spec.offload.params)
     if on_host:  # fp32 master, its gradient, m, v of what trains
         mem.host = (adapter_params(shape, lora) if lora is not None else shape.params) * 16.0
@@ -126,6 +123,9 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
         mem.host = parts_total(kept) - kept.get("grads", 0.0)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
         mem.phases[phase] = forward_bytes(shape, width, work)
+    if lora is not None and lora.sync == LoraSync.merged:  # the sync's merged weights
+        bucket = arr.rollout.weight_sync_bucket_mb * 2.0**20
+        mem.phases["weight_sync"] = {"merged": merged_sync_bytes(shape, lora, width, bucket)}
     if spec.trains:
         recompute = bool(arr.model.gradient_checkpointing)
         update = update_bytes(shape, width, update_workload(cfg, layout.dp), recompute)

@@ -141,6 +141,11 @@ class MasterWeightsAdamW:
             else:
                 p.copy_(self._staging[i].copy_(m), non_blocking=True)
 
+    def masters_by_param(self) -> dict[torch.Tensor, torch.Tensor] | None:
+        """Each trained parameter's fp32 master (what an export of the trained values reads);
+        None when AdamW steps the parameters themselves."""
+        return dict(zip(self.params, self.masters)) if self.copies else None
+
     def state_tensors(self) -> Iterator[torch.Tensor]:
         """What a device offload moves: the masters and Adam's moments (those on the device)."""
         if self.copies:

@@ -70,7 +70,7 @@ class TorchTrainBackend:
         torch.manual_seed(spec.seed)
         self.model = load_causal_lm(self.path, spec.model.dtype, ctx.device, spec.model.trust_remote_code)
         self.lora = spec.lora
-        if self.lora is not None:  # base frozen in its dtype, fp32 adapters: the only trained params
+        if self.lora is not None:  # base frozen; adapters in its dtype, the only trained params
             self.model = lora_layers.apply_lora(self.model, self.lora)
         self.temperature = logprob_temperature(settings.temperature)  # 0 (greedy) scores at 1
         self.packing = settings.packing
@@ -352,12 +352,16 @@ class TorchTrainBackend:
             return weight_buckets(lora_layers.adapter_weights(self.model).items(), float("inf"), to_cpu)
         return weight_buckets(lora_layers.merged_weights(self.model), limit, to_cpu)
 
+    def _lora_masters(self):
+        """The adapters' fp32 masters (None: the adapters are fp32 and stepped in place)."""
+        return self.optimizer.masters_by_param() if self.optimizer is not None else None
+
     def save(self, path: str) -> None:
-        """Rank 0 writes the HF model (with LoRA: the PEFT adapter directory only, the base is
-        model.path's); every rank its optimizer and RNG state."""
+        """Rank 0 writes the HF model (with LoRA: the PEFT adapter directory only, of the fp32
+        masters; the base is model.path's); every rank its optimizer and RNG state."""
         os.makedirs(path, exist_ok=True)
         if self.ctx.rank == 0 and self.lora is not None:
-            self.model.save_pretrained(path, safe_serialization=True)
+            lora_layers.save_adapter(self.model, path, self._lora_masters())
         elif self.ctx.rank == 0:
             self.export_hf(path)
         state = {"rng": host_rng_state(), "steps": self.steps}
@@ -392,6 +396,6 @@ class TorchTrainBackend:
         os.makedirs(path, exist_ok=True)
         if self.lora is None:
             self.model.save_pretrained(path, safe_serialization=True)
-        else:  # a merged HF model at path, the PEFT adapter directory under it
-            lora_layers.save_merged(self.model, path)
+        else:  # a merged HF model at path, the PEFT adapter directory under it: of the masters
+            lora_layers.save_merged(self.model, path, self._lora_masters())
         load_tokenizer(self.path).save_pretrained(path)

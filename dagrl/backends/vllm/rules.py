@@ -194,7 +194,7 @@ def _check_positions(cfg: DagrlConfig, context: int) -> None:
 
 
 def _check_lora(cfg: DagrlConfig) -> None:
-    """An adapter sync (lora_sync adapter, or auto on a 16-bit vLLM engine) needs an engine dtype
+    """An adapter sync (lora_sync adapter, or auto to a 16-bit vLLM engine on devices of its own) needs an engine dtype
     and a rank vLLM's LoRA kernels take, and the base kept across sleeps: the sync never sends it
     again."""
     from dagrl.backends.vllm.engine_args import LORA_SERVING_DTYPES, VLLM_LORA_RANKS

@@ -1,7 +1,8 @@
 """LoRA on the megatron backend (backends/megatron/lora.py), on CPU under gloo, fp32, on the
 shipped tiny model: the adapted model starts as the base, only the adapters train, the reference
 is the base, the merged export is PEFT's merge of the exported adapters, TP2 + sequence parallel
-trains the same adapters as TP1, and a checkpoint of the adapters resumes bit for bit."""
+trains the same adapters as TP1; in bf16, the adapters compute in bf16 on fp32 mains and a
+checkpoint of the adapters resumes bit for bit."""
 
 from __future__ import annotations
 
@@ -113,9 +114,44 @@ def test_tp2_sequence_parallel_trains_the_same_adapters(tp1):
             torch.testing.assert_close(tensor, want["adapters"][name], rtol=0, atol=1e-6, msg=name)
 
 
+def _branch_work(backend) -> dict:
+    """One adapter branch's forward and backward on a bf16 input: the dtypes, its fp32 work, and
+    the dtypes the optimizer steps. megatron's DDP accumulates each gradient into the parameter's
+    fp32 main_grad (its mixed precision): the one fp32 write the backward may make. (The update
+    zeroes the gradient buffers first, so the probe leaves nothing behind.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    adapter = backend.adapted[0].adapter
+    main_grads = {p.main_grad.data_ptr() for p in adapter.parameters()}
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.fp32 = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(out, "dtype", None) == torch.float32 and out.data_ptr() not in main_grads:
+                self.fp32.append(str(func.overloadpacket))
+            return out
+
+    x = torch.randn(4, 2, adapter.A.shape[1], dtype=torch.bfloat16)
+    with Recorder() as seen:
+        out = adapter(x)
+        out.backward(torch.ones_like(out))
+    return {
+        "dtypes": {p.dtype for a in backend.adapted for p in a.adapter.parameters()},
+        "out": out.dtype,
+        "fp32": seen.fp32,
+        "stepped": {p.dtype for g in backend.optimizer.param_groups for p in g["params"]},
+    }
+
+
 def _resume(rank: int, world: int, cfg, batch, path: str, load: bool):
-    """Straight: step, save, step. Resumed: load what straight saved after its first step, step."""
+    """Straight: step, save, step. Resumed: load what straight saved after its first step, step.
+    Both first run `_branch_work`."""
     backend = _backend(cfg, rank, world)
+    work = _branch_work(backend)
     batch, _ = _with_old_logprobs(backend, batch)
     if load:
         backend.load(path)
@@ -124,17 +160,24 @@ def _resume(rank: int, world: int, cfg, batch, path: str, load: bool):
         backend.save(path)
     backend.train_step(batch)
     files = sorted(p.name for p in __import__("pathlib").Path(path).iterdir())
-    return _adapters(backend), files
+    return _adapters(backend), files, work
 
 
-def test_checkpoint_holds_the_adapters_and_resumes_bit_identically(tmp_path):
+def test_bf16_adapters_train_on_fp32_mains_and_resume_bit_identically(tmp_path):
+    """param_dtype bf16: the adapters are bf16 and their branch does no fp32 work (fp32 adapters
+    cast the input and multiply in fp32); megatron's optimizer steps fp32 mains of them; a
+    checkpoint holds the adapters (and their mains) only and resumes bit for bit."""
     import os
 
-    cfg = megatron_config(*LORA, "actor_rollout_ref.model.lora_dropout=0.1")  # the RNG state resumes too
+    bf16 = (f"{M}.param_dtype=bfloat16", "actor_rollout_ref.model.dtype=bfloat16")
+    cfg = megatron_config(*LORA, *bf16, "actor_rollout_ref.model.lora_dropout=0.1")  # the RNG resumes too
     batch, path = make_batch(), str(tmp_path / "ckpt")
     os.makedirs(path)
-    ((straight, files),) = run_distributed(_resume, 1, cfg, batch, path, False)
-    ((resumed, _),) = run_distributed(_resume, 1, cfg, batch, path, True)
+    ((straight, files, work),) = run_distributed(_resume, 1, cfg, batch, path, False)
+    assert work["dtypes"] == {torch.bfloat16} and work["out"] == torch.bfloat16
+    assert not work["fp32"], f"fp32 work in the adapter branch: {work['fp32']}"
+    assert work["stepped"] == {torch.float32}
+    ((resumed, _, _),) = run_distributed(_resume, 1, cfg, batch, path, True)
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     size = sum(os.path.getsize(os.path.join(path, f)) for f in files)

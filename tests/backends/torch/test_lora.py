@@ -1,12 +1,15 @@
 """LoRA on the torch backend (backends/torch/lora.py), in process on the shipped tiny model: only
-the fp32 adapters train, the reference is the base, the merged sync gives the hf rollout the
+the adapters train, the reference is the base, the merged sync gives the hf rollout the
 same greedy output as PEFT's own merge, a checkpoint resumes bit for bit, and save_hf writes a
-merged model and an adapter directory that transformers and peft load."""
+merged model and an adapter directory that transformers and peft load. The module's fixture runs
+in fp32 (COMMON); the bf16 test at the end runs the mixed-precision path: bf16 adapters computed
+in bf16, fp32 masters stepped and exported."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dagrl.backends.hf.rollout import HFRolloutBackend
 from dagrl.backends.torch import lora as lora_layers
@@ -63,12 +66,13 @@ def trained(tmp_path_factory):
     return cfg, backend, batch, seen, tmp
 
 
-def test_only_fp32_adapters_train_and_the_reference_is_the_base(trained):
+def test_only_adapters_train_and_the_reference_is_the_base(trained):
     cfg, backend, batch, seen, _ = trained
     trainable = [n for n, p in backend.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     optimized = [p for group in backend.optimizer.param_groups for p in group["params"]]
     assert {id(p) for p in optimized} == {id(p) for p in backend.model.parameters() if p.requires_grad}
+    # an fp32 model: fp32 adapters, stepped in place (no master copy)
     assert all(p.dtype == torch.float32 for p in optimized) and not backend.optimizer.copies
     assert not torch.equal(seen["actor"], seen["base"]), "the update moved the adapters"
     assert torch.equal(seen["ref"], seen["base"])  # adapter off: the base exactly
@@ -105,11 +109,15 @@ def base_model():
 
 
 def test_adapter_sync_sends_the_adapters_only(trained):
-    cfg = _config("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16")
+    cfg = _config(
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "actor_rollout_ref.rollout.lora_sync=adapter",
+    )
     spec = role_spec(cfg, "train")
     assert spec.lora.sync == "adapter" and role_spec(cfg, "rollout").lora.sync == "adapter"
     backend = trained[1]
-    backend.lora = spec.lora  # the same model, synced as vLLM's auto choice sends it
+    backend.lora = spec.lora  # the same model, synced as to a vLLM engine on devices of its own
     try:
         buckets = list(backend.export_weights())
     finally:
@@ -152,10 +160,67 @@ def test_save_hf_writes_a_merged_model_and_the_adapter(trained):
     assert dict(lora_layers.merged_weights(backend.model)).keys() == merged.keys()
 
 
-def test_bf16_base_stays_bf16_with_fp32_adapters_and_no_master_copy():
+class _Recorder(TorchDispatchMode):
+    """(op, input dtypes, output) of every aten op run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+        self.ops.append((str(func.overloadpacket), dtypes, out))
+        return out
+
+
+def test_bf16_adapters_compute_in_bf16_and_step_fp32_masters(tmp_path):
+    """A bf16 model: adapters bf16 with fp32 masters. An adapted layer's forward and backward cast
+    nothing to fp32, run no fp32 matmul and make no fp32 tensor (fp32 adapters cast the input,
+    multiply in fp32 and promote the bf16 output to fp32); after a step the adapters are their
+    masters rounded, and the export holds the masters. (The step takes made-up gradients: a bf16
+    model's forward is slow on CPUs without bf16 units, and the layer's backward is checked here.)"""
     cfg = _config("actor_rollout_ref.model.dtype=bfloat16")
     backend = train_backend(TorchTrainBackend, cfg, CPU)
     frozen = {p.dtype for p in backend.model.parameters() if not p.requires_grad}
-    trained = {p.dtype for p in backend.model.parameters() if p.requires_grad}
-    assert frozen == {torch.bfloat16} and trained == {torch.float32}
-    assert not backend.optimizer.copies  # AdamW steps the fp32 adapters themselves
+    adapters = [p for p in backend.model.parameters() if p.requires_grad]
+    assert frozen == {p.dtype for p in adapters} == {torch.bfloat16} and backend.optimizer.copies
+    name, layer = next(iter(lora_layers.adapted_layers(backend.model).items()))
+    x = torch.randn(2, 8, layer.in_features, dtype=torch.bfloat16, requires_grad=True)
+    with _Recorder() as seen:
+        out = layer(x)
+        out.backward(torch.ones_like(out))
+    assert out.dtype == torch.bfloat16 and layer.lora_A[lora_layers.ADAPTER].weight.grad is not None
+    fp32 = [(op, d) for op, d, o in seen.ops if getattr(o, "dtype", None) == torch.float32]
+    assert not fp32, f"{name}: fp32 work in the adapter's forward and backward: {fp32}"
+
+    _made_up_step(backend, seed=0)
+    masters = backend.optimizer.masters_by_param()
+    assert all(masters[p].dtype == torch.float32 for p in adapters)
+    assert all(torch.equal(p, masters[p].to(p.dtype)) for p in adapters)
+    assert any(not torch.equal(masters[p], p.float()) for p in adapters), "masters keep what bf16 rounds"
+    backend.export_hf(str(tmp_path))
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert saved.keys() == lora_layers.adapter_weights(backend.model).keys()
+    want = lora_layers.adapter_weights(backend.model, masters)
+    assert all(saved[k].dtype == torch.float32 and torch.equal(saved[k], want[k]) for k in saved)
+
+    # a checkpoint restores the adapters and their masters: the next step is the same, bit for bit
+    backend.save(str(tmp_path / "ckpt"))
+    resumed = train_backend(TorchTrainBackend, cfg, CPU)
+    resumed.load(str(tmp_path / "ckpt"))
+    for b in (backend, resumed):
+        _made_up_step(b, seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), backend.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(resumed.optimizer.masters, backend.optimizer.masters))
+
+
+def _made_up_step(backend, seed: int) -> None:
+    """An optimizer step on seeded random gradients of the adapters."""
+    g = torch.Generator().manual_seed(seed)
+    for p in backend.model.parameters():
+        if p.requires_grad:
+            p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+    backend.optimizer_step()

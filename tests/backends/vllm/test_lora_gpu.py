@@ -36,7 +36,8 @@ CTX = ParallelContext(0, 1, torch.device("cuda", 0))
 @pytest.fixture(scope="module")
 def cfg():
     return compose_config(
-        "actor_rollout_ref.rollout.name=vllm",  # lora_sync auto: adapter
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.lora_sync=adapter",  # auto beside the trainer: merged
         f"actor_rollout_ref.model.dtype={DTYPE}",
         "actor_rollout_ref.model.lora_rank=8",
         "actor_rollout_ref.model.lora_alpha=16",

@@ -33,7 +33,8 @@ def _config(layer_spec: str):
     from tests.conftest import compose_config
 
     return compose_config(
-        "actor_rollout_ref.rollout.name=vllm",  # lora_sync auto: adapter (bf16 engine)
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.lora_sync=adapter",  # auto beside the trainer: merged
         "actor_rollout_ref.actor.strategy=megatron",
         "actor_rollout_ref.actor.megatron.param_dtype=bfloat16",
         f"actor_rollout_ref.actor.megatron.layer_spec={layer_spec}",
