@@ -56,6 +56,16 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
+# FIRST, whatever kind is lent (session 15 changed LoRA after its rows: bf16 adapters with fp32
+# masters on both backends, lora_sync auto -> merged beside the trainer; nothing of it ran on a GPU):
+#   side_lora alone (carry .anchors; ~6 min on an H100; issue 31's <= 0.6x: 0.81x before the change):
+#     bash bench/acceptance_slots.sh $OUT 0:side_lora
+#   the 8B LoRA rows, both now syncing merged weights (541 s on an H100 in session 15 with the builds):
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch-lora 8b-megatron-lora"
+#   the LoRA GPU tests (they ask for the adapter sync) and PPO's:
+#     bash bench/acceptance_slots.sh $OUT 0:tests_c+tests_ppo
+# On an H100 (issue 29's 80 GiB rows, each alone): side_64 (~9), "matrix 4b-torch" (the 4B engine
+# sleeps there: a7d7454's reserved-not-allocated check at the hand-overs).
 # CALL PLAN for the next session on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2 calls of
 # <= 590 s): the whole one-GPU record of docs/gpu_acceptance.md but the side-by-sides, on one commit
 # (tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
