@@ -66,11 +66,19 @@ def start_local_ray():
     on 2 cores). Returns the ray module."""
     import ray
 
+    from tests import spare_workers
+
     if not ray.is_initialized():
         # address="local": a Ray of this test session's own, never one another process started here
         ray.init(
-            address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=False,
+            _system_config=spare_workers.system_config(),
         )
+        spare_workers.keep_one_spare()  # the next run's worker starts while this one runs
     return ray
 
 
