@@ -68,17 +68,21 @@ def start_local_ray():
 
     from tests import spare_workers
 
-    if not ray.is_initialized():
-        # address="local": a Ray of this test session's own, never one another process started here
-        ray.init(
-            address="local",
-            num_cpus=2,
-            include_dashboard=False,
-            configure_logging=False,
-            log_to_driver=False,
-            _system_config=spare_workers.system_config(),
-        )
-        spare_workers.keep_one_spare()  # the next run's worker starts while this one runs
+    if ray.is_initialized():
+        return ray
+    # address="local": a Ray of this test session's own, never one another process started here
+    local = dict(
+        address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False
+    )
+    if spare_workers.usable:
+        try:
+            ray.init(**local, _system_config=spare_workers.system_config())
+            spare_workers.keep_one_spare()  # the next run's worker starts while this one runs
+            return ray
+        except RuntimeError:  # a Ray whose GCS does not know those settings exits: run without a spare
+            spare_workers.usable = False
+            ray.shutdown()
+    ray.init(**local)
     return ray
 
 

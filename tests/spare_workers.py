@@ -13,7 +13,8 @@ checks are the same; only when the imports happened moves. Measured, paired on t
 DAPO, packing): 92.5 / 91.9 s without, 78.9 / 81.3 s with.
 
 Best effort: if the raylet or the call is not there (another Ray version), the keeper stops and
-the session runs as it would without it.
+the session runs as it would without it; a Ray whose GCS refuses `system_config()`'s settings (it
+exits, and ray.init times out after ~30 s) is started again without them, once a session.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ PRELOAD = (
     "dagrl.backends.hf.rollout",
 )
 POLL_S = 0.5
+usable = True  # False once a Ray refused system_config() (tests/conftest.py: start_local_ray)
 STARTING_S = 5.0
 KEEP_ALIVE_S = 3600  # Ray would otherwise reap an idle worker above its soft limit after ~1 s
 
