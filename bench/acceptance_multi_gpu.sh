@@ -53,7 +53,7 @@ WHAT=${2:?separate, dp2, tp, pp, gkd3a, gkd3b, big, big14, two_nodes, gkd4_coloc
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
-  RAY_AUTH_MODE=disabled
+  RAY_AUTH_MODE=disabled VLLM_ALLREDUCE_USE_SYMM_MEM=0  # no NVLink multicast on shared hosts
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 
 . "$(dirname "$0")/slot_lib.sh"  # stop_ray, limit
