@@ -1,7 +1,7 @@
 """LoRA adapters synced to vLLM from tensors in memory (backends/vllm/lora_adapter.py), on the
 shipped tiny model: the engine samples what the same adapter merged into the weights samples on
-the hf rollout (the greedy rows agree as vLLM and hf agree on full weights), its log-probs are the
-trainer's, and a sync carries the adapters only, from sleep through the staged wake.
+the hf rollout (greedy rows part only at near-ties, where two bf16 computations may), its log-probs
+are the trainer's, and a sync carries the adapters only, from sleep through the staged wake.
 
 One engine per process (vLLM's sleep-mode allocator is a process singleton): run this file alone,
     python -m pytest -q -m gpu tests/backends/vllm/test_lora_gpu.py
@@ -114,6 +114,33 @@ def test_adapter_sync_samples_what_merged_weights_sample(cfg, synced, prompts): 
         print(f"sync {sync}: adapter {adapter_bytes} bytes, merged {merged_bytes} bytes")
         assert adapter_bytes < merged_bytes / 4
         hf.load_weights(weight_buckets(merged.items(), 2**28, to_cpu=False))
-        same = _same_rows(with_adapter, greedy(hf, prompts)).float().mean()
-        assert same >= 0.95, f"sync {sync}: {same:.2f} of the greedy rows agree with merged weights on hf"
+        on_hf = greedy(hf, prompts)
+        same = _same_rows(with_adapter, on_hf)
+        gaps = _tie_gaps(trainer, prompts, with_adapter, on_hf, ~same)
+        print(f"sync {sync}: {same.float().mean():.2f} of the rows agree; where not, gaps {gaps}")
+        # Two bf16 computations of the same weights (LoRA kernels beside the base, the adapter
+        # folded into it) agree wherever the top two tokens are apart; a row may part at a
+        # near-tie. A stale or half-installed adapter parts rows at clear choices.
+        assert same.float().mean() >= 0.8, f"sync {sync}: {same.float().mean():.2f} of the rows agree"
+        assert all(g < NEAR_TIE for g in gaps), f"sync {sync}: rows parted at clear choices: {gaps}"
         before = with_adapter
+
+
+NEAR_TIE = 0.1  # nats between the two tokens where a row parts: bf16 rounding of logits ~1-10
+
+
+def _tie_gaps(trainer, prompts, a, b, rows: torch.Tensor) -> list[float]:  # noqa: F811
+    """For each row where `a` and `b` part: the trainer's log-prob gap between the two tokens at
+    the first position where they differ (same prefix: one next-token distribution)."""
+    if not rows.any():
+        return []
+    batch = prompts.select(["prompts", "prompt_mask"])
+    lp_a = trainer.forward_logprobs(batch.union(a), "old_logprobs")[0]["old_logprobs"]
+    lp_b = trainer.forward_logprobs(batch.union(b), "old_logprobs")[0]["old_logprobs"]
+    gaps = []
+    for r in torch.nonzero(rows)[:, 0].tolist():
+        differ = (a["responses"][r] * a["response_mask"][r]) != (b["responses"][r] * b["response_mask"][r])
+        p = int(torch.nonzero(differ)[0])
+        both = bool(a["response_mask"][r, p]) and bool(b["response_mask"][r, p])
+        gaps.append(round(float((lp_a[r, p] - lp_b[r, p]).abs()), 4) if both else float("inf"))
+    return gaps
