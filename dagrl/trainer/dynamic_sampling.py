@@ -25,8 +25,6 @@ group baseline) and warned about; verl stops the run there instead.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from dagrl.algos.dapo import overlong_penalty, varied_groups
@@ -80,7 +78,6 @@ class GroupFilter:
     def step(self, step: int, draw) -> dict[str, float]:
         """Train step `step`; `draw(step, first_group)` collates the loader's next prompts with
         group ids from `first_group` on."""
-        start = time.perf_counter()
         kept, dropped, rounds, per_round = [], [], 0, []
         groups_kept = groups_drawn = 0
         cap = self.filter.max_num_gen_batches
@@ -108,7 +105,6 @@ class GroupFilter:
         batch = concat_rows(kept, self.pad_id).index(range(self.rows))
         _, train_metrics = self.scheduler.run(batch, step, only=self.train)
         metrics = merge_rounds([*per_round, train_metrics])
-        metrics["timing_s/step"] = time.perf_counter() - start
         metrics.update(
             {
                 "dynamic_sampling/rounds": float(rounds),

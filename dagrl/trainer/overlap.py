@@ -14,7 +14,6 @@ position before it: after resume that batch is sampled again, with the resumed w
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from dagrl.core.batch import Batch
@@ -37,7 +36,6 @@ class RolloutAhead:
     ) -> dict[str, float]:
         """Train step `step` on `current` (sampled one step ago, or now if nothing is in flight)
         while `next_batch` is sampled; `data_state`: the loader's position before `next_batch`."""
-        start = time.perf_counter()
         run = self.scheduler.run
         _, metrics = run(Batch(), step, only=self.sync)
         if self.pending is None:
@@ -58,7 +56,6 @@ class RolloutAhead:
         metrics.update(train_metrics)
         metrics.update(bytes_moved)  # the three runs' together (the background one: the step it samples for)
         metrics["rollout/staleness"] = staleness
-        metrics["timing_s/step"] = time.perf_counter() - start
         return metrics
 
     def close(self) -> None:
