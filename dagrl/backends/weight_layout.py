@@ -249,6 +249,39 @@ def unpack_into(
     torch._foreach_copy_(targets, values)
 
 
+class UnpackViews:
+    """A receiver's buffers for a plan and, made once, every unpack's views: the rows of the
+    engine's parameters and the runs of the buffer that fill them (bucket i uses buffer
+    i % buffers). Reused across syncs while the engine keeps its parameters."""
+
+    def __init__(
+        self,
+        plan: list[list[tuple[Slot, int]]],
+        params: dict[str, torch.Tensor],
+        buffers: int,
+        device: torch.device,
+    ):
+        self.sizes = [bucket_bytes(b) for b in plan]
+        self.nbytes = sum(slot.nbytes for bucket in plan for slot, _ in bucket)
+        self.buffers = [
+            torch.empty(max(self.sizes, default=0), dtype=torch.uint8, device=device) for _ in range(buffers)
+        ]
+        self.targets, self.values = [], []
+        for i, bucket in enumerate(plan):
+            targets, values = [], []
+            for slot, piece, view in _piece_views(bucket, self.buffers[i % buffers]):
+                per_row = slot.row_bytes // slot.dtype.itemsize
+                flat = params[slot.param].data.view(-1)
+                targets.append(flat[piece.row * per_row : (piece.row + piece.rows) * per_row])
+                values.append(view)
+            self.targets.append(targets)
+            self.values.append(values)
+
+    def unpack(self, i: int) -> None:
+        """Bucket i from its buffer into the parameters (one multi-tensor copy)."""
+        torch._foreach_copy_(self.targets[i], self.values[i])
+
+
 def sources_for(
     plan: list[list[tuple[Slot, int]]], exported: Iterable[dict[str, torch.Tensor]]
 ) -> Iterator[dict[str, torch.Tensor]]:
