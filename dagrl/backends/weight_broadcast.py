@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from dagrl.backends.weight_layout import Slot, UnpackViews, bucket_bytes, pack_into, sources_for
-from dagrl.backends.weight_pipeline import Op, PhaseClock, SyncPhases, schedule
+from dagrl.backends.weight_pipeline import BUFFERS, Op, PhaseClock, SyncPhases, schedule
 
 _ALIGN = 16  # byte offset of every tensor in a packed bucket: any dtype's view stays aligned
 _TIMEOUT = datetime.timedelta(minutes=30)
@@ -104,7 +104,7 @@ class BroadcastGroup:
         self,
         plan: list[list[tuple[Slot, int]]],
         exported: Iterable[dict[str, torch.Tensor]],
-        buffers: int = 2,
+        buffers: int = BUFFERS,
     ) -> int:
         """Broadcast the exported weights in the engine's layout through `buffers` buffers (1: each
         pack waits for the previous broadcast); returns the bytes sent. `phases` says where the
@@ -135,7 +135,7 @@ class BroadcastGroup:
         return sum(sizes)
 
     def receive_direct(
-        self, plan: list[list[tuple[Slot, int]]], params: dict[str, torch.Tensor], buffers: int = 2
+        self, plan: list[list[tuple[Slot, int]]], params: dict[str, torch.Tensor], buffers: int = BUFFERS
     ) -> int:
         """Receive every bucket straight into the engine's parameters through `buffers` buffers
         (kept for the next sync, with their views); returns the bytes taken."""

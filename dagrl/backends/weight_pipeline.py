@@ -24,6 +24,15 @@ from enum import Enum
 
 import torch
 
+BUFFERS = 2  # per side of a direct sync: one bucket's copy beside the other's broadcast
+
+
+def sync_buffer_bytes(limit_bytes: float, model_bytes: float) -> float:
+    """What a separate sync's buffers hold on each side: BUFFERS buckets of at most limit_bytes
+    (a larger parameter is cut into rows, weight_layout.plan_buckets), and no more than the model
+    (the receiver keeps its buffers between syncs; the sender makes them for each sync)."""
+    return BUFFERS * min(limit_bytes, model_bytes)
+
 
 class Op(str, Enum):
     COPY = "copy"  # sender: pack bucket i into its buffer; receiver: unpack it from its buffer
