@@ -1,0 +1,39 @@
+"""bench/weight_broadcast_gpu.py on the CPU (gloo, both members on threads): every case prints its
+line, the sync cases' parameters come back equal to the sender's, and a receiver that drops a
+bucket makes the run fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from dagrl.backends.weight_layout import UnpackViews
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import weight_broadcast_gpu  # noqa: E402
+
+ARGS = ["--cpu", "--shapes", "tiny", "--reps", "1", "--bucket-mb", "0.02", "0.05"]
+
+
+def test_every_case_reports_and_the_weights_arrive(capsys):
+    assert weight_broadcast_gpu.main(ARGS) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["case"], r["bucket_mb"]) for r in rows] == [
+        ("plain_buckets", 0.05),
+        ("buffers=1", 0.05),
+        ("buffers=2", 0.02),
+        ("buffers=2", 0.05),
+    ]
+    assert [r["equal"] for r in rows] == [None, True, True, True]
+    assert rows[2]["buckets"] > rows[3]["buckets"] > 1  # the 128 KB embedding cut at both sizes
+    assert all(r["GBps"] > 0 and r["vs_floor"] > 0 for r in rows)
+    assert set(rows[3]["receive_ms"]) <= {"copy", "wire", "host"} and rows[3]["receive_ms"]["wire"] > 0
+
+
+def test_a_bucket_left_out_fails_the_run(monkeypatch, capsys):
+    unpack = UnpackViews.unpack
+    monkeypatch.setattr(UnpackViews, "unpack", lambda self, i: i == 1 or unpack(self, i))
+    assert weight_broadcast_gpu.main(ARGS) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["equal"] for r in rows] == [None, False, False, False]
