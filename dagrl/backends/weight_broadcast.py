@@ -6,7 +6,9 @@ default group. Each bucket of HF-named tensors (at most rollout.weight_sync_buck
 may exceed it) goes out as three broadcasts: the length of its layout, the layout (names, dtypes,
 shapes, offsets; pickled), then the tensors packed into one byte buffer; a zero length ends the
 stream. Receivers unpack views of the buffer and load them into their engine bucket by bucket,
-so GPU memory holds one bucket (plus the engine's weights) at a time.
+so GPU memory holds one bucket (plus the engine's weights) at a time. The direct path (buckets in
+the engine's own layout, both sides knowing the plan) sends each bucket as one broadcast through
+two buffers per side, copies overlapping the wire (weight_pipeline.py).
 """
 
 from __future__ import annotations
@@ -111,7 +113,9 @@ class BroadcastGroup:
         time went."""
         assert self.rank == 0
         sizes = [bucket_bytes(b) for b in plan]
-        pool = [torch.empty(max(sizes), dtype=torch.uint8, device=self.device) for _ in range(buffers)]
+        pool = [
+            torch.empty(max(sizes, default=0), dtype=torch.uint8, device=self.device) for _ in range(buffers)
+        ]
         clock, draw_s, works = PhaseClock(self.device), 0.0, {}
         sources = sources_for(plan, exported)  # draws the whole export
         start = self._start_clock()
@@ -166,8 +170,8 @@ class BroadcastGroup:
         """The receive buffers and every unpack's views, made once and reused while the plan, the
         buffer count and the engine's parameters stay the same (per sync they were ~600 Python
         slicing calls on a 0.6B model)."""
-        key = (id(plan), buffers, tuple(p.data_ptr() for p in params.values()))
-        if self._unpack_key != key:
+        key = (buffers, tuple(p.data_ptr() for p in params.values()))
+        if self._unpack_views is None or self._unpack_views.plan is not plan or self._unpack_key != key:
             self._unpack_views, self._unpack_key = None, None  # the old buffers go first
             self._unpack_views, self._unpack_key = UnpackViews(plan, params, buffers, self.device), key
         return self._unpack_views

@@ -289,6 +289,7 @@ class UnpackViews:
         buffers: int,
         device: torch.device,
     ):
+        self.plan = plan  # the plan these views were made for (reused only for the same object)
         self.sizes = [bucket_bytes(b) for b in plan]
         self.nbytes = sum(slot.nbytes for bucket in plan for slot, _ in bucket)
         self.buffers = [
