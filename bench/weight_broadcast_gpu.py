@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from dagrl.backends.weight_broadcast import BroadcastGroup  # noqa: E402
-from dagrl.backends.weight_layout import Piece, Slot, pack_into, plan_buckets, unpack_into  # noqa: E402
+from dagrl.backends.weight_layout import Piece, Slot, plan_buckets  # noqa: E402
 from dagrl.backends.weight_pipeline import SyncPhases  # noqa: E402
 
 # hidden, layers, heads, kv heads, intermediate, vocabulary, tied output layer (head_dim 128)
@@ -150,15 +150,14 @@ def member(rank: int, args, port: int, out: list) -> None:
     group = BroadcastGroup("127.0.0.1", port, rank, 2, device)
     for shape in args.shapes:
         slots = engine_slots(shape)
-        params = {s.param: torch.zeros(s.shape, dtype=s.dtype, device=device) for s in slots}
+        params = {s.param: torch.zeros(s.shape, dtype=s.dtype, device=device) for s in slots} if rank else {}
         sources = hf_tensors(slots, device) if rank == 0 else None
         expected = None
-        if rank == 0:  # what the engine should hold: the pure pack/unpack, in process
-            expected = {k: torch.zeros_like(v) for k, v in params.items()}
-            for bucket in plan_buckets(slots, 256 * 2**20):
-                buf = torch.empty(bucket[-1][1] + bucket[-1][0].nbytes, dtype=torch.uint8, device=device)
-                pack_into(bucket, sources, buf)
-                unpack_into(bucket, buf, expected)
+        if rank == 0:  # what the engine should hold: each HF tensor at its rows
+            expected = {s.param: torch.zeros(s.shape, dtype=s.dtype, device=device) for s in slots}
+            for s in slots:
+                for p in s.pieces:
+                    expected[s.param][p.row : p.row + p.rows] = sources[p.source]
         total = sum(s.nbytes for s in slots)
         floor, _ = timed(group, args.reps, plain(group, [total]))
         cases = [("plain_buckets", 1, args.bucket_mb[-1])]
