@@ -14,8 +14,12 @@
 # weights are built on first use into /tmp/dagrl_models (in a process of their own: 0.6B ~10 s,
 # 8B ~1 min, 14B ~2 min, on the GPU), the gsm8k parquet of the script rows from the test fixtures.
 #   kind nvidia-h100-x2 (2x H100; an H200 pair gives the same rows and also `big14`):
-#     1. separate       ~9: 2g-0.6b-separate, -overlap (32x8x256, 10 steps); a raw NCCL broadcast of
-#                           the sync's bytes, same cards, same call: weight_sync/GBps >= 0.8 of it
+#     1. separate       ~9: first the weight broadcast alone (bench/weight_broadcast_gpu.py, < 60 s,
+#                           OUT/weight_broadcast.log: a plain broadcast of a 0.6B and an 8B shape's
+#                           bytes, the single-buffer and the pipelined direct paths, GB/s and the
+#                           ratio to the plain one, weights checked equal); then 2g-0.6b-separate,
+#                           -overlap (32x8x256, 10 steps); a raw NCCL broadcast of the sync's bytes,
+#                           same cards, same call: weight_sync/GBps >= 0.8 of it
 #     2. dp2            ~9: 1g-0.6b-colocate (CUDA_VISIBLE_DEVICES=0), 2g-0.6b-dp2 at 64 prompts:
 #                           scaling = 1g step / 2g step; the colocated mismatch beside separate's
 #     3. tp             ~9: 1g-0.6b-megatron, 2g TP2+SP with vLLM TP2: step 1 side by side, MFU
@@ -75,7 +79,9 @@ pair() {  # pair A B: two rows' per-step loss, grad norm and reward side by side
 
 case $WHAT in
 separate)
-    ROW_TIMEOUT=${ROW_TIMEOUT:-230} rows 2g-0.6b-separate 2g-0.6b-separate-overlap
+    # the broadcast alone first: the pipelined direct path against a plain broadcast of the same bytes
+    CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f1,2) timeout 75 python3 bench/weight_broadcast_gpu.py 2>&1 | tee "$OUT/weight_broadcast.log" | cut -c1-600
+    ROW_TIMEOUT=${ROW_TIMEOUT:-220} rows 2g-0.6b-separate 2g-0.6b-separate-overlap
     BYTES=$(field 2g-0.6b-separate weight_sync/bytes)
     # the same bytes between the same two cards, raw: the sync's GB/s should be >= 0.8 of this
     [ -n "$BYTES" ] && CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f1,2) timeout 60 python3 bench/nccl_broadcast.py --bytes "${BYTES%.*}" | tee "$OUT/nccl.log"

@@ -232,13 +232,14 @@ def gsm8k_data(root: str = "/tmp/dagrl_gsm8k") -> str:
 
 
 def derived(result: dict) -> dict:
-    """What the issue reads off a row: MFU per GPU, the sync's GB/s against its floor, teacher tokens/s."""
+    """What the issue reads off a row: MFU per GPU, the sync's GB/s against its floor and where its
+    time went (weight_sync/<phase>_ms), teacher tokens/s."""
     med = result.get("median", {})
     out = {}
     for key, value in med.items():
         if key.endswith("_tflops_per_gpu"):
             out[key.replace("_tflops_per_gpu", "_mfu")] = round(value / PEAK_TFLOPS, 4)
-        if key.startswith("weight_sync/") and ("GBps" in key or key.endswith("bytes")):
+        if key.startswith("weight_sync/") and ("GBps" in key or key.endswith(("bytes", "_ms"))):
             out[key] = value
         if key.endswith("tokens_per_s"):
             out[key] = value

@@ -30,11 +30,13 @@ _ALIGN = 16  # byte offset of every parameter in a bucket, as in weight_broadcas
 
 @dataclass(frozen=True)
 class Piece:
-    """HF tensor `source` fills rows [row, row + rows) of its engine parameter."""
+    """Rows [src_row, src_row + rows) of HF tensor `source` fill rows [row, row + rows) of its
+    engine parameter (src_row > 0 only where the plan cut a parameter larger than a bucket)."""
 
     source: str
     row: int
     rows: int
+    src_row: int = 0
 
 
 @dataclass(frozen=True)
@@ -196,17 +198,40 @@ class RecipeBuilder:
 
 
 def plan_buckets(slots: list[Slot], limit_bytes: int) -> list[list[tuple[Slot, int]]]:
-    """Slots grouped in order into buckets of about limit_bytes, each with its byte offset."""
+    """Slots grouped in order into buckets of at most limit_bytes, each with its byte offset; a
+    slot larger than the limit (an embedding) is cut into runs of rows that fit, so a sync's
+    buffers hold `limit_bytes` however large the model's largest parameter (a row larger than the
+    limit goes alone)."""
     buckets, bucket, offset = [], [], 0
-    for slot in slots:
-        if bucket and offset + slot.nbytes > limit_bytes:
+    for part in (p for slot in slots for p in _cut(slot, limit_bytes)):
+        if bucket and offset + part.nbytes > limit_bytes:
             buckets.append(bucket)
             bucket, offset = [], 0
-        bucket.append((slot, offset))
-        offset += -(-slot.nbytes // _ALIGN) * _ALIGN
+        bucket.append((part, offset))
+        offset += -(-part.nbytes // _ALIGN) * _ALIGN
     if bucket:
         buckets.append(bucket)
     return buckets
+
+
+def _cut(slot: Slot, limit_bytes: int) -> list[Slot]:
+    """`slot` as slots of the same parameter of at most limit_bytes each (whole rows)."""
+    if slot.nbytes <= limit_bytes:
+        return [slot]
+    per_part = max(1, limit_bytes // max(slot.row_bytes, 1))
+    parts, pieces, room = [], [], per_part
+    for piece in slot.pieces:
+        done = 0
+        while done < piece.rows:
+            take = min(room, piece.rows - done)
+            pieces.append(Piece(piece.source, piece.row + done, take, piece.src_row + done))
+            done, room = done + take, room - take
+            if room == 0:
+                parts.append(Slot(slot.param, slot.dtype, slot.shape, tuple(pieces)))
+                pieces, room = [], per_part
+    if pieces:
+        parts.append(Slot(slot.param, slot.dtype, slot.shape, tuple(pieces)))
+    return parts
 
 
 def bucket_bytes(bucket: list[tuple[Slot, int]]) -> int:
@@ -231,7 +256,10 @@ def pack_into(bucket: list[tuple[Slot, int]], sources: dict[str, torch.Tensor], 
     views, values = [], []
     for _, piece, view in _piece_views(bucket, buffer):
         views.append(view)
-        values.append(sources[piece.source].detach().reshape(-1))
+        source = sources[piece.source].detach()
+        if piece.src_row or piece.rows != (source.shape[0] if source.dim() else 1):
+            source = _rows(source)[piece.src_row : piece.src_row + piece.rows]  # a cut slot's rows
+        values.append(source.reshape(-1))
     torch._foreach_copy_(views, values)
 
 
@@ -249,6 +277,40 @@ def unpack_into(
     torch._foreach_copy_(targets, values)
 
 
+class UnpackViews:
+    """A receiver's buffers for a plan and, made once, every unpack's views: the rows of the
+    engine's parameters and the runs of the buffer that fill them (bucket i uses buffer
+    i % buffers). Reused across syncs while the engine keeps its parameters."""
+
+    def __init__(
+        self,
+        plan: list[list[tuple[Slot, int]]],
+        params: dict[str, torch.Tensor],
+        buffers: int,
+        device: torch.device,
+    ):
+        self.plan = plan  # the plan these views were made for (reused only for the same object)
+        self.sizes = [bucket_bytes(b) for b in plan]
+        self.nbytes = sum(slot.nbytes for bucket in plan for slot, _ in bucket)
+        self.buffers = [
+            torch.empty(max(self.sizes, default=0), dtype=torch.uint8, device=device) for _ in range(buffers)
+        ]
+        self.targets, self.values = [], []
+        for i, bucket in enumerate(plan):
+            targets, values = [], []
+            for slot, piece, view in _piece_views(bucket, self.buffers[i % buffers]):
+                per_row = slot.row_bytes // slot.dtype.itemsize
+                flat = params[slot.param].data.view(-1)
+                targets.append(flat[piece.row * per_row : (piece.row + piece.rows) * per_row])
+                values.append(view)
+            self.targets.append(targets)
+            self.values.append(values)
+
+    def unpack(self, i: int) -> None:
+        """Bucket i from its buffer into the parameters (one multi-tensor copy)."""
+        torch._foreach_copy_(self.targets[i], self.values[i])
+
+
 def sources_for(
     plan: list[list[tuple[Slot, int]]], exported: Iterable[dict[str, torch.Tensor]]
 ) -> Iterator[dict[str, torch.Tensor]]:
@@ -257,17 +319,18 @@ def sources_for(
     always drained (a sharded trainer exports collectively)."""
     stream = iter(exported)
     pending: dict[str, torch.Tensor] = {}
-    used = {piece.source for bucket in plan for slot, _ in bucket for piece in slot.pieces}
-    for bucket in plan:
-        needed = [piece.source for slot, _ in bucket for piece in slot.pieces]
+    last = {piece.source: i for i, bucket in enumerate(plan) for slot, _ in bucket for piece in slot.pieces}
+    for i, bucket in enumerate(plan):
+        needed = list(dict.fromkeys(piece.source for slot, _ in bucket for piece in slot.pieces))
         while any(name not in pending for name in needed):
             try:
-                pending.update({k: v for k, v in next(stream).items() if k in used})
+                pending.update({k: v for k, v in next(stream).items() if k in last})
             except StopIteration:
                 missing = [name for name in needed if name not in pending]
                 raise RuntimeError(
                     f"the trainer's weights lack {missing[:3]} that the engine expects"
                 ) from None
-        yield {name: pending.pop(name) for name in needed}
+        # a tensor cut over several buckets stays until its last one
+        yield {name: pending.pop(name) if last[name] == i else pending[name] for name in needed}
     for _ in stream:
         pass

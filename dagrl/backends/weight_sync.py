@@ -47,7 +47,12 @@ def weight_buckets(
 
 
 def sync_weights(src: RoleHandle, dst: RoleHandle) -> dict[str, float]:
-    """Copy src's current weights into dst; returns weight_sync/{bytes,s,GBps} (+ the broadcast floor)."""
+    """Copy src's current weights into dst; returns weight_sync/{bytes,s,GBps}, and when the pools
+    are separate the broadcast floor and where the time went, in ms (weight_sync/<phase>_ms): the
+    sender's export draw, packs (GPU time), host loop and whole call (send_ms); the receiver's
+    wire, unpacks (GPU time), host loop, the engine's activate/begin/finish and whole call
+    (receive_ms); what the driver adds beyond the slower worker (driver_ms). The HF-named path
+    reports the whole calls and the engine only. CUDA events, read once per sync: kept every step."""
     start = time.perf_counter()
     metrics: dict[str, float] = {}
     if src.pool is dst.pool:
@@ -63,7 +68,8 @@ def sync_weights(src: RoleHandle, dst: RoleHandle) -> dict[str, float]:
             learn = first and _direct_enabled(src)
             sends = [a.run.remote(_send, src.role, direct) for a in src.pool.actors]
             receives = [a.run.remote(_receive, dst.role, direct, learn) for a in dst.pool.actors]
-            received = dst.pool.get(receives + sends)[: len(receives)]
+            done = dst.pool.get(receives + sends)
+            received, sent = done[: len(receives)], done[len(receives) :]
             if learn:
                 _adopt_layout(src, dst, [r[3] for r in received])
         nbytes = [r[0] for r in received]
@@ -76,6 +82,8 @@ def sync_weights(src: RoleHandle, dst: RoleHandle) -> dict[str, float]:
         metrics["weight_sync/broadcast_vs_floor"] = metrics["weight_sync/broadcast_GBps"] / max(
             dst.pool.broadcast_floor_gbps, 1e-9
         )
+        sender = next((phases for n, phases in sent if n), sent[0][1])  # the one in the group
+        metrics |= {f"weight_sync/{k}": v for k, v in (sender | received[0][4]).items()}
     seconds = time.perf_counter() - start
     metrics.update(
         {
@@ -84,6 +92,9 @@ def sync_weights(src: RoleHandle, dst: RoleHandle) -> dict[str, float]:
             "weight_sync/GBps": nbytes[0] / max(seconds, 1e-9) / 1e9,
         }
     )
+    if "weight_sync/receive_ms" in metrics:  # what the driver adds: Ray calls, the slower side
+        worker_ms = max(metrics["weight_sync/receive_ms"], metrics["weight_sync/send_ms"])
+        metrics["weight_sync/driver_ms"] = seconds * 1e3 - worker_ms
     return metrics
 
 
@@ -145,42 +156,68 @@ def _plan_sends(worker, slots: list[Slot]) -> None:
         worker.weight_group.plan = plan_buckets(slots, _bucket_limit(worker))
 
 
-def _send(worker, src: str, direct: bool) -> int:
-    """Every source worker exports (collectively); the one in the broadcast group sends."""
+def _send(worker, src: str, direct: bool) -> tuple[int, dict[str, float]]:
+    """Every source worker exports (collectively); the one in the broadcast group sends.
+    Returns the bytes sent and the sender's phases (ms)."""
+    start = time.perf_counter()
     buckets = worker.activate(src).export_weights()
-    if worker.weight_group is None:
+    group = worker.weight_group
+    if group is None:
         for _ in buckets:  # take part in the collective export, keep nothing
             pass
-        return 0
+        return 0, {}
+    phases = {}
     if direct:
-        return worker.weight_group.send_direct(worker.weight_group.plan, buckets)
-    return worker.weight_group.send(buckets)
+        sent = group.send_direct(group.plan, buckets)
+        p = group.phases
+        phases = {"export_draw_ms": p.draw_s, "pack_ms": p.copy_s, "send_host_ms": p.host_s}
+        phases = {k: v * 1e3 for k, v in phases.items()}
+    else:
+        sent = group.send(buckets)
+    return sent, phases | {"send_ms": (time.perf_counter() - start) * 1e3}
 
 
-def _receive(worker, dst: str, direct: bool, learn: bool) -> tuple[int, int, float, list[Slot] | str | None]:
-    """(bytes the engine took, bytes and seconds of the wire, and when learning: the slots or why not)."""
+def _receive(
+    worker, dst: str, direct: bool, learn: bool
+) -> tuple[int, int, float, list[Slot] | str | None, dict[str, float]]:
+    """(bytes the engine took, bytes and seconds of the wire, when learning: the slots or why
+    not, and the receiver's phases in ms)."""
+    start = time.perf_counter()
     backend = worker.activate(dst)
     group = worker.weight_group
     backend.begin_weight_update()
+    engine_s, phases = time.perf_counter() - start, {}
     if direct:
         nbytes, learnt = group.receive_direct(group.plan, backend.engine_params()), None
+        p = group.phases
+        phases = {"wire_ms": p.wire_s, "unpack_ms": p.copy_s, "receive_host_ms": p.host_s}
     else:
-        params = backend.engine_params() if learn else None
-        builder = RecipeBuilder(params) if params is not None else None
-
-        def load(bucket: dict[str, torch.Tensor]) -> int:
-            if builder is not None:
-                builder.observe(bucket, lambda probes: backend.load_weights([probes]))
-            loaded = backend.load_weights([bucket])
-            if builder is not None:
-                builder.verify(bucket)
-            return loaded
-
-        nbytes = group.receive(load)
-        learnt = "the rollout engine cannot take weights in place" if learn and builder is None else None
-        if builder is not None:
-            learnt = builder.finish() or builder.reason
-            if not isinstance(learnt, str):
-                group.plan = plan_buckets(learnt, _bucket_limit(worker))
+        nbytes, learnt = _receive_named(worker, backend, group, learn)
+    t = time.perf_counter()
     backend.finish_weight_update()
-    return nbytes, group.transfer_bytes, group.transfer_s, learnt
+    phases["engine_ms"] = engine_s + time.perf_counter() - t  # activate, begin and finish
+    phases = {k: v * 1e3 for k, v in phases.items()}
+    phases["receive_ms"] = (time.perf_counter() - start) * 1e3
+    return nbytes, group.transfer_bytes, group.transfer_s, learnt, phases
+
+
+def _receive_named(worker, backend, group, learn: bool) -> tuple[int, list[Slot] | str | None]:
+    """HF-named buckets through the engine's loader; when learning, the map of a direct refresh."""
+    params = backend.engine_params() if learn else None
+    builder = RecipeBuilder(params) if params is not None else None
+
+    def load(bucket: dict[str, torch.Tensor]) -> int:
+        if builder is not None:
+            builder.observe(bucket, lambda probes: backend.load_weights([probes]))
+        loaded = backend.load_weights([bucket])
+        if builder is not None:
+            builder.verify(bucket)
+        return loaded
+
+    nbytes = group.receive(load)
+    learnt = "the rollout engine cannot take weights in place" if learn and builder is None else None
+    if builder is not None:
+        learnt = builder.finish() or builder.reason
+        if not isinstance(learnt, str):
+            group.plan = plan_buckets(learnt, _bucket_limit(worker))
+    return nbytes, learnt

@@ -141,7 +141,8 @@ class RolloutConfig:
     micro_batch_size_per_gpu: int = ranged(256, ge=1)
     """hf: prompts × n sequences generated at once."""
     weight_sync_bucket_mb: int = ranged(256, ge=1)
-    """Size of the buckets in which weights travel to the rollout engine."""
+    """Size of the buckets in which weights travel to the rollout engine (separate placement: a
+    direct sync holds two of them on each side)."""
     weight_sync_direct: bool = True
     """Separate placement: from the second sync on, send weights in the engine's own layout,
     copied straight into its parameters (the map is learnt and checked at the first sync, when

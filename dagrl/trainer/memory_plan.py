@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from dagrl.backends.memory import GIB, RoleMemory, parts_total
+from dagrl.backends.memory import GIB, RoleMemory, param_width, parts_total
 from dagrl.backends.model_shape import ModelShape, read_model_shape
+from dagrl.backends.weight_pipeline import sync_buffer_bytes
 from dagrl.config.placement import Plan, RoleLayout
 from dagrl.config.roles import Role, RoleSpec
 from dagrl.config.schema import DagrlConfig
@@ -136,6 +137,7 @@ def plan_memory(
                 out.notes.append(f"role {role}: model shape unknown here, not counted")
                 continue
             roles[role] = role_memory(cfg, plan.specs[role], plan.roles[role], shape, card, len(group.roles))
+        add_sync_buffers(cfg, plan, roles, shapes)
         for node, devices in group.nodes(plan.n_gpus_per_node).items():
             for role, mem in roles.items():
                 if mem.host:
@@ -202,16 +204,45 @@ def record_resident_memory(cfg: DagrlConfig, plan: Plan, model_path: str, card_g
     shapes = _shapes(cfg, plan, model_path)
     card = (card_gib or 0.0) * GIB  # only engines' pools scale with the card
     for group in plan.groups:
+        roles = {}
         for role in group.roles:
             spec = plan.specs[role]
             shape = shapes.get(spec.model.path)
             entry = BACKENDS.find(spec.kind, spec.backend)
             if shape is None or entry is None or entry.estimate is None:
                 continue
-            mem = entry.estimate(cfg, spec, plan.roles[role], shape, card, len(group.roles))
+            roles[role] = entry.estimate(cfg, spec, plan.roles[role], shape, card, len(group.roles))
+        if plan.device_of(group) == "cuda":
+            add_sync_buffers(cfg, plan, roles, shapes)
+        for role, mem in roles.items():
             plan.memory_gib[role] = parts_total(mem.idle) / GIB
             if mem.host:
                 plan.offloaded_gib[role] = mem.host / GIB
+
+
+def add_sync_buffers(
+    cfg: DagrlConfig, plan: Plan, roles: dict[str, RoleMemory], shapes: dict[str | None, ModelShape]
+) -> None:
+    """Where the trainer and the rollout engine have devices of their own, the weight sync's
+    broadcast buffers (backends/weight_pipeline.py: two buckets per side): kept by the engine's
+    devices between syncs, made on the trainer's for each sync (its rank 0's; every device of
+    the group is planned alike)."""
+    if Role.train not in plan.roles or Role.rollout not in plan.roles:
+        return
+    if plan.group_of(Role.train) is plan.group_of(Role.rollout):
+        return  # colocated: the refresh is an in-process copy
+    spec = plan.specs[Role.rollout]
+    shape = shapes.get(spec.model.path)
+    if shape is None:
+        return
+    limit = cfg.actor_rollout_ref.rollout.weight_sync_bucket_mb * 2.0**20
+    size = sync_buffer_bytes(limit, shape.params * param_width(spec.model.dtype))
+    if Role.rollout in roles:
+        roles[Role.rollout].active["sync_buffers"] = size
+        roles[Role.rollout].idle["sync_buffers"] = size
+    if Role.train in roles:
+        own = roles[Role.train].phases
+        own["weight_sync"] = {**own.get("weight_sync", {}), "sync_buffers": size}
 
 
 # ---- the table -----------------------------------------------------------------------------------

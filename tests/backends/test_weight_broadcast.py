@@ -1,11 +1,10 @@
 """The trainer → rollout broadcast: bucket packing, and a real gloo group of one sender and two
-receivers in separate processes (the NCCL form runs in the GPU suite)."""
+receivers on threads of one process (the NCCL form runs in the GPU suite)."""
 
 from __future__ import annotations
 
-import io
-import multiprocessing as mp
 import socket
+import threading
 
 import torch
 
@@ -34,39 +33,37 @@ def test_pack_unpack_roundtrip_keeps_names_dtypes_shapes_values():
         assert torch.equal(out[name], tensor)
 
 
-def _member(rank: int, world: int, port: int, results) -> None:
-    group = BroadcastGroup("127.0.0.1", port, rank, world, torch.device("cpu"))
-    buckets = [bucket_of_every_kind(), {"f.weight": torch.full((64, 64), float(rank == 0))}]
-    if rank == 0:
-        results.put((rank, group.send(iter(buckets)), None))
-        return
-    got = {}
-
-    def load(bucket):
-        got.update({k: v.clone() for k, v in bucket.items()})  # views of a buffer reused per bucket
-        return sum(v.numel() * v.element_size() for v in bucket.values())
-
-    nbytes = group.receive(load)
-    # as bytes: a tensor put on a queue is shared through this process's file descriptors, which
-    # are gone if it exits before the parent reads it (FileNotFoundError in the parent's get)
-    buffer = io.BytesIO()
-    torch.save(got, buffer)
-    results.put((rank, nbytes, buffer.getvalue()))
-
-
 def test_one_sender_two_receivers_over_gloo():
+    # members on threads of this process: gloo runs the broadcasts on its own threads, and
+    # separate processes cost ~15 s of imports on CI while checking nothing more
     with socket.socket() as s:
         s.bind(("", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_member, args=(r, 3, port, results)) for r in range(3)]
-    for p in procs:
-        p.start()
-    out = {rank: (nbytes, got) for rank, nbytes, got in (results.get(timeout=120) for _ in procs)}
-    out = {rank: (nbytes, got and torch.load(io.BytesIO(got))) for rank, (nbytes, got) in out.items()}
-    for p in procs:
-        p.join(timeout=30)
+    out, errors = {}, []
+
+    def member(rank: int) -> None:
+        try:
+            group = BroadcastGroup("127.0.0.1", port, rank, 3, torch.device("cpu"))
+            buckets = [bucket_of_every_kind(), {"f.weight": torch.full((64, 64), float(rank == 0))}]
+            if rank == 0:
+                out[rank] = (group.send(iter(buckets)), None)
+                return
+            got = {}
+
+            def load(bucket):
+                got.update({k: v.clone() for k, v in bucket.items()})  # views of a buffer reused per bucket
+                return sum(v.numel() * v.element_size() for v in bucket.values())
+
+            out[rank] = (group.receive(load), got)
+        except Exception as e:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
     sent = out[0][0]
     expected = {**bucket_of_every_kind(), "f.weight": torch.ones(64, 64)}  # rank 0's values
     for rank in (1, 2):

@@ -29,7 +29,7 @@ def read_metrics(run_dir) -> list[dict]:
 
 def without_timing(row: dict) -> dict:
     skip = ("timing_s/", "weight_sync/s", "weight_sync/GBps", "rollout/tokens_per_s")
-    return {k: v for k, v in row.items() if not k.startswith(skip)}
+    return {k: v for k, v in row.items() if not k.startswith(skip) and not k.endswith("_ms")}
 
 
 @pytest.mark.slow
@@ -74,6 +74,11 @@ def test_separate_rollout_pool_receives_weights_through_ray(ray_local, separate_
     model_bytes = sum(t.numel() * 4 for t in state.values())  # float32 run
     assert all(r["weight_sync/bytes"] == pytest.approx(model_bytes, rel=0.01) for r in rows)
     assert [r["weight_sync/direct"] for r in rows] == [0.0, 1.0, 1.0]
+    # where a direct sync's time went (weight_sync.py: sync_weights), every step
+    phases = "export_draw pack send_host send wire unpack receive_host engine receive".split()
+    assert all(r[f"weight_sync/{p}_ms"] >= 0 for r in rows[1:] for p in phases)
+    assert all(0 < r["weight_sync/wire_ms"] <= r["weight_sync/receive_ms"] for r in rows[1:])
+    assert "weight_sync/driver_ms" in rows[1]
     loader = tmp_path / "loader"
     run(
         compose_config(

@@ -460,3 +460,22 @@ def test_8b_megatron_on_a_141_gib_card_splits_the_cpu_optimizer_to_fit_a_128_gb_
     # pinned at 1.0: refused for the host, naming the share as a lever
     [warning] = dry(model, *overrides, cpu, f"{A}.megatron.optimizer_offload_fraction=1.0").warnings
     assert "host memory" in warning and "optimizer_offload_fraction" in warning
+
+
+def test_separate_sync_buffers_are_counted_on_both_sides(small, qwen3_4b):
+    """The direct sync's two buckets per side (backends/weight_pipeline.py): kept by the engine's
+    device in every phase, made on the trainer's in the weight_sync phase; no more than the model."""
+    separate = ("placement=separate", "trainer.n_gpus_per_node=2")
+    model_bytes = 138_112 * 2  # the small model in bf16 (test_small_colocated_job_by_hand)
+    train, rollout = dry(small, *SMALL_JOB, *separate).memory.groups
+    rows = {r.phase: r for r in rollout.rows}
+    assert rows["rollout"].parts["sync_buffers"] == 2 * model_bytes
+    assert {r.phase: r for r in train.rows}["weight_sync"].parts["sync_buffers"] == 2 * model_bytes
+    # a model larger than a bucket: two buckets of rollout.weight_sync_bucket_mb
+    prepared = dry(qwen3_4b, *SMALL_JOB, *separate, f"{R}.weight_sync_bucket_mb=128")
+    train, rollout = prepared.memory.groups
+    assert {r.phase: r for r in rollout.rows}["rollout"].parts["sync_buffers"] == 2 * 128 * 2**20
+    assert {r.phase: r for r in train.rows}["weight_sync"].parts["sync_buffers"] == 2 * 128 * 2**20
+    assert prepared.plan.memory_gib["rollout"] * GIB >= 2 * 128 * 2**20  # what it keeps between syncs
+    colocated = dry(small, *SMALL_JOB).memory.groups[0].rows
+    assert all("sync_buffers" not in r.parts for r in colocated)  # an in-process copy
