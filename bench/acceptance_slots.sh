@@ -56,14 +56,19 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST, whatever kind is lent (session 15 changed LoRA after its rows: bf16 adapters with fp32
-# masters on both backends, lora_sync auto -> merged beside the trainer; nothing of it ran on a GPU):
-#   side_lora alone (carry .anchors; ~6 min on an H100; issue 31's <= 0.6x: 0.81x before the change):
-#     bash bench/acceptance_slots.sh $OUT 0:side_lora
-#   the 8B LoRA rows, both now syncing merged weights (541 s on an H100 in session 15 with the builds):
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch-lora 8b-megatron-lora"
-#   the LoRA GPU tests (they ask for the adapter sync) and PPO's:
-#     bash bench/acceptance_slots.sh $OUT 0:tests_c+tests_ppo
+# FIRST (session 16 left these; its rows ran at 5776ce0, then dagrl/ changed: the separate sync's
+# direct path pipelined through two buffers per side, the loop timing each step): on nvidia-h100-x2
+# or h200-x2, 5 install calls, then (each alone, ~1,450 s of device time in all with the installs):
+#   the pipelined broadcast: its microbench (< 60 s, JSON per case: vs_floor, the weights checked)
+#   and its >= 0.8 test, then the separate rows (~400 s; the microbench runs first in the group too):
+#     python bench/weight_broadcast_gpu.py && python -m pytest -q -p no:cacheprovider -m gpu tests/bench/test_weight_broadcast_bench.py
+#     bash bench/acceptance_slots.sh $OUT 0,1:separate
+#   issue 30's next pairs (never run on today's code; ~400 s each, as separate took):
+#     bash bench/acceptance_slots.sh $OUT 0,1:dp2
+#     bash bench/acceptance_slots.sh $OUT 0,1:tp
+#   the LoRA test whose agreement bar became a near-tie check (4936e3e), beside the vLLM tests (their
+#   direct-layout case now cuts parameters into rows against vLLM's real parameters), ~160 s:
+#     bash bench/acceptance_slots.sh $OUT 0:tests_c 1:tests_b2
 # On an H100 (issue 29's 80 GiB rows, each alone): side_64 (~9), "matrix 4b-torch" (the 4B engine
 # sleeps there: a7d7454's reserved-not-allocated check at the hand-overs).
 # CALL PLAN for the next session on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2 calls of
