@@ -3,12 +3,10 @@ receivers on threads of one process (the NCCL form runs in the GPU suite)."""
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import torch
 
 from dagrl.backends.weight_broadcast import BroadcastGroup, pack, pack_layout, unpack
+from tests.gloo_threads import free_port, on_threads
 
 
 def bucket_of_every_kind() -> dict[str, torch.Tensor]:
@@ -36,34 +34,24 @@ def test_pack_unpack_roundtrip_keeps_names_dtypes_shapes_values():
 def test_one_sender_two_receivers_over_gloo():
     # members on threads of this process: gloo runs the broadcasts on its own threads, and
     # separate processes cost ~15 s of imports on CI while checking nothing more
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    out, errors = {}, []
+    port = free_port()
+    out = {}
 
     def member(rank: int) -> None:
-        try:
-            group = BroadcastGroup("127.0.0.1", port, rank, 3, torch.device("cpu"))
-            buckets = [bucket_of_every_kind(), {"f.weight": torch.full((64, 64), float(rank == 0))}]
-            if rank == 0:
-                out[rank] = (group.send(iter(buckets)), None)
-                return
-            got = {}
+        group = BroadcastGroup("127.0.0.1", port, rank, 3, torch.device("cpu"))
+        buckets = [bucket_of_every_kind(), {"f.weight": torch.full((64, 64), float(rank == 0))}]
+        if rank == 0:
+            out[rank] = (group.send(iter(buckets)), None)
+            return
+        got = {}
 
-            def load(bucket):
-                got.update({k: v.clone() for k, v in bucket.items()})  # views of a buffer reused per bucket
-                return sum(v.numel() * v.element_size() for v in bucket.values())
+        def load(bucket):
+            got.update({k: v.clone() for k, v in bucket.items()})  # views of a buffer reused per bucket
+            return sum(v.numel() * v.element_size() for v in bucket.values())
 
-            out[rank] = (group.receive(load), got)
-        except Exception as e:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(e)
+        out[rank] = (group.receive(load), got)
 
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert not errors, errors
+    on_threads(3, member)
     sent = out[0][0]
     expected = {**bucket_of_every_kind(), "f.weight": torch.ones(64, 64)}  # rank 0's values
     for rank in (1, 2):

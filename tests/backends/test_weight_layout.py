@@ -4,14 +4,12 @@ on one side and copy into parameters on the other, in-process and over a real gl
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import pytest
 import torch
 
 from dagrl.backends.weight_broadcast import BroadcastGroup
 from dagrl.backends.weight_layout import RecipeBuilder, find_rows, pack_into, plan_buckets, unpack_into
+from tests.gloo_threads import free_port, on_threads
 
 H, Q, KV, FF, V = 8, 8, 4, 12, 10  # hidden, q rows, k/v rows, intermediate, vocabulary
 
@@ -177,31 +175,21 @@ def test_direct_broadcast_over_gloo_reaches_every_receiver():
     # one sender and two receivers on threads of this process (gloo runs the broadcasts on its
     # own threads; separate processes cost ~15 s of imports on CI and checked nothing more)
     slots, _ = learn(FusedEngine(), hf_weights(0))
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    out, errors = {}, []
+    port = free_port()
+    out = {}
 
     def member(rank: int) -> None:
-        try:
-            group = BroadcastGroup("127.0.0.1", port, rank, 3, torch.device("cpu"))
-            plan = plan_buckets(slots, 256)
-            if rank == 0:
-                # the export's buckets do not line up with the plan's, and carry a tensor no slot uses
-                exported = [{"unused.buffer": torch.ones(3)}, *split(hf_weights(3))]
-                out[rank] = (group.send_direct(plan, iter(exported)), None)
-                return
-            engine = FusedEngine()
-            out[rank] = (group.receive_direct(plan, engine.params()), engine.params())
-        except Exception as e:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(e)
+        group = BroadcastGroup("127.0.0.1", port, rank, 3, torch.device("cpu"))
+        plan = plan_buckets(slots, 256)
+        if rank == 0:
+            # the export's buckets do not line up with the plan's, and carry a tensor no slot uses
+            exported = [{"unused.buffer": torch.ones(3)}, *split(hf_weights(3))]
+            out[rank] = (group.send_direct(plan, iter(exported)), None)
+            return
+        engine = FusedEngine()
+        out[rank] = (group.receive_direct(plan, engine.params()), engine.params())
 
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert not errors, errors
+    on_threads(3, member)
     reference = FusedEngine()
     reference.load_weights(hf_weights(3))
     param_bytes = sum(p.numel() * 4 for p in reference.parameters()) - 6 * H * 4  # no spare vocabulary rows

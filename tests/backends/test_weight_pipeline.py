@@ -10,9 +10,6 @@ is checked against the rules instead, and a schedule that breaks them is refused
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import pytest
 import torch
 
@@ -20,6 +17,7 @@ from dagrl.backends import weight_broadcast
 from dagrl.backends.weight_broadcast import BroadcastGroup
 from dagrl.backends.weight_layout import Piece, Slot, pack_into, plan_buckets, sources_for, unpack_into
 from dagrl.backends.weight_pipeline import Op, check_schedule, schedule
+from tests.gloo_threads import free_port, on_threads
 
 W = 8  # row width
 
@@ -119,30 +117,20 @@ def test_pipelined_receive_equals_the_sent_weights_over_gloo(count, monkeypatch)
     assert len(plan) == count
     cut = any(p.src_row for b in plan for s, _ in b for p in s.pieces)
     assert cut == (count == 7)  # 7: the largest parameters exceed the limit and are cut
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    got, errors = [], []
+    port = free_port()
+    got = []
     first = engine_params()
 
     def member(rank: int) -> None:
-        try:
-            group = BroadcastGroup("127.0.0.1", port, rank, 2, torch.device("cpu"))
-            for seed, buffers in [(1, 2), (2, 2), (3, 1), (4, 1)]:  # views kept, then made anew
-                params = first if seed < 4 else engine_params()  # the engine's new parameters
-                if rank == 0:
-                    group.send_direct(plan, iter([hf_weights(seed)]), buffers)
-                else:
-                    group.receive_direct(plan, params, buffers)
-                    got.append({k: v.clone() for k, v in params.items()})
-        except Exception as e:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(e)
+        group = BroadcastGroup("127.0.0.1", port, rank, 2, torch.device("cpu"))
+        for seed, buffers in [(1, 2), (2, 2), (3, 1), (4, 1)]:  # views kept, then made anew
+            params = first if seed < 4 else engine_params()  # the engine's new parameters
+            if rank == 0:
+                group.send_direct(plan, iter([hf_weights(seed)]), buffers)
+            else:
+                group.receive_direct(plan, params, buffers)
+                got.append({k: v.clone() for k, v in params.items()})
 
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert not errors, errors
+    on_threads(2, member)
     for seed, params in zip([1, 2, 3, 4], got, strict=True):
         assert all(torch.equal(params[k], v) for k, v in expected(hf_weights(seed)).items()), seed
