@@ -276,7 +276,8 @@ def main() -> None:
 
 def trained(cls, cfg, ctx):
     """The train role's backend built as a worker builds it: its spec and the driver's objective."""
-    from dagrl.config.roles import Role, role_spec
+    from dagrl.config.role_specs import role_spec
+    from dagrl.config.roles import Role
     from dagrl.objectives import role_objectives
 
     spec = role_spec(cfg, Role.train)

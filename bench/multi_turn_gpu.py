@@ -60,7 +60,7 @@ def _latency(settings, tools, pool):
 
 def build(args):
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.worker import ParallelContext
     from tests.conftest import compose_config
 

@@ -3,7 +3,8 @@ trained role, the objective the driver builds (dagrl/objectives: role_objectives
 
 from __future__ import annotations
 
-from dagrl.config.roles import Role, role_spec
+from dagrl.config.role_specs import role_spec
+from dagrl.config.roles import Role
 from dagrl.objectives import role_objectives
 
 

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dagrl.config.device_groups import parse_device_groups
-from dagrl.config.roles import Role, RoleSpec, build_role_specs
+from dagrl.config.role_specs import build_role_specs
+from dagrl.config.roles import Role, RoleSpec
 from dagrl.config.schema import DagrlConfig, TeacherPlacement
 from dagrl.errors import ConfigError, PlacementError
 from dagrl.registry import BACKENDS

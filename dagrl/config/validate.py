@@ -9,7 +9,8 @@ import os
 
 from dagrl.config.placement import Plan
 from dagrl.config.ranges import check_ranges
-from dagrl.config.roles import Role, RoleSpec, role_spec
+from dagrl.config.role_specs import role_spec
+from dagrl.config.roles import Role, RoleSpec
 from dagrl.config.schema import (
     BuiltinTask,
     DagrlConfig,

@@ -14,7 +14,8 @@ from dagrl.backends.hf_model import check_model_dir, load_tokenizer, resolve_mod
 from dagrl.backends.registry import check_backends
 from dagrl.config.enums import SelfTeacher
 from dagrl.config.placement import Plan, make_plan
-from dagrl.config.roles import RoleSpec, build_role_specs
+from dagrl.config.role_specs import build_role_specs
+from dagrl.config.roles import RoleSpec
 from dagrl.config.schema import DagrlConfig
 from dagrl.config.validate import (
     check_role_devices,

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from dagrl.backends import build_backend
-from dagrl.config.roles import role_spec
+from dagrl.config.role_specs import role_spec
 from dagrl.config.validate import resolve_defaults
 from dagrl.core.batch import Batch, sequence_inputs
 from dagrl.core.worker import ParallelContext

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from dagrl.backends import build_backend
-from dagrl.config.roles import role_spec
+from dagrl.config.role_specs import role_spec
 from dagrl.config.validate import resolve_defaults
 from dagrl.core.batch import Batch
 from dagrl.core.worker import ParallelContext

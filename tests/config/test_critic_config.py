@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dagrl.config.critic_role import critic_update
-from dagrl.config.roles import role_spec
+from dagrl.config.role_specs import role_spec
 from dagrl.errors import ConfigError
 from dagrl.trainer.setup import prepare
 from tests.conftest import compose_config

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from dagrl.config.roles import build_role_specs, role_aliases
+from dagrl.config.role_specs import build_role_specs
+from dagrl.config.roles import role_aliases
 from dagrl.config.validate import resolve_defaults, validate
 from dagrl.errors import ConfigError
 from dagrl.main import compose
@@ -96,7 +97,8 @@ def test_ms_swift_tuner_type_and_lora_names(overrides, want):
     ],
 )
 def test_refused_before_ray_naming_the_key(overrides, key, says):
-    from dagrl.config.roles import Role, role_spec
+    from dagrl.config.role_specs import role_spec
+    from dagrl.config.roles import Role
     from dagrl.config.validate import check_role_rules
 
     with pytest.raises(ConfigError, match=says) as info:
@@ -108,7 +110,8 @@ def test_refused_before_ray_naming_the_key(overrides, key, says):
 
 def test_auto_merged_beside_the_trainer_takes_what_an_adapter_sync_refuses():
     """Sleep level 2 and ranks above vLLM's LoRA limit: the merged sync resends the whole model."""
-    from dagrl.config.roles import Role, role_spec
+    from dagrl.config.role_specs import role_spec
+    from dagrl.config.roles import Role
     from dagrl.config.validate import check_role_rules
 
     cfg = typed(f"{M}.lora_rank=1024", f"{R}.name=vllm", BF16, f"{R}.sleep_level=2")

@@ -6,7 +6,8 @@ import pytest
 
 from dagrl.backends import backend_names, check_backends
 from dagrl.config.placement import format_plan, make_plan
-from dagrl.config.roles import ParallelLayout, Role, build_role_specs
+from dagrl.config.role_specs import build_role_specs
+from dagrl.config.roles import ParallelLayout, Role
 from dagrl.config.validate import resolve_defaults, validate_roles
 from dagrl.config.validate import validate as _validate
 from dagrl.errors import ConfigError, PlacementError

@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from dagrl.backends.vllm.engine_args import llm_kwargs
 from dagrl.config.placement import format_plan, make_plan
-from dagrl.config.roles import build_role_specs, rollout_dtype
+from dagrl.config.role_specs import build_role_specs
+from dagrl.config.roles import rollout_dtype
 from dagrl.config.validate import resolve_defaults
 from dagrl.errors import ConfigError, PlacementError
 from dagrl.main import compose

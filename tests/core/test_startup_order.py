@@ -8,7 +8,7 @@ import torch
 
 from dagrl.backends import build_backend
 from dagrl.backends.registry import startup_order
-from dagrl.config.roles import build_role_specs
+from dagrl.config.role_specs import build_role_specs
 from dagrl.config.validate import resolve_defaults
 from dagrl.core.worker import ParallelContext, Worker
 from dagrl.trainer.setup import worker_parts

@@ -116,7 +116,7 @@ def _batch(tokenizer_pad: int = 0) -> Batch:
 
 def _backend(cfg, forward_only: bool):
     from dagrl.backends.torch.train import TorchTrainBackend
-    from dagrl.config.roles import build_role_specs
+    from dagrl.config.role_specs import build_role_specs
 
     ctx = ParallelContext(0, 1, torch.device("cpu"))
     if not forward_only:

@@ -11,7 +11,8 @@ import torch
 
 from dagrl.algos import LossAggMode, agg_loss
 from dagrl.algos.distillation import topk_divergence
-from dagrl.config.roles import build_role_specs, role_aliases
+from dagrl.config.role_specs import build_role_specs
+from dagrl.config.roles import role_aliases
 from dagrl.config.validate import resolve_defaults, validate
 from dagrl.core.batch import Batch, left_pad
 from dagrl.core.dag import build_dag, load_dag_specs, prune_disabled

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from dagrl.backends.torch.train import TorchTrainBackend
-from dagrl.config import roles
+from dagrl.config import role_specs
 from dagrl.registry import BACKENDS
 
 OOM = (
@@ -32,7 +32,7 @@ FAULT = "test_fault"  # the spec's engine_kwargs entry that carries the fault's 
 _train_step = TorchTrainBackend.train_step
 _hf = BACKENDS.find("rollout", "hf")
 _torch = BACKENDS.find("train", "torch")
-_role_spec = roles.role_spec
+_role_spec = role_specs.role_spec
 
 
 def _spec_with_fault(cfg, name):
@@ -61,7 +61,7 @@ def _failing_rollout_factory(spec, ctx, objective):
     return _hf.factory(spec, ctx, objective)
 
 
-roles.role_spec = _spec_with_fault
+role_specs.role_spec = _spec_with_fault
 TorchTrainBackend.train_step = _failing_train_step
 BACKENDS.entries[("train", "torch")] = replace(_torch, factory=_noting_train_factory)
 BACKENDS.entries[("rollout", "hf")] = replace(_hf, factory=_failing_rollout_factory)

@@ -74,7 +74,7 @@ def test_hf_judge_on_the_tiny_model_parses_its_scores_and_counts_failures():
     without "Score: N" are failures: neutral score, counted, no error."""
     from dagrl.backends.hf_model import load_tokenizer
     from dagrl.backends.judge import HFJudgeBackend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.node import NodeSpec
     from dagrl.core.worker import ParallelContext
     from dagrl.data.builtin import tiny_model_path
@@ -105,7 +105,7 @@ def test_hf_judge_on_the_tiny_model_parses_its_scores_and_counts_failures():
 
 def test_judge_settings_are_checked_before_workers():
     from dagrl.backends.builtin import _check_judge, _check_judge_device
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.errors import ConfigError
     from dagrl.trainer.setup import prepare
 
@@ -120,7 +120,7 @@ def test_judge_settings_are_checked_before_workers():
 
 def test_vllm_judge_engine_arguments():
     from dagrl.backends.vllm.judge import judge_context, judge_llm_kwargs
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
 
     cfg = judge_config("reward.model.engine=vllm", "reward.model.gpu_memory_utilization=0.3")
     spec = role_spec(cfg, "rm")

@@ -19,7 +19,7 @@ pytest.importorskip("vllm")
 from dagrl.backends.hf_model import load_tokenizer  # noqa: E402
 from dagrl.backends.judge import HFJudgeBackend  # noqa: E402
 from dagrl.backends.vllm.judge import VLLMJudgeBackend  # noqa: E402
-from dagrl.config.roles import role_spec  # noqa: E402
+from dagrl.config.role_specs import role_spec  # noqa: E402
 from dagrl.core.node import NodeSpec  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from dagrl.nodes.reward_model import JUDGE_FAILURES, RmScoreNode  # noqa: E402

@@ -49,7 +49,7 @@ def episodes():
     from dagrl.backends.hf import multi_turn as hf_multi_turn
     from dagrl.backends.hf.rollout import HFRolloutBackend
     from dagrl.backends.torch.train import TorchTrainBackend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.config.validate import resolve_defaults, validate
     from dagrl.core.worker import ParallelContext
     from dagrl.data.builtin import generate_rows

@@ -15,7 +15,7 @@ def test_tiny_reward_model_scores_correct_sums_higher():
     near miss of the same problem in most pairs (tools/build_tiny_reward_model.py measures it)."""
     from dagrl.backends.hf_model import load_tokenizer
     from dagrl.backends.reward_model import RewardModelBackend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.batch import Batch
     from dagrl.core.worker import ParallelContext
     from dagrl.data.builtin import split_problems, tiny_reward_model_path

@@ -419,7 +419,7 @@ def test_megatron_critic_checkpoint_counts_its_own_dtype():
     """Preflight's disk figure for the critic's checkpoint reads critic.megatron.param_dtype, not
     the actor's: fp32 weights carry no master copy (m, v: 8 bytes per 4)."""
     from dagrl.backends.megatron.memory import checkpoint_size
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
 
     cfg = compose_config("algorithm=ppo", "critic.strategy=megatron", "critic.megatron.param_dtype=float32")
     assert checkpoint_size(cfg, role_spec(cfg, "critic"), None) == (4, 2.0)

@@ -61,7 +61,7 @@ def make_batch(rows: int = 8, prompt_len: int = 6, resp_len: int = 5, vocab: int
 
 def _backend(cfg, rank: int, world: int, forward_only: bool = False):
     from dagrl.backends.megatron.train import MegatronTrainBackend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.worker import ParallelContext
 
     spec = role_spec(cfg, "ref" if forward_only else "train")

@@ -143,7 +143,7 @@ def _megatron_logprobs(rank, world, cfg, batch, offload_check=False):
 
 def _hf_logprobs(cfg, batch):
     from dagrl.backends.torch.train import TorchTrainBackend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.worker import ParallelContext
 
     backend = train_backend(

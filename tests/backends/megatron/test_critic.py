@@ -43,7 +43,7 @@ def critic_batch(rows: int = 8):
 
 def _critic(rank: int, world: int, *overrides: str):
     from dagrl.backends.megatron.critic import MegatronCriticBackend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.worker import ParallelContext
 
     dtype = f"{CM}.param_dtype="
@@ -80,7 +80,7 @@ def test_values_equal_the_torch_critics_on_the_same_weights():
     """Same trunk (both load the shipped model), the torch critic's head copied in: values agree to
     fp32 rounding at every response token (padding is never read)."""
     from dagrl.backends import build_backend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.worker import ParallelContext
 
     cfg = compose_config(*COMMON, "critic.strategy=torch")

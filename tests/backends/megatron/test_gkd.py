@@ -47,7 +47,7 @@ def _weights(backend) -> dict:
 
 def _torch_reference(batch: Batch) -> dict:
     from dagrl.backends.torch.train import TorchTrainBackend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.worker import ParallelContext
 
     ctx = ParallelContext(0, 1, torch.device("cpu"))
@@ -67,7 +67,7 @@ def _gkd_rank(rank: int, world: int, overrides: tuple[str, ...], batch: Batch) -
     """Per mode: the megatron teacher scores the batch, a fresh megatron student takes one step."""
     import dagrl.algos.distillation as distillation
     from dagrl.backends.megatron.train import MegatronTrainBackend
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.worker import ParallelContext
 
     distillation._CHUNK_ELEMENTS = 1000  # 3-7 tokens per chunk: collectives inside chunks, in the schedule

@@ -69,7 +69,7 @@ def response_logits(model, b: Batch) -> torch.Tensor:
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_full_vocab_gkd_equals_unchunked_reference(models, beta, monkeypatch):
     from dagrl.backends.torch.train import TorchTrainBackend
-    from dagrl.config.roles import build_role_specs
+    from dagrl.config.role_specs import build_role_specs
 
     student_path, teacher_path = models
     cfg = compose_config(
@@ -116,7 +116,7 @@ def test_full_vocab_gkd_equals_unchunked_reference(models, beta, monkeypatch):
 
 
 def test_teacher_offload_flag_reaches_the_teacher_backend(models):
-    from dagrl.config.roles import build_role_specs
+    from dagrl.config.role_specs import build_role_specs
 
     _, teacher_path = models
     cfg = compose_config("algorithm=gkd", f"teacher.model={teacher_path}", "teacher.offload=true")

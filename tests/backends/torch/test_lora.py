@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dagrl.backends.hf.rollout import HFRolloutBackend
 from dagrl.backends.torch import lora as lora_layers
 from dagrl.backends.torch.train import TorchTrainBackend
-from dagrl.config.roles import role_spec
+from dagrl.config.role_specs import role_spec
 from dagrl.config.validate import resolve_defaults
 from dagrl.core.batch import Batch
 from dagrl.core.worker import ParallelContext

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dagrl.backends import build_backend
-from dagrl.config.roles import build_role_specs
+from dagrl.config.role_specs import build_role_specs
 from dagrl.config.validate import resolve_defaults, validate
 from dagrl.core.worker import Worker
 from dagrl.trainer.setup import worker_parts

@@ -8,7 +8,7 @@ import torch
 
 from dagrl.backends import build_backend
 from dagrl.backends.hf_model import resolve_model_path
-from dagrl.config.roles import role_spec
+from dagrl.config.role_specs import role_spec
 from dagrl.config.validate import resolve_defaults
 from dagrl.core.batch import Batch
 from dagrl.core.worker import ParallelContext

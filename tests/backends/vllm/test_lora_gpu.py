@@ -23,7 +23,7 @@ from dagrl.backends.torch import lora as lora_layers  # noqa: E402
 from dagrl.backends.torch.train import TorchTrainBackend  # noqa: E402
 from dagrl.backends.vllm.rollout import VLLMRolloutBackend  # noqa: E402
 from dagrl.backends.weight_sync import weight_buckets  # noqa: E402
-from dagrl.config.roles import role_spec  # noqa: E402
+from dagrl.config.role_specs import role_spec  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from tests.backends.vllm.test_vllm_gpu import greedy, prompts  # noqa: E402, F401  (the fixture)
 from tests.conftest import compose_config  # noqa: E402

@@ -76,7 +76,7 @@ def _adapter_vs_merged(rank: int, world: int, layer_spec: str, prompts) -> dict:
     from dagrl.backends.megatron.weights import export_hf_weights
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
     from dagrl.backends.weight_sync import weight_buckets
-    from dagrl.config.roles import role_spec
+    from dagrl.config.role_specs import role_spec
     from dagrl.core.worker import ParallelContext
     from tests.backends.vllm.test_vllm_gpu import greedy
     from tests.train_backends import train_backend

@@ -19,7 +19,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from dagrl.backends.torch.train import TorchTrainBackend  # noqa: E402
 from dagrl.backends.vllm.rollout import VLLMRolloutBackend  # noqa: E402
-from dagrl.config.roles import role_spec  # noqa: E402
+from dagrl.config.role_specs import role_spec  # noqa: E402
 from dagrl.core.plugins import load_plugins  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from tests.conftest import validated_config  # noqa: E402

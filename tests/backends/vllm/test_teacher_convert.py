@@ -13,7 +13,8 @@ import torch
 from dagrl.backends.vllm.convert import prompt_logprobs_to_topk, teacher_request_ids
 from dagrl.backends.vllm.engine_args import teacher_llm_kwargs, teacher_sampling_kwargs
 from dagrl.backends.vllm.teacher import scoring_inputs
-from dagrl.config.roles import ModelSpec, role_spec
+from dagrl.config.role_specs import role_spec
+from dagrl.config.roles import ModelSpec
 from dagrl.core.batch import Batch
 from tests.conftest import compose_config
 

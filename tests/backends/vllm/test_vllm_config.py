@@ -10,7 +10,7 @@ import torch
 from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
 from dagrl.backends.vllm.engine_args import RESERVED_ENGINE_KWARGS, llm_kwargs, max_model_len, sampling_kwargs
 from dagrl.backends.vllm.rules import check_rollout_device
-from dagrl.config.roles import role_spec
+from dagrl.config.role_specs import role_spec
 from dagrl.config.validate import resolve_defaults, validate
 from dagrl.errors import ConfigError, PlacementError
 from dagrl.trainer.setup import prepare

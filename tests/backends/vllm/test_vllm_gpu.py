@@ -24,7 +24,7 @@ pytest.importorskip("vllm")
 from dagrl.backends.hf.rollout import HFRolloutBackend  # noqa: E402
 from dagrl.backends.torch.train import TorchTrainBackend  # noqa: E402
 from dagrl.backends.vllm.rollout import VLLMRolloutBackend  # noqa: E402
-from dagrl.config.roles import role_spec  # noqa: E402
+from dagrl.config.role_specs import role_spec  # noqa: E402
 from dagrl.core.batch import Batch  # noqa: E402
 from dagrl.core.worker import ParallelContext  # noqa: E402
 from tests.conftest import compose_config  # noqa: E402
