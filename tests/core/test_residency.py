@@ -13,7 +13,6 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-import ray
 import torch
 
 import tests.plugins.hidden_role  # noqa: F401  (registers the hid role's backend in the driver)
@@ -27,7 +26,7 @@ from dagrl.core.pools import RoleHandle, WorkerPool, allocate
 from dagrl.core.residency import Keep, WorkerStore, plan_inputs, plan_residency
 from dagrl.core.runtime import Runtime
 from dagrl.core.scheduler import Scheduler
-from tests.conftest import compose_config
+from tests.conftest import compose_config, start_local_ray
 from tests.plugins.hidden_role import (
     HiddenRole,
     count_object_fetches,
@@ -132,10 +131,10 @@ class FailNode(_Remote):
 
 @pytest.fixture(scope="module")
 def hid_pool():
-    if not ray.is_initialized():
-        ray.init(
-            address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False
-        )
+    # the session's Ray, started as every test starts it: in a full run this module is the first to
+    # need Ray, and a Ray it started itself would serve the rest of the session without the spare
+    # preloaded worker (tests/spare_workers.py)
+    start_local_ray()
     cfg = compose_config(
         "external_plugins=[tests.plugins.hidden_role]",
         "+roles.hid=hidden",

@@ -1,7 +1,8 @@
 """End-to-end sampling pipeline on the CPU, then SFT on what it wrote, in one test:
 
-1. `pipeline=sample` in a subprocess (sampler + orm + prm on one worker), killed once its first
-   shard is written;
+1. `pipeline=sample` in a subprocess (sampler + orm + prm on one worker) that joins this test's
+   Ray (`trainer.ray_address`: a Ray of its own would cost seconds more to start), killed once
+   its first shard is written;
 2. the same job again, in ms-swift's device_groups form (sampler on two CPU workers, prm + orm
    sharing two more): it skips the finished shards and writes the rest; every prompt's best
    sample is in the output exactly once, and the samples the outcome reward model kept (it alone
@@ -53,16 +54,18 @@ def sample_overrides(out: Path) -> list[str]:
     ]
 
 
-def kill_after_first_shard(out: Path) -> set[str]:
+def kill_after_first_shard(out: Path, ray_address: str) -> set[str]:
+    """Run the job's CLI on the Ray at `ray_address` and SIGKILL its driver once a shard is on disk
+    (the driver writes the shards; Ray ends the job's workers when its driver dies)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "dagrl.main", *sample_overrides(out)]
+    cmd = [sys.executable, "-m", "dagrl.main", *sample_overrides(out), f"trainer.ray_address={ray_address}"]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     deadline = time.time() + 600
     while not (out / "shard_00000.parquet").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)  # the job, its Ray and its workers, mid-shard
+    os.killpg(proc.pid, signal.SIGKILL)  # the job's driver, mid-shard
     _, err = proc.communicate()
     assert (out / "shard_00000.parquet").exists(), err.decode()[-3000:]
     return {p.name for p in out.glob("shard_*.parquet")}
@@ -75,14 +78,14 @@ def test_sample_kill_resume_in_device_groups_then_sft(tmp_path):
     from dagrl.main import run
 
     out = tmp_path / "samples"
-    before = kill_after_first_shard(out)
-    assert len(before) < PROMPTS // SHARD, "the job finished before it was killed"
     if ray.is_initialized():  # four CPU workers: a Ray of this test's own
         ray.shutdown()
     ray.init(
         address="local", num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False
     )
     try:
+        before = kill_after_first_shard(out, ray.get_runtime_context().gcs_address)
+        assert len(before) < PROMPTS // SHARD, "the job finished before it was killed"
         groups = (
             "placement.device_groups={nproc_per_node: 4, sample_group: {device: CPU, ranks: 2, workers: [sampler]},"
             " rm_group: {device: CPU, ranks: 2, workers: [prm, orm]}}"
