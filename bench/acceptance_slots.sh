@@ -56,21 +56,28 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (session 16 left these; its rows ran at 5776ce0, then dagrl/ changed: the separate sync's
-# direct path pipelined through two buffers per side, the loop timing each step): on nvidia-h100-x2
-# or h200-x2, 5 install calls, then (each alone, ~1,450 s of device time in all with the installs):
-#   the pipelined broadcast: its microbench (< 60 s, JSON per case: vs_floor, the weights checked)
-#   and its >= 0.8 test, then the separate rows (~400 s; the microbench runs first in the group too):
-#     python bench/weight_broadcast_gpu.py && python -m pytest -q -p no:cacheprovider -m gpu tests/bench/test_weight_broadcast_bench.py
+# FIRST (session 17 ran on 4x H200 at dbe0593: tp, tests_b2, 4b-torch, handover, gkd4_colocate,
+# gkd4_split, the broadcast microbench; `dagrl/` has not changed since). What remains, by lease:
+#   any lease, first (~100 s; issue 31's last run: the LoRA test now asks the engine's log-probs to be
+#   the trainer's current adapter's, 3566846), in a slot beside whatever runs next:
+#     bash bench/acceptance_slots.sh $OUT 0:tests_c
+#   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_resume
+#   then, the next x4 lease: dp4 alone, and the GKD rows again for the divergence at lr 5e-5
+#   (4953167; the rows at the YAMLs' 1e-6 barely moved it):
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:dp4
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_colocate
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_split
+#   nvidia-h100-x2 / h200-x2 or pairs of an x4 (issue 30): separate and dp2 alone (~400 s each),
+#   tp again then pp on the same warm machine (pp compares with tp's one-GPU row; tp took 317 s),
+#   gkd3a and gkd3b (GKD at lr 5e-5 now) beside them, big, two_nodes alone:
 #     bash bench/acceptance_slots.sh $OUT 0,1:separate
-#   issue 30's next pairs (never run on today's code; ~400 s each, as separate took):
 #     bash bench/acceptance_slots.sh $OUT 0,1:dp2
-#     bash bench/acceptance_slots.sh $OUT 0,1:tp
-#   the LoRA test whose agreement bar became a near-tie check (4936e3e), beside the vLLM tests (their
-#   direct-layout case now cuts parameters into rows against vLLM's real parameters), ~160 s:
-#     bash bench/acceptance_slots.sh $OUT 0:tests_c 1:tests_b2
+#     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
+#     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
 # On an H100 (issue 29's 80 GiB rows, each alone): side_64 (~9), "matrix 4b-torch" (the 4B engine
-# sleeps there: a7d7454's reserved-not-allocated check at the hand-overs).
+# sleeps there: a7d7454's reserved-not-allocated check at the hand-overs), side (~7).
 # CALL PLAN for the next session on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2 calls of
 # <= 590 s): the whole one-GPU record of docs/gpu_acceptance.md but the side-by-sides, on one commit
 # (tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
