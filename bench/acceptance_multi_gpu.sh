@@ -34,16 +34,19 @@
 #   kind nvidia-h100-x4 (when lent):
 #     9. gkd4_colocate  ~9: 1.7B student / 4B teacher on 4 GPUs, top-k 64 and the full vocabulary
 #    10. gkd4_split     ~9: rollout separate (2 + 2); teacher standalone (2 + 2 vLLM replicas)
-#    11. mega8b         ~10: siiRL's script, TP2 x PP2 + SP + distributed optimizer, 10 steps straight
-#    12. mega8b_resume  ~9: the same saved at 5 and resumed to 10, step by step beside `mega8b`; then
-#                           the 8-GPU TP2 x PP4 plan (dry run, per device beside mega8b's peaks)
-#    13. dp4            ~9: 0.6B DP=1 (one card) and DP=4 at the same per-GPU batch: scaling
+#    11. mega8b         ~10: siiRL's script, TP2 x PP2 + SP + distributed optimizer, 10 steps straight;
+#                           then the 8-GPU TP2 x PP4 plan (dry run, per device beside its peaks)
+#    12. mega8b_save    ~6: the same, 5 steps, saved at 5 (the 8B start ~3 min, the save ~1)
+#    13. mega8b_resume  ~6: resumed from it to 10, step by step beside `mega8b` (same warm machine)
+#    14. dp4            ~9: 0.6B DP=1 (one card) and DP=4 at the same per-GPU batch: scaling
 # Expected device time: 2 GPUs ~70 min worst case (~45 typical) + ~2 per machine start and the
-# install: three 30-minute sessions (1-3, 4-6, 7-8); 4 GPUs ~46 (~32 typical): two sessions (9-11, 12-13).
+# install: three 30-minute sessions (1-3, 4-6, 7-8); 4 GPUs ~55 (~40 typical): two sessions (11-14, 9-10 with
+# the GKD rows' divergence at lr 5e-5).
 #
 # OUT is the call's own folder ($OUT of the device tool). Rows' JSON are also kept in
 # /tmp/dagrl_multi_gpu_rows on the machine: `dp2` reads `separate`'s mismatch, `pp` compares with
-# `tp`'s one-GPU run and `mega8b_resume` with `mega8b`, so run those pairs on the same warm machine.
+# `tp`'s one-GPU run and `mega8b_resume` with `mega8b` (and from `mega8b_save`'s checkpoint), so run
+# those on the same warm machine.
 # Every group's commands plan on the CPU in tests/bench/test_multi_gpu_rows.py.
 #
 # On card pairs beside other groups (bench/acceptance_slots.sh, which sets ACCEPTANCE_SLOT,
@@ -53,7 +56,7 @@
 # runner refuses them beside others: see its header).
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?separate, dp2, tp, pp, gkd3a, gkd3b, big, big14, two_nodes, gkd4_colocate, gkd4_split, mega8b, mega8b_resume or dp4}
+WHAT=${2:?separate, dp2, tp, pp, gkd3a, gkd3b, big, big14, two_nodes, gkd4_colocate, gkd4_split, mega8b, mega8b_save, mega8b_resume or dp4}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
@@ -148,12 +151,15 @@ gkd4_split)
     ;;
 mega8b)
     ROW_TIMEOUT=${ROW_TIMEOUT:-480} rows 4g-8b-tp2pp2
+    rows 8g-8b-tp2pp4-plan  # beside 4g-8b-tp2pp2's per-stage peaks (its plan: OUT/8g-8b-tp2pp4-plan.plan)
+    ;;
+mega8b_save)  # a checkpoint of ~115 GB (bf16 weights, fp32 mains, Adam's two moments): one on the disk
+    rm -rf /tmp/mg_8b_resume
+    ROW_TIMEOUT=${ROW_TIMEOUT:-400} rows 4g-8b-tp2pp2-save5
     ;;
 mega8b_resume)
-    rm -rf /tmp/mg_8b_resume
-    ROW_TIMEOUT=${ROW_TIMEOUT:-230} rows 4g-8b-tp2pp2-save5 4g-8b-tp2pp2-resume10
+    ROW_TIMEOUT=${ROW_TIMEOUT:-400} rows 4g-8b-tp2pp2-resume10
     pair 4g-8b-tp2pp2 4g-8b-tp2pp2-resume10  # steps 6..10 of the resumed run against the straight one
-    rows 8g-8b-tp2pp4-plan  # beside 4g-8b-tp2pp2's per-stage peaks (its plan: OUT/8g-8b-tp2pp4-plan.plan)
     ;;
 dp4)
     rows 1g-0.6b-colocate 4g-0.6b-dp4

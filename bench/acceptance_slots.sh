@@ -63,9 +63,10 @@
 #     bash bench/acceptance_slots.sh $OUT 0:tests_c
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
+#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_resume
-#   then, the next x4 lease: dp4 alone, and the GKD rows again for the divergence at lr 5e-5
-#   (4953167; the rows at the YAMLs' 1e-6 barely moved it):
+#   and dp4 with what is left (~6-9 minutes), else in the next x4 lease, with the GKD rows again
+#   for the divergence at lr 5e-5 (4953167; the rows at the YAMLs' 1e-6 barely moved it):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:dp4
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_colocate
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_split
@@ -110,12 +111,12 @@
 #   each at 64x8x512), side_lora (~7), side_ppo (~5); the 2-GPU separate and dp2
 #   (~9 each), two_nodes (~6). Seven calls of ~9 minutes in all: not in the x4 lease above.
 # The 4-GPU groups (bench/acceptance_multi_gpu.sh) each take a whole 4-GPU host: one per call,
-#   gkd4_colocate (~9), gkd4_split (~9), mega8b (~10), mega8b_resume (~9, after mega8b on the same warm
-#   machine), dp4 (~9, alone: a scaling ratio): 5 calls, two x4 sessions (gkd4_colocate, gkd4_split,
-#   mega8b; then mega8b_resume, dp4). On an 8-GPU host two at once:
+#   gkd4_colocate (~9; 8.5 on 4x H200), gkd4_split (~8), mega8b (~10), mega8b_save and mega8b_resume
+#   (~6 each, after mega8b on the same warm machine), dp4 (~9, alone: a scaling ratio): 6 calls, two
+#   x4 sessions. On an 8-GPU host two at once:
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_colocate 4,5,6,7:gkd4_split
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b 4,5:tp 6,7:gkd3a
-#   then mega8b_resume (after mega8b, same warm machine) and dp4 in calls of one slot.
+#   then mega8b_save, mega8b_resume (same warm machine) and dp4 in calls of one slot.
 set -u
 OUT=${1:?OUT}
 shift
