@@ -254,21 +254,27 @@ def derived(result: dict) -> dict:
 
 
 def compare(out: str, first: str, second: str) -> dict:
-    """Two rows' per-step loss, grad norm and reward side by side (resume vs straight, TP vs one GPU)."""
-    keys = ("actor/pg_loss", "actor/grad_norm", "reward/mean", "critic/score/mean")
+    """Two rows' per-step loss, grad norm, reward, KL and entropy side by side (resume vs straight,
+    TP vs one GPU): the largest relative gap per key (4 places) and whether every step is equal
+    bit for bit. Random weights on gsm8k score 0, so loss and reward are 0 in both rows; grad
+    norm, KL loss and entropy are what can differ there."""
+    keys = ("actor/pg_loss", "actor/grad_norm", "reward/mean", "actor/kl_loss", "actor/entropy")
     per_row = {}
     for name in (first, second):
         path = json.load(open(os.path.join(out, f"{name}.json")))["metrics"]
         rows = [json.loads(ln) for ln in open(path) if ln.strip()] if os.path.isfile(path) else []
         per_row[name] = {r["step"]: {k: r[k] for k in keys if k in r} for r in rows if "step" in r}
     shared = sorted(set(per_row[first]) & set(per_row[second]))
-    gaps = {}
+    gaps, identical = {}, {}
     for key in keys:
         pairs = [(per_row[first][s].get(key), per_row[second][s].get(key)) for s in shared]
         pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
         if pairs:
             gaps[key] = round(max(abs(a - b) / max(abs(a), abs(b), 1e-6) for a, b in pairs), 4)
-    return {"compare": [first, second], "steps": shared, "max_rel_gap": gaps, "rows": per_row}
+            identical[key] = all(a == b for a, b in pairs)
+    return {
+        "compare": [first, second], "steps": shared, "max_rel_gap": gaps, "identical": identical, "rows": per_row
+    }  # fmt: skip
 
 
 def config_only_model(shape: str, root: str = MODELS + "_config") -> str:

@@ -41,6 +41,8 @@ OPTIMIZER_OFFLOAD=${OPTIMIZER_OFFLOAD:-False}
 ROLLOUT_NAME=${ROLLOUT_NAME:-vllm}  # vllm (TP 2 by default), or hf (one model per GPU: ROLLOUT_TP=1)
 if [[ $ROLLOUT_NAME == hf ]]; then ROLLOUT_TP=${ROLLOUT_TP:-1}; else ROLLOUT_TP=${ROLLOUT_TP:-2}; fi
 GPU_MEM_UTIL=${GPU_MEM_UTIL:-0.5}
+ENGINE=()  # keys only vLLM reads: dagrl refuses them beside the hf rollout, where they would do nothing
+if [[ $ROLLOUT_NAME == vllm ]]; then ENGINE+=(actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEM_UTIL"); fi
 
 NNODES=${NNODES:-1}
 N_GPUS_PER_NODE=${N_GPUS_PER_NODE:-8}
@@ -89,7 +91,7 @@ set -x
     actor_rollout_ref.rollout.name="$ROLLOUT_NAME" \
     actor_rollout_ref.rollout.n="$ROLLOUT_N" \
     actor_rollout_ref.rollout.tensor_model_parallel_size="$ROLLOUT_TP" \
-    actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEM_UTIL" \
+    "${ENGINE[@]}" \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$LOG_PROB_MICRO_BATCH_SIZE_PER_GPU" \
     trainer.device=cuda \
     trainer.nnodes="$NNODES" \

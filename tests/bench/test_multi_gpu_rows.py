@@ -102,3 +102,4 @@ def test_compare_reads_two_rows_step_by_step(tmp_path):
     result = multi_gpu_rows.compare(str(tmp_path), "a", "b")
     assert result["steps"] == [1, 2]
     assert result["max_rel_gap"] == {"actor/grad_norm": round(0.2 / 2.2, 4)}
+    assert result["identical"] == {"actor/grad_norm": False}

@@ -566,6 +566,26 @@ def test_script_dry_run_plans_tp2_pp4(tmp_path, capsys):
     assert "dry run: plan printed, no workers started" in out
 
 
+def test_script_runs_with_the_hf_rollout(tmp_path, capsys):
+    """ROLLOUT_NAME=hf (the script's documented CPU/one-model-per-GPU rollout): no vLLM-only key
+    goes on the command line, which dagrl would refuse beside the hf rollout."""
+    small = {
+        "MODEL_PATH": qwen3_dir(tmp_path / "model"),
+        "TRAIN_BATCH_SIZE": "8",
+        "PPO_MINI_BATCH_SIZE": "8",
+        "ROLLOUT_N": "2",
+        "MAX_PROMPT_LENGTH": "32",
+        "MAX_RESPONSE_LENGTH": "8",
+        "PP": "2",
+        "N_GPUS_PER_NODE": "4",
+        "ROLLOUT_NAME": "hf",
+    }
+    code, out = run_script(tmp_path, capsys, small)
+    assert code == 0, out
+    assert "train: 4 workers, DP=1 TP=2 PP=2 CP=1" in out
+    assert "rollout: 4 workers, DP=4 TP=1" in out and "rollout engine hf" in out
+
+
 def test_script_defaults_fit_a_qwen3_8b_config(tmp_path, capsys):
     """The script's defaults pass every rule for Qwen3-8B's shape (config.json only, nothing loaded)."""
     shape = dict(

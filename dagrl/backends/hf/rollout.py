@@ -1,6 +1,7 @@
 """Rollout on HF transformers: batched sampling with a KV cache.
 
-Temperature, top-p, top-k; stops at EOS or max_response_length; returns the log-prob of each
+Temperature, top-p, top-k; stops at EOS (not with rollout.ignore_eos, as vLLM) or
+max_response_length; returns the log-prob of each
 sampled token under the temperature-scaled distribution (what the trainer recomputes).
 Temperature 0 is greedy decoding (argmax); its tokens' log-probs are the model's own, at
 temperature 1 (see `dagrl.algos.logprob_temperature`).
@@ -122,7 +123,7 @@ class HFRolloutBackend:
         next_pos = pos[:, -1:] + 1
         alive = torch.ones(ids.shape[0], dtype=torch.bool, device=dev)
         tokens, masks, logps = [], [], []
-        eos = torch.tensor(self.eos_ids, device=dev)
+        eos = torch.tensor([] if self.settings.ignore_eos else self.eos_ids, dtype=torch.long, device=dev)
         for _ in range(max_new):
             token, logp = _sample(logits, gen, temperature, top_p, top_k, greedy)
             token = torch.where(alive, token, torch.full_like(token, self.pad_id))

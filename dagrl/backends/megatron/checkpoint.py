@@ -200,20 +200,34 @@ def _prime_adam_state(optimizer: Any) -> None:
 
     megatron's DistributedOptimizer.state_dict() reads each parameter's "step" when neither
     Apex nor TransformerEngine is installed, and torch's Adam creates its state only on the
-    first step: a never-stepped optimizer cannot be loaded into. Everything primed here is
-    overwritten by the load.
+    first step: a never-stepped optimizer cannot be loaded into. The CPU optimizer
+    (megatron.optimizer_cpu_offload: HybridDeviceOptimizer) is no exception: its state is its
+    torch AdamW sub-optimizers', empty until a step, so those are primed and the state handed up
+    (megatron's own load path would take a step with random gradients instead, and it is
+    reached only after state_dict() has failed). Everything primed here is overwritten by the load.
     """
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
+
     for o in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(o, "optimizer", None)
-        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW) or len(inner.state) > 0:
-            continue
-        for group in inner.param_groups:
-            for p in group["params"]:
-                inner.state[p] = {
-                    "step": torch.tensor(0.0),
-                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
-                }
+        if isinstance(inner, HybridDeviceOptimizer) and len(inner.state) == 0:
+            for sub in inner.sub_optimizers:
+                _prime_torch_adam(sub)
+            inner._sync_sub_optimizers_state_to_hdo()
+        elif isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            _prime_torch_adam(inner)
+
+
+def _prime_torch_adam(inner: torch.optim.Optimizer) -> None:
+    if len(inner.state) > 0:
+        return
+    for group in inner.param_groups:
+        for p in group["params"]:
+            inner.state[p] = {
+                "step": torch.tensor(0.0),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+            }
 
 
 def _load_optimizer(optimizer: Any, state: dict) -> None:

@@ -121,7 +121,8 @@ def sampling_kwargs(spec, eos_ids: list[int], validate: bool) -> dict[str, Any]:
     """Keyword arguments of `vllm.SamplingParams` for one response per request.
 
     Greedy (val_kwargs.do_sample=false, or temperature 0) is temperature 0 in vLLM. EOS ids are
-    given explicitly because the engine runs without a tokenizer.
+    given explicitly because the engine runs without a tokenizer; not with ignore_eos, which vLLM
+    applies to its own EOS only (a listed stop id ends a response whatever ignore_eos says).
     """
     r = spec.rollout
     s = r.val_kwargs if validate else r
@@ -132,7 +133,7 @@ def sampling_kwargs(spec, eos_ids: list[int], validate: bool) -> dict[str, Any]:
         top_p=1.0 if greedy else s.top_p,
         top_k=0 if greedy or s.top_k <= 0 else s.top_k,
         max_tokens=spec.lengths.response,
-        stop_token_ids=list(eos_ids),
+        stop_token_ids=[] if r.ignore_eos else list(eos_ids),
         ignore_eos=r.ignore_eos,
         detokenize=False,
     )

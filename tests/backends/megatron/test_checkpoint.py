@@ -165,3 +165,49 @@ def test_tp2_checkpoint_resumes_in_tp1(tmp_path):
     (diff,) = run_distributed(_resume_tp1_and_compare, 1, path, after, resumed, dp_only)
     # TP1 and TP2 sum in different orders (~1e-6); a lost Adam state would be off by ~lr = 1e-3
     assert diff < 1e-5, diff
+
+
+def _fresh_cpu_optimizer_is_loadable(rank: int, world: int) -> str:
+    """The first call of a resume (`_sharded_state(..., is_loading=True)`) on a never-stepped
+    distributed optimizer over megatron's HybridDeviceOptimizer (megatron.optimizer_cpu_offload),
+    bf16 with the fp32 masters on the host, as the acceptance's 8B script plans it on 4 GPUs.
+
+    HybridDeviceOptimizer asks for the current CUDA stream when it is built (it never uses it
+    without a step): the only CUDA call here, answered with None on this CPU-only process."""
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
+
+    from dagrl.backends.megatron import checkpoint
+    from dagrl.backends.megatron.optimizer import build_optimizer, optimizer_config
+    from dagrl.config.schema import ActorConfig, MegatronConfig
+
+    torch.cuda.current_stream = lambda *args, **kwargs: None
+    parallel_state.initialize_model_parallel()
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    config = tiny_gpt_config(bf16=True, params_dtype=torch.bfloat16)
+    gpt = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        position_embedding_type="rope",
+        share_embeddings_and_output_weights=False,
+    ).bfloat16()  # all 16-bit, as the backend's model: the optimizer's fp32 shards are copies then
+    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True)
+    model = [DistributedDataParallel(config, ddp_config, gpt)]
+    megatron = MegatronConfig(optimizer_cpu_offload=True, use_distributed_optimizer=True)
+    optimizer = build_optimizer(optimizer_config(ActorConfig(), megatron, torch.bfloat16), model)
+    [distributed] = optimizer.chained_optimizers
+    assert isinstance(distributed.optimizer, HybridDeviceOptimizer) and not distributed.optimizer.state
+    state = checkpoint._sharded_state(model, optimizer, checkpoint.OptimizerFormat.DP_RESHARDABLE, True)
+    return state["optimizer"]["param_state_sharding_type"]
+
+
+def test_a_fresh_cpu_optimizer_can_be_resumed_into():
+    """Without Apex or TransformerEngine (the GPU machines' install) megatron reads every
+    parameter's Adam step to describe the optimizer, and a fresh HybridDeviceOptimizer has none:
+    resuming with optimizer_cpu_offload failed there before the checkpoint was opened."""
+    assert run_distributed(_fresh_cpu_optimizer_is_loadable, 1) == ["dp_reshardable"]

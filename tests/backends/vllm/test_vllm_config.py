@@ -155,6 +155,15 @@ def test_sampling_arguments_train_and_validation():
     assert "logprobs" not in sampling_kwargs(rollout_spec(cfg), [5], validate=False)
 
 
+def test_ignore_eos_lists_no_stop_ids():
+    """vLLM stops at a listed stop id even with ignore_eos (it ignores only its own EOS): with
+    ignore_eos the EOS ids are not listed, so responses run to max_tokens."""
+    cfg = checked(VLLM, f"{R}.ignore_eos=true")
+    for validation in (False, True):
+        kwargs = sampling_kwargs(rollout_spec(cfg), [5, 7], validate=validation)
+        assert kwargs["ignore_eos"] is True and kwargs["stop_token_ids"] == []
+
+
 def test_prompts_lose_their_left_padding():
     prompts = torch.tensor([[0, 0, 11, 12], [21, 22, 23, 24]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
