@@ -57,10 +57,14 @@
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
 # FIRST (session 17 ran on 4x H200 at dbe0593: tp, tests_b2, 4b-torch, handover, gkd4_colocate,
-# gkd4_split, the broadcast microbench; `dagrl/` has not changed since). What remains, by lease:
+# gkd4_split, the broadcast microbench; then s17-52 changed `dagrl/`: ignore_eos on both rollouts,
+# the megatron CPU optimizer's resume). What remains, by lease:
 #   any lease, first (~100 s; issue 31's last run: the LoRA test now asks the engine's log-probs to be
 #   the trainer's current adapter's, 3566846), in a slot beside whatever runs next:
 #     bash bench/acceptance_slots.sh $OUT 0:tests_c
+#   with it tests_b1 (~330 s), which holds the new GPU test of the megatron CPU optimizer's save and
+#   resume (s17-52: a fresh one could not be loaded into); on an x4, a call of their own:
+#     bash bench/acceptance_slots.sh $OUT 0:tests_c 1:tests_b1
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
