@@ -14,14 +14,14 @@ SEPARATE = [*FAST, "placement=separate", "trainer.n_gpus_per_node=2"]
 
 @pytest.fixture(scope="session")
 def grpo_run(tmp_path_factory):
-    """The directory of FAST GRPO for 3 steps, checkpoints at steps 2 and 3 (colocated, one worker)."""
+    """The directory of FAST GRPO for 4 steps, checkpoints at steps 2 and 4 (colocated, one worker)."""
     from dagrl.main import run
 
     start_local_ray()
     out = tmp_path_factory.mktemp("grpo_run")
     run(
         compose_config(
-            *FAST, "trainer.total_training_steps=3", "trainer.save_freq=2", f"trainer.default_local_dir={out}"
+            *FAST, "trainer.total_training_steps=4", "trainer.save_freq=2", f"trainer.default_local_dir={out}"
         )
     )
     return out

@@ -36,7 +36,7 @@ def test_default_gkd_run_learns(ray_local, tmp_path):
 
 
 def test_gkd_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
-    """3 steps == 2 steps + resume + 1 step, teacher role included; the teacher named by its path
+    """4 steps == 2 steps + resume + 2 steps, teacher role included; the teacher named by its path
     (`teacher.model=<path>`, the shipped teacher that algorithm=gkd picks when none is given)."""
     from dagrl.data.builtin import tiny_teacher_path
 

@@ -54,7 +54,7 @@ def test_default_run_learns(ray_local, tmp_path):
 
 
 def test_resume_reproduces_uninterrupted_run(ray_local, grpo_run, tmp_path):
-    """3 steps == the step-2 checkpoint resumed for a step: model, optimizer, data position and
+    """4 steps == the step-2 checkpoint resumed for 2 steps: model, optimizer, data position and
     sampling restored."""
     resume_matches(tmp_path, straight=grpo_run)
     assert (grpo_run / "global_step_2" / "actor" / "config.json").is_file()
@@ -167,22 +167,17 @@ def test_exported_hf_model_reloads_with_identical_logits(tmp_path):
         assert torch.equal(reloaded(ids).logits, backend.model.eval()(ids).logits)
 
 
-def resume_matches(
-    tmp_path, *overrides: str, straight=None, weights: bool = False, steps: int = 3
-) -> list[dict]:
-    """`steps` straight == the same run resumed from its step-2 checkpoint and run to `steps`:
-    model, optimizer, data position and sampling restored. Returns the run's rows (steps 1..steps).
+def resume_matches(tmp_path, *overrides: str, straight=None, weights: bool = False) -> list[dict]:
+    """4 steps straight == the same run resumed from its step-2 checkpoint and run to step 4:
+    model, optimizer, data position and sampling restored. Returns the run's rows (steps 1-4).
 
     Two runs, not three: the straight run (or `straight`, the directory of one made with the same
-    overrides and save_freq=2, at least `steps` long) writes the checkpoint the second one resumes
-    from, by path, into a directory of its own; a piece of state the checkpoint lost shows as a
-    step after 2 that differs. One such step is enough: every piece the checkpoint holds (weights,
-    optimizer moments and step count, lr schedule, data position, sampling seed) is read by the
-    first step after the resume. With `weights`, both save at the last step (with save_freq set,
-    the last step saves) and the two actors are bit-identical there."""
+    overrides and save_freq=2) writes the checkpoint the second one resumes from, by path, into a
+    directory of its own; a piece of state the checkpoint lost shows as steps 3-4 that differ.
+    With `weights`, both save at step 4 and the two step-4 actors are bit-identical."""
     from dagrl.main import run
 
-    fast = [*FAST, *overrides, f"trainer.total_training_steps={steps}"]
+    fast = [*FAST, *overrides, "trainer.total_training_steps=4"]
     if straight is None:
         straight = tmp_path / "straight"
         run(compose_config(*fast, "trainer.save_freq=2", f"trainer.default_local_dir={straight}"))
@@ -192,13 +187,13 @@ def resume_matches(
     run(compose_config(*fast, *save, f"trainer.resume_mode={step2}", f"trainer.default_local_dir={resumed}"))
     a = [without_timing(r) for r in read_metrics(straight)]
     b = [without_timing(r) for r in read_metrics(resumed)]
-    assert [r["step"] for r in a] == list(range(1, steps + 1))
-    assert [r["step"] for r in b] == list(range(3, steps + 1))
+    assert [r["step"] for r in a] == [1, 2, 3, 4] and [r["step"] for r in b] == [3, 4]
     assert a[2:] == b
     if weights:
         from safetensors.torch import load_file
 
-        last = f"global_step_{steps}"
-        ours, theirs = (load_file(d / last / "actor" / "model.safetensors") for d in (straight, resumed))
+        ours, theirs = (
+            load_file(d / "global_step_4" / "actor" / "model.safetensors") for d in (straight, resumed)
+        )
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     return a

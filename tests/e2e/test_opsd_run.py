@@ -46,10 +46,10 @@ def test_opsd_resume_reproduces_uninterrupted_run(ray_local, tmp_path):
 
 
 def test_off_policy_steps_and_sft_term_resume_bit_identically(ray_local, tmp_path):
-    """lmbda 0.5: steps 2-3 draw the dataset's responses (trainer.seed 1), step 1 samples."""
-    assert [is_off_policy_step(1, s, 0.5) for s in range(1, 4)] == [False, True, True]
+    """lmbda 0.5: steps 2-4 draw the dataset's responses (trainer.seed 1), step 1 samples."""
+    assert [is_off_policy_step(1, s, 0.5) for s in range(1, 5)] == [False, True, True, True]
     rows = resume_matches(tmp_path, "algorithm=gkd", "algorithm.gkd.lmbda=0.5", "algorithm.gkd.sft_alpha=0.5")
-    assert [r["distill/off_policy_step"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["distill/off_policy_step"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
     assert rows[0]["distill/sft_nll"] == 0.0 and all(r["distill/sft_nll"] > 0 for r in rows[1:])
     assert all(r["reward/mean"] == 1.0 for r in rows[1:])  # the reference answers are right
 

@@ -10,7 +10,7 @@ from tests.e2e.test_grpo_run import resume_matches
 
 
 def test_ppo_resume_reproduces_uninterrupted_run_critic_included(ray_local, tmp_path):
-    """3 steps == 2 + resume + 1 (the critic's weights, head, Adam state and step count restored:
+    """4 steps == 2 + resume + 2 (the critic's weights, head, Adam state and step count restored:
     otherwise its values, the GAE advantages and every later metric differ); step 1 is the warm-up."""
     from safetensors.torch import load_file
 
@@ -18,7 +18,7 @@ def test_ppo_resume_reproduces_uninterrupted_run_critic_included(ray_local, tmp_
     assert rows[0]["actor/critic_warmup"] == 1.0 and "actor/pg_loss" not in rows[0]
     assert all("actor/pg_loss" in r and "critic/vf_loss" in r for r in rows[1:])
     assert all(r["critic/vf_loss"] > 0 for r in rows)
-    critics = [tmp_path / run / "global_step_3" / "critic" for run in ("straight", "resumed")]
+    critics = [tmp_path / run / "global_step_4" / "critic" for run in ("straight", "resumed")]
     ours, theirs = (load_file(d / "model.safetensors") for d in critics)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     heads = [torch.load(d / "value_head.pt", weights_only=True) for d in critics]
