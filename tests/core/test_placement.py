@@ -109,24 +109,14 @@ def two_node_cluster():
 
 
 @pytest.mark.own_ray  # a two-node cluster of its own
-def test_pools_on_two_ray_nodes(two_node_cluster):
+def test_colocated_pool_spans_two_ray_nodes(two_node_cluster):
+    """One group over both nodes, ranks in node order. A group on each node (placement=separate)
+    is test_device_and_cpu_groups_on_two_ray_nodes's: its device_groups are the separate plan's
+    groups on swapped slots, plus a CPU group (the two forms give one plan:
+    test_device_groups_give_the_same_plan_as_colocate_groups). Each pool started on the cluster
+    costs a worker process per rank."""
     _, gpu_nodes = two_node_cluster
     start = time.perf_counter()
-
-    bundles, pools = pools_for("separate")
-    try:
-        train, rollout = (pool.node_info() for pool in pools)
-        assert [i["roles"] for i in train] == [["train", "ref"]] * 2
-        assert [i["rank"] for i in train] == [0, 1] and train[0]["world_size"] == 2
-        train_nodes = {i["node_id"] for i in train}
-        rollout_nodes = {i["node_id"] for i in rollout}
-        assert len(train_nodes) == 1 and len(rollout_nodes) == 1, (train, rollout)
-        assert train_nodes != rollout_nodes
-        assert train_nodes | rollout_nodes == gpu_nodes
-        for infos in (train, rollout):  # one GPU per actor, distinct within the node
-            assert sorted(g for i in infos for g in i["gpu_ids"]) == ["0", "1"]
-    finally:
-        release(bundles, pools)
 
     bundles, pools = pools_for("colocate")
     try:
@@ -250,10 +240,13 @@ def test_device_and_cpu_groups_on_two_ray_nodes(two_node_cluster):
         by_roles = {tuple(p.roles): p.node_info() for p in pools}
         train, rollout, judge = by_roles[("train", "ref")], by_roles[("rollout",)], by_roles[("judge",)]
         # ranks 2,3 are node 1's devices, ranks 0,1 node 0's: each GPU group fills one node
+        assert [i["roles"] for i in train] == [["train", "ref"]] * 2
+        assert [i["rank"] for i in train] == [0, 1] and train[0]["world_size"] == 2
         assert len({i["node_id"] for i in train}) == 1 and len({i["node_id"] for i in rollout}) == 1
         assert {i["node_id"] for i in train} != {i["node_id"] for i in rollout}
         assert {i["node_id"] for i in train + rollout} == gpu_nodes
-        assert all(len(i["gpu_ids"]) == 1 for i in train + rollout)
+        for infos in (train, rollout):  # one GPU per actor, distinct within the node
+            assert sorted(g for i in infos for g in i["gpu_ids"]) == ["0", "1"]
         assert [i["gpu_ids"] for i in judge] == [[], []] and [i["rank"] for i in judge] == [0, 1]
         assert [i["device_kind"] for i in judge] == ["cpu", "cpu"]
     finally:

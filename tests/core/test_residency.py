@@ -131,9 +131,9 @@ class FailNode(_Remote):
 
 @pytest.fixture(scope="module")
 def hid_pool():
-    # the session's Ray, started as every test starts it: in a full run this module is the first to
-    # need Ray, and a Ray it started itself would serve the rest of the session without the spare
-    # preloaded worker (tests/spare_workers.py)
+    # the session's Ray, started as every test starts it: in a full run this module and
+    # test_calls.py are the first to need Ray, and a Ray either started itself would serve the rest
+    # of the session without the spare preloaded worker (tests/spare_workers.py)
     start_local_ray()
     cfg = compose_config(
         "external_plugins=[tests.plugins.hidden_role]",

@@ -82,7 +82,7 @@ ELSEWHERE = {
         "tests/e2e/test_sft_run.py::test_sft_from_scratch_raises_greedy_accuracy"
     ),
     "python -m dagrl.main 'external_plugins=[my_rewards.py]' 'reward.functions=[{name: exact_answer}]'": (
-        "tests/e2e/test_loggers_run.py::test_two_steps_with_wandb_offline_and_a_trl_reward"
+        "tests/e2e/test_loggers_run.py::test_a_step_twice_with_wandb_offline_and_a_trl_reward"
     ),
     "python -m dagrl.main actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32"
     " actor_rollout_ref.actor.optim.lr=1e-3": "tests/e2e/test_lora_run.py::test_lora_run_takes_its_reference_from_the_base",

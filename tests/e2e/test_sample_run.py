@@ -23,6 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests import spare_workers
 from tests.conftest import compose_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,11 +81,22 @@ def test_sample_kill_resume_in_device_groups_then_sft(tmp_path):
     out = tmp_path / "samples"
     if ray.is_initialized():  # four CPU workers: a Ray of this test's own
         ray.shutdown()
+    # with the session Ray's preloading workers: the device_groups run's and the SFT run's actors
+    # start in processes whose imports are done (tests/spare_workers.py)
+    extra = {"_system_config": spare_workers.system_config()} if spare_workers.usable else {}
     ray.init(
-        address="local", num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        configure_logging=False,
+        log_to_driver=False,
+        **extra,
     )
     try:
         before = kill_after_first_shard(out, ray.get_runtime_context().gcs_address)
+        # from here on only this process's job starts actors: a spare of its own is kept ready
+        # (started earlier, it would take the killed job's cores and never serve it)
+        spare_workers.keep_one_spare()
         assert len(before) < PROMPTS // SHARD, "the job finished before it was killed"
         groups = (
             "placement.device_groups={nproc_per_node: 4, sample_group: {device: CPU, ranks: 2, workers: [sampler]},"
