@@ -21,7 +21,7 @@ def exact_answer(completions, prompts, ground_truth, **kwargs):
 """
 
 
-def test_two_steps_with_wandb_offline_and_a_trl_reward(tmp_path, monkeypatch, capsys, ray_local):
+def test_a_step_twice_with_wandb_offline_and_a_trl_reward(tmp_path, monkeypatch, capsys, ray_local):
     """The command line's `main(argv)` in this process on the session's Ray (a fresh interpreter
     and a Ray of its own cost ~25 s a run on 2 cores; what the command prints is the same)."""
     pytest.importorskip("wandb")
