@@ -17,18 +17,12 @@ SEQ = 16
 BATCH = 4
 
 
-def _setup(tp: int, seed: int):
-    """(ddp_model_chunks, optimizer) of a tiny fp32 GPTModel with the distributed optimizer."""
-    from megatron.core import parallel_state, tensor_parallel
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+def _gpt(config):
+    """The tiny GPT of these tests: local layers, RMSNorm, rope, untied output."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    config = tiny_gpt_config(tensor_model_parallel_size=tp)
-    gpt = GPTModel(
+    return GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=VOCAB,
@@ -36,6 +30,18 @@ def _setup(tp: int, seed: int):
         position_embedding_type="rope",
         share_embeddings_and_output_weights=False,
     )
+
+
+def _setup(tp: int, seed: int):
+    """(ddp_model_chunks, optimizer) of a tiny fp32 GPTModel with the distributed optimizer."""
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    config = tiny_gpt_config(tensor_model_parallel_size=tp)
+    gpt = _gpt(config)
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), gpt)
     opt_cfg = OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True, bf16=False)
     return [ddp], get_megatron_optimizer(opt_cfg, [ddp])
@@ -176,8 +182,6 @@ def _fresh_cpu_optimizer_is_loadable(rank: int, world: int) -> str:
     without a step): the only CUDA call here, answered with None on this CPU-only process."""
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 
     from dagrl.backends.megatron import checkpoint
@@ -188,14 +192,8 @@ def _fresh_cpu_optimizer_is_loadable(rank: int, world: int) -> str:
     parallel_state.initialize_model_parallel()
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     config = tiny_gpt_config(bf16=True, params_dtype=torch.bfloat16)
-    gpt = GPTModel(
-        config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=VOCAB,
-        max_sequence_length=SEQ,
-        position_embedding_type="rope",
-        share_embeddings_and_output_weights=False,
-    ).bfloat16()  # all 16-bit, as the backend's model: the optimizer's fp32 shards are copies then
+    # all 16-bit, as the backend's model: the optimizer's fp32 shards are copies then
+    gpt = _gpt(config).bfloat16()
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True)
     model = [DistributedDataParallel(config, ddp_config, gpt)]
     megatron = MegatronConfig(optimizer_cpu_offload=True, use_distributed_optimizer=True)
