@@ -52,12 +52,15 @@ def sync_weights(src: RoleHandle, dst: RoleHandle) -> dict[str, float]:
     sender's export draw, packs (GPU time), host loop and whole call (send_ms); the receiver's
     wire, unpacks (GPU time), host loop, the engine's activate/begin/finish and whole call
     (receive_ms); what the driver adds beyond the slower worker (driver_ms). The HF-named path
-    reports the whole calls and the engine only. CUDA events, read once per sync: kept every step."""
+    reports the whole calls and the engine only. CUDA events, read once per sync: kept every step.
+    Colocated, the hand-over's stages (`_copy_local`: settle, wake_weights, load, release, wake_kv)."""
     start = time.perf_counter()
     metrics: dict[str, float] = {}
     if src.pool is dst.pool:
         with dst.pool.lock:
-            nbytes = dst.pool.get([a.run.remote(_copy_local, src.role, dst.role) for a in dst.pool.actors])
+            copied = dst.pool.get([a.run.remote(_copy_local, src.role, dst.role) for a in dst.pool.actors])
+        nbytes = [n for n, _ in copied]
+        metrics |= {f"weight_sync/{k}": v for k, v in copied[0][1].items()}
     else:
         with src.pool.lock, dst.pool.lock:
             first = dst.pool.broadcast_floor_gbps is None
@@ -126,16 +129,42 @@ def _join_broadcast_group(src: RoleHandle, dst: RoleHandle) -> float:
 
 
 # ---- run inside a worker (Worker.run) ------------------------------------------------------------
-def _copy_local(worker, src: str, dst: str) -> int:
+def _copy_local(worker, src: str, dst: str) -> tuple[int, dict[str, float]]:
+    """The colocated refresh, a hand-over with the copy inside it. Returns the bytes loaded and
+    where the time went (ms, each stage's device work finished inside it): settling the device,
+    the engine's weights waking, the load, the source's state leaving, the KV cache waking."""
+    clock = _StageClock(worker.device)
     source = worker.activate(src)
     target = worker.backends[dst]
     worker.settle()  # the update's cached blocks go back before the engine maps its weights
+    clock.stage("settle_ms")
     target.begin_weight_update()  # a sleeping engine wakes its weights, not its KV cache
+    clock.stage("wake_weights_ms")
     nbytes = target.load_weights(source.export_weights())
+    clock.stage("load_ms")
     worker.release_others(dst)  # the source leaves the device ...
+    clock.stage("release_ms")
     target.finish_weight_update()  # ... before the destination takes the rest
+    clock.stage("wake_kv_ms")
     worker.active = dst
-    return nbytes
+    return nbytes, clock.stages
+
+
+class _StageClock:
+    """Host milliseconds per stage, the device's queued work finished at each stage's end (a
+    handful of synchronizations per sync: the stages' copies are not charged to the next one)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.stages: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def stage(self, name: str) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.stages[name] = (now - self.last) * 1e3
+        self.last = now
 
 
 def _join(worker, host: str, port: int, rank: int, world_size: int) -> float:

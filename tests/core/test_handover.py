@@ -83,7 +83,10 @@ def test_a_resident_trainer_still_returns_its_cache_before_the_engine_wakes(devi
 
 def test_the_refresh_settles_before_the_engine_maps_its_weights_and_again_before_its_kv_cache(device):
     worker = colocated(device, trainer_frees=False, engine_frees=True)
-    assert weight_sync._copy_local(worker, "train", "rollout") == 1
+    nbytes, stages = weight_sync._copy_local(worker, "train", "rollout")
+    assert nbytes == 1
+    assert list(stages) == ["settle_ms", "wake_weights_ms", "load_ms", "release_ms", "wake_kv_ms"]
+    assert all(ms >= 0 for ms in stages.values())
     assert device == [
         "empty_cache",
         "rollout.wake_weights",

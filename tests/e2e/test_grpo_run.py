@@ -106,6 +106,16 @@ def test_separate_pools_hand_the_rollout_over_past_the_driver(separate_run, grpo
         assert row["perf/driver_bytes"] < 2 * same_step["perf/driver_bytes"]
 
 
+def test_a_colocated_sync_says_where_its_time_went(grpo_run):
+    """The colocated refresh is a hand-over with the copy inside it: each stage's time is in the
+    step's metrics (weight_sync.py _copy_local), and together they fit inside the sync's."""
+    stages = ("settle", "wake_weights", "load", "release", "wake_kv")
+    for row in read_metrics(grpo_run):
+        ms = [row[f"weight_sync/{stage}_ms"] for stage in stages]
+        assert all(m >= 0 for m in ms) and row["weight_sync/load_ms"] > 0
+        assert sum(ms) <= row["weight_sync/s"] * 1e3
+
+
 def test_two_train_workers_ddp_over_gloo(ray_local, tmp_path):
     """Two colocated workers: DP=2 shards, DDP all-reduces gradients, both replicas stay equal."""
     from dagrl.main import run
