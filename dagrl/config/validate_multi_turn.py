@@ -43,6 +43,14 @@ def check_multi_turn(cfg: DagrlConfig) -> None:
     from dagrl.rollout.multi_turn import load_tools
     from dagrl.tools.base import ENVIRONMENTS, PARSERS, lookup
 
+    if cfg.actor_rollout_ref.rollout.ignore_eos and mt.max_tokens_per_turn is None:
+        raise ConfigError(  # a turn hands over at EOS or at its own cap; with neither it runs out
+            "actor_rollout_ref.rollout.ignore_eos",
+            True,
+            "a multi-turn turn hands over to the tools at EOS; sampling past it with no per-turn cap,"
+            f" every episode ends at its first turn: set it to false, or cap the turns with"
+            f" {MT}.max_tokens_per_turn",
+        )
     lookup(ENVIRONMENTS, mt.environment, f"{MT}.environment")
     lookup(PARSERS, mt.format, f"{MT}.format")
     tools = load_tools(mt.tool_config_path)

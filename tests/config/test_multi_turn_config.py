@@ -44,12 +44,18 @@ def test_verl_and_ms_swift_keys():
         (f"{MT}.tool_config_path=null", f"{MT}.tool_config_path"),
         (f"{MT}.format=json", f"{MT}.format"),
         (f"{MT}.environment=gym", f"{MT}.environment"),
+        ("actor_rollout_ref.rollout.ignore_eos=true", "actor_rollout_ref.rollout.ignore_eos"),
     ],
 )
 def test_rules_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:
         checked(*OK, override)
     assert e.value.key == key
+
+
+def test_ignore_eos_runs_with_a_per_turn_cap():
+    """Turns then hand over at the cap (bench/multi_turn_gpu.py's random weights never stop)."""
+    checked(*OK, "actor_rollout_ref.rollout.ignore_eos=true", f"{MT}.max_tokens_per_turn=8")
 
 
 @pytest.mark.parametrize("dag", ["grpo", "gkd", "opsd"])
