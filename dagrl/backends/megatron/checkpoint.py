@@ -237,10 +237,11 @@ def _load_optimizer(optimizer: Any, state: dict) -> None:
     state copies the stale pre-load steps back (dp_reshardable) or fails on the missing key
     (fully_reshardable), and the steps it sets share one tensor, which foreach Adam would then
     advance once per parameter. So the step-free part is loaded with "step" set aside and
-    each parameter gets its own step tensor from the param groups afterwards.
+    each parameter gets its own step tensor from the param groups afterwards. Over the CPU
+    optimizer (HybridDeviceOptimizer) megatron's load runs and `_settle_hybrid` mends it.
     """
     chain = getattr(optimizer, "chained_optimizers", [optimizer])
-    if not any(_is_torch_adam_distributed(o) for o in chain):
+    if not any(_is_torch_adam_distributed(o) or _is_hybrid_distributed(o) for o in chain):
         with torch.no_grad():  # fp32 main params are views of grad-requiring model params
             optimizer.load_state_dict(state)
         return
@@ -251,6 +252,8 @@ def _load_optimizer(optimizer: Any, state: dict) -> None:
                 _load_torch_adam_distributed(o, sd)
             else:
                 o.load_state_dict(sd)
+                if _is_hybrid_distributed(o):
+                    _settle_hybrid(o.optimizer)
     if len(chain) > 1:
         optimizer._synchronize_steps()  # what ChainedOptimizer.load_state_dict ends with
 
@@ -261,6 +264,37 @@ def _is_torch_adam_distributed(o: Any) -> bool:
     return isinstance(o, DistributedOptimizer) and isinstance(
         o.optimizer, torch.optim.Adam | torch.optim.AdamW
     )
+
+
+def _is_hybrid_distributed(o: Any) -> bool:
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return isinstance(o, DistributedOptimizer) and isinstance(o.optimizer, HybridDeviceOptimizer)
+
+
+def _settle_hybrid(hdo: Any) -> None:
+    """Finish megatron's load into the CPU optimizer (HybridDeviceOptimizer) as a step expects it.
+
+    megatron-core 0.16.1 leaves two things wrong there, each of which made a resumed run's next
+    step differ from the uninterrupted one's (the GPU test of tests_b1 saw it):
+    - without Apex/TE every parameter's state gets one shared "step" tensor, and the CPU AdamWs
+      (one per parameter) each advance it: the k-th parameter steps with bias correction k + 1.
+      Each parameter gets its own step from the param groups (the saved step count);
+    - the dp_reshardable load writes the fp32 main params on the device, but the CPU AdamWs
+      update pinned host copies taken when the optimizer was built and copy them back after the
+      step: the loaded weights would be replaced by the pre-load ones plus one update. The host
+      copies are refreshed from the loaded params (those kept as fp32 copies of 16-bit params
+      come from the loaded "master_param" state through megatron's own sync)."""
+    for group in hdo.param_groups:
+        if group.get("step") is None:
+            continue
+        for p in group["params"]:
+            hdo.state[p]["step"] = torch.tensor(float(group["step"]), dtype=torch.float32)
+    hdo._sync_hdo_state_to_sub_optimizers()  # state to each sub-optimizer, on its device
+    for param, host_copy in hdo.gpu_params_map_cpu_copy.items():
+        if param not in hdo.param_to_fp32_param:
+            host_copy.copy_(param)
 
 
 def _load_torch_adam_distributed(o: Any, state: dict) -> None:

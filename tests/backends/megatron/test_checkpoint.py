@@ -173,10 +173,10 @@ def test_tp2_checkpoint_resumes_in_tp1(tmp_path):
     assert diff < 1e-5, diff
 
 
-def _fresh_cpu_optimizer_is_loadable(rank: int, world: int) -> str:
-    """The first call of a resume (`_sharded_state(..., is_loading=True)`) on a never-stepped
-    distributed optimizer over megatron's HybridDeviceOptimizer (megatron.optimizer_cpu_offload),
-    bf16 with the fp32 masters on the host, as the acceptance's 8B script plans it on 4 GPUs.
+def _cpu_optimizer(seed: int):
+    """(model, optimizer): a tiny bf16 GPT under the distributed optimizer over megatron's
+    HybridDeviceOptimizer (megatron.optimizer_cpu_offload), the fp32 masters on the host, as the
+    acceptance's 8B script plans it on 4 GPUs; never stepped.
 
     HybridDeviceOptimizer asks for the current CUDA stream when it is built (it never uses it
     without a step): the only CUDA call here, answered with None on this CPU-only process."""
@@ -184,13 +184,13 @@ def _fresh_cpu_optimizer_is_loadable(rank: int, world: int) -> str:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 
-    from dagrl.backends.megatron import checkpoint
     from dagrl.backends.megatron.optimizer import build_optimizer, optimizer_config
     from dagrl.config.schema import ActorConfig, MegatronConfig
 
     torch.cuda.current_stream = lambda *args, **kwargs: None
-    parallel_state.initialize_model_parallel()
-    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel()
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
     config = tiny_gpt_config(bf16=True, params_dtype=torch.bfloat16)
     # all 16-bit, as the backend's model: the optimizer's fp32 shards are copies then
     gpt = _gpt(config).bfloat16()
@@ -200,6 +200,15 @@ def _fresh_cpu_optimizer_is_loadable(rank: int, world: int) -> str:
     optimizer = build_optimizer(optimizer_config(ActorConfig(), megatron, torch.bfloat16), model)
     [distributed] = optimizer.chained_optimizers
     assert isinstance(distributed.optimizer, HybridDeviceOptimizer) and not distributed.optimizer.state
+    return model, optimizer
+
+
+def _fresh_cpu_optimizer_is_loadable(rank: int, world: int) -> str:
+    """The first call of a resume (`_sharded_state(..., is_loading=True)`) on a never-stepped CPU
+    optimizer."""
+    from dagrl.backends.megatron import checkpoint
+
+    model, optimizer = _cpu_optimizer(seed=1)
     state = checkpoint._sharded_state(model, optimizer, checkpoint.OptimizerFormat.DP_RESHARDABLE, True)
     return state["optimizer"]["param_state_sharding_type"]
 
@@ -209,3 +218,37 @@ def test_a_fresh_cpu_optimizer_can_be_resumed_into():
     parameter's Adam step to describe the optimizer, and a fresh HybridDeviceOptimizer has none:
     resuming with optimizer_cpu_offload failed there before the checkpoint was opened."""
     assert run_distributed(_fresh_cpu_optimizer_is_loadable, 1) == ["dp_reshardable"]
+
+
+def _cpu_optimizer_steps_after_resume(rank: int, world: int, path: str) -> list[tuple[int, list[float]]]:
+    """Save a CPU optimizer that has taken 3 steps (its state as three steps leave it: each
+    parameter's own step tensor at 3), load it into a fresh one: (distinct step tensors, their
+    values) in the optimizer's state, then in each of its CPU AdamWs' (what steps)."""
+    from dagrl.backends.megatron import checkpoint
+
+    model, optimizer = _cpu_optimizer(seed=1)
+    checkpoint._prime_adam_state(optimizer)
+    [distributed] = optimizer.chained_optimizers
+    hdo = distributed.optimizer
+    for s in hdo.state.values():
+        s["step"] = torch.tensor(3.0)
+    checkpoint.save(path, model, optimizer, {"steps": 3})
+    model, optimizer = _cpu_optimizer(seed=2)
+    checkpoint.load(path, model, optimizer)
+    hdo = optimizer.chained_optimizers[0].optimizer
+    held = [s["step"] for s in hdo.state.values()]
+    stepped = [s["step"] for sub in hdo.sub_optimizers for s in sub.state.values()]
+    return [(len({id(t) for t in steps}), sorted({t.item() for t in steps})) for steps in (held, stepped)]
+
+
+def test_a_resumed_cpu_optimizer_steps_each_parameter_from_the_saved_count(tmp_path):
+    """megatron (no Apex/TE) loads one shared step tensor into every parameter's state, and the
+    CPU optimizer's per-parameter AdamWs would each advance it: the k-th parameter of the resumed
+    run would step with bias correction k + 1. Every parameter has its own step, at the saved
+    count, in the state the AdamWs step with. (The other half of the mend, the host copies of
+    the device's loaded fp32 params, needs a GPU: tests/backends/test_mixed_precision_gpu.py.)"""
+    [(held, stepped)] = run_distributed(_cpu_optimizer_steps_after_resume, 1, str(tmp_path))
+    n_held, values_held = held
+    n_stepped, values_stepped = stepped
+    assert values_held == values_stepped == [3.0]
+    assert n_held == n_stepped > 1
