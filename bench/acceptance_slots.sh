@@ -56,15 +56,14 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (session 17 ran on 4x H200 at dbe0593: tp, tests_b2, 4b-torch, handover, gkd4_colocate,
-# gkd4_split, the broadcast microbench; then s17-52 changed `dagrl/`: ignore_eos on both rollouts,
-# the megatron CPU optimizer's resume). What remains, by lease:
-#   any lease, first (~100 s; issue 31's last run: the LoRA test now asks the engine's log-probs to be
-#   the trainer's current adapter's, 3566846), in a slot beside whatever runs next:
-#     bash bench/acceptance_slots.sh $OUT 0:tests_c
-#   with it tests_b1 (~330 s), which holds the new GPU test of the megatron CPU optimizer's save and
-#   resume (s17-52: a fresh one could not be loaded into); on an x4, a call of their own:
-#     bash bench/acceptance_slots.sh $OUT 0:tests_c 1:tests_b1
+# FIRST (session 18 ran the whole one-GPU record on 4x H200 at cd7a7eb, all green but tests_b1 7/8,
+# then side_lora at 0.66x TRL; after it 824d1ba mended the megatron CPU optimizer's resume, the one
+# change of `dagrl/` since cd7a7eb). What remains, by lease:
+#   any lease, first (~330 s; the GPU test that found the resume defect, now with the mend, and the
+#   engine-alone cost of per-request seeds, ~3 min, beside it):
+#     bash bench/acceptance_slots.sh $OUT 0:tests_b1 1:sampling
+#   if `sampling` shows per-request seeds cost the rollout > 10 %: decide the rollout's seeding, then
+#   side_lora alone (~260 s; issue 31's last bar, <= 0.6x TRL) and side (~300 s) on that code.
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
@@ -81,6 +80,7 @@
 #     bash bench/acceptance_slots.sh $OUT 0,1:dp2
 #     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
 #     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
+#   Once `dagrl/` changes on a GPU path again, the whole one-GPU record (CALL PLAN below) runs again.
 # On an H100 (issue 29's 80 GiB rows, each alone): side_64 (~9), "matrix 4b-torch" (the 4B engine
 # sleeps there: a7d7454's reserved-not-allocated check at the hand-overs), side (~7).
 # CALL PLAN for the next session on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2 calls of
