@@ -26,7 +26,6 @@
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
 #   bash bench/acceptance_gpu.sh OUT side_64      # TRL at 64x8x512, then dagrl's defaults at that shape, same call
-#   bash bench/acceptance_gpu.sh OUT sampling     # vLLM alone: per-request seeds vs one seed per generate, log-probs off
 #   bash bench/acceptance_gpu.sh OUT ray_probe [HOLD_S]  # this slot's own local Ray (bench/ray_probe.py)
 #
 # Each test file runs in a pytest process of its own: no test sees what an earlier one left on the
@@ -38,7 +37,7 @@
 # before the deadline; a file or row cut by it says so in its row.
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, side_algos, memory, throughput, sampling or ray_probe}
+WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, side_algos, memory, throughput or ray_probe}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
@@ -176,12 +175,6 @@ side_64)  # the side-by-side's second shape, 64 prompts x 8 x 512 tokens: TRL, t
     ANCHOR_PROMPTS=64 ANCHOR_LEN=512 STEPS=${STEPS:-6} bash bench/vllm_gpu.sh side "$OUT/side_64" trl default64 \
         >"$OUT/side_64.side.out" 2>&1
     side_row side_64
-    ;;
-sampling)  # what per-request seeds and log-probs cost vLLM's rollout, engine alone (bench/vllm_sampling_gpu.py)
-    timeout "$(limit 300)" python3 bench/vllm_sampling_gpu.py >"$OUT/sampling.log" 2>&1
-    rc=$?
-    grep -E '^\{' "$OUT/sampling.log" | cut -c1-1500
-    echo "| sampling | $DEVICE | $rc | $(grep -c '"variant"' "$OUT/sampling.log") variants | | | |" >>"$OUT/rows.md"
     ;;
 ray_probe)  # the check of bench/acceptance_slots.sh: a driver's ray.init() starts this slot's own Ray
     python3 bench/ray_probe.py "$OUT" "${3:-0}" "$DEVICE" 2>&1 | tee -a "$OUT/ray_probe.log" | grep -E "^PROBE|rror"

@@ -35,7 +35,7 @@ MULTI_GPU = {
 ONE_GPU = {
     "tests_a", "tests_b", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo", "handover", "docs_a",
     "docs_b", "matrix", "side", "side_64", "side_dapo", "side_lora", "side_ppo", "side_algos", "side_awake",
-    "memory", "throughput", "sampling", "ray_probe",
+    "memory", "throughput", "ray_probe",
 }  # fmt: skip
 # groups that must own the host: run them in a call of one slot
 TIMING = (

@@ -59,11 +59,10 @@
 # FIRST (session 18 ran the whole one-GPU record on 4x H200 at cd7a7eb, all green but tests_b1 7/8,
 # then side_lora at 0.66x TRL; after it 824d1ba mended the megatron CPU optimizer's resume, the one
 # change of `dagrl/` since cd7a7eb). What remains, by lease:
-#   any lease, first (~330 s; the GPU test that found the resume defect, now with the mend, and the
-#   engine-alone cost of per-request seeds, ~3 min, beside it):
-#     bash bench/acceptance_slots.sh $OUT 0:tests_b1 1:sampling
-#   if `sampling` shows per-request seeds cost the rollout > 10 %: decide the rollout's seeding, then
-#   side_lora alone (~260 s; issue 31's last bar, <= 0.6x TRL) and side (~300 s) on that code.
+#   any lease, first (~350 s; the GPU test that found the resume defect, now with the mend):
+#     bash bench/acceptance_slots.sh $OUT 0:tests_b1
+#   side_lora alone (~260 s; issue 31's last bar, <= 0.6x TRL: 0.66x on session 18's host, 0.51x on
+#   session 16's) and side (~300 s; issue 29's, 0.58x on ea08f51).
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
