@@ -59,10 +59,12 @@
 # FIRST (session 18 ran the whole one-GPU record on 4x H200 at cd7a7eb, all green but tests_b1 7/8,
 # then side_lora at 0.66x TRL; after it 824d1ba mended the megatron CPU optimizer's resume, the one
 # change of `dagrl/` since cd7a7eb). What remains, by lease:
-#   any lease, first (~350 s; the GPU test that found the resume defect, now with the mend):
-#     bash bench/acceptance_slots.sh $OUT 0:tests_b1
-#   side_lora alone (~260 s; issue 31's last bar, <= 0.6x TRL: 0.66x on session 18's host, 0.51x on
-#   session 16's) and side (~300 s; issue 29's, 0.58x on ea08f51).
+#   the next x4 lease (issues 29 and 31; ~1,700 s with the installs): the CALL PLAN's two calls
+#   below (the record on the submitted `dagrl/`; tests_b1 holds the GPU test of 824d1ba's mend),
+#   then side_lora alone (~260 s; issue 31's last bar, <= 0.6x TRL: 0.66x on session 18's host,
+#   0.51x on session 16's) and side alone (~300 s; issue 29's, 0.58x on ea08f51).
+#   An nvidia-h100-x1 lease (issue 29's 80 GiB rows; it counts half its held time): side_64, then
+#   "matrix 4b-torch 0.6b-64x8x512".
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
@@ -79,30 +81,26 @@
 #     bash bench/acceptance_slots.sh $OUT 0,1:dp2
 #     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
 #     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
-#   Once `dagrl/` changes on a GPU path again, the whole one-GPU record (CALL PLAN below) runs again.
 # On an H100 (issue 29's 80 GiB rows, each alone): side_64 (~9), "matrix 4b-torch" (the 4B engine
 # sleeps there: a7d7454's reserved-not-allocated check at the hand-overs), side (~7).
-# CALL PLAN for the next session on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2 calls of
-# <= 590 s): the whole one-GPU record of docs/gpu_acceptance.md but the side-by-sides, on one commit
+# CALL PLAN for the whole one-GPU record on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2
+# calls of <= 590 s): docs/gpu_acceptance.md's rows but the side-by-sides, on one commit
 # (tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
-# Seconds per group as measured on 4x H200 on 2026-11-27 (session 14, beside three busy slots):
-# ray_probe 10, docs_a 417, tests_d 130, gkd-0.6b-1.7b + 1.7b-torch 360, docs_b 172,
-# 8b-megatron-lora + 4b-torch 540 (both builds, 8B ~2.5 min, included), tests_b1 330, tests_b2 124,
-# 8b-torch-lora + calculator-vllm 368, tests_c 97, handover 189, tests_a 241, 4b-megatron +
-# sample-vllm-rm 304, tests_ppo 190, 8b-megatron 546 with the 8B build (cut after 9 steps: it now
-# runs in call 2, on the model call 1 built; the models stay in /tmp/dagrl_models while the machine
-# stays warm). ~4,060 s in all: two calls of four slots of <= 560 s.
+# Seconds per group as measured on 4x H200 on 2026-11-27 (session 18, beside three busy slots):
+# ray_probe 10-12, docs_a 416, tests_c 108, gkd-0.6b-1.7b + 1.7b-torch 354, docs_b 160,
+# 8b-megatron-lora + 4b-torch 435 (both builds included), tests_b1 351, tests_d 141, 8b-megatron 393
+# (on the model call 1 built; the models stay in /tmp/dagrl_models while the machine stays warm),
+# tests_b2 101-146, 8b-torch-lora + calculator-vllm 284, handover 157, tests_a 271, 4b-megatron +
+# sample-vllm-rm 358, tests_ppo 173. ~4,100 s in all: two calls of four slots of <= 560 s.
 #   call 1 (ray_probe first: the isolation, checked on the cards; the 8B and 4B builds):
 #     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora 4b-torch" 1:ray_probe+docs_a+tests_c 2:ray_probe+"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 3:ray_probe+tests_b1+tests_d
-#   call 2:
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron"+tests_b2 1:"matrix 8b-torch-lora calculator-vllm" 2:handover+tests_a 3:"matrix 4b-megatron sample-vllm-rm"+tests_ppo
-#   call 3 (what is left of the lease, ~9 minutes): the side-by-side's second shape with TRL, alone
-#   (issue 29's <= 0.6x with the defaults at 64x8x512; session 14 measured 0.58x at 32x8x256):
-#     bash bench/acceptance_slots.sh $OUT 0:side_64
-#   (side_awake, the awake defaults against the engine told to sleep, ~7 minutes, when a lease has room.)
-#   The next lease after it: 0:"matrix 0.6b-64x8x512" 2,3:tp (the row never run on this code, and
-#   issue 30's first pair: tp's one-GPU reference took 125 s, the TP=2 row was cut at 124 s in a
-#   275 s call), then side_awake, side_lora, side_algos (side_dapo + side_ppo, ~8) alone.
+#   call 2 (tests_b2 beside the LoRA rows: after 8b-megatron the deadline cut it in session 18):
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora calculator-vllm"+tests_b2 2:handover+tests_a 3:"matrix 4b-megatron sample-vllm-rm"+tests_ppo
+#   then, alone, what the lease has room for (issue 31's and issue 29's ratios against TRL):
+#     bash bench/acceptance_slots.sh $OUT 0:side_lora
+#     bash bench/acceptance_slots.sh $OUT 0:side
+#   On an H100 (nvidia-h100-x1, which counts half its held time): side_64 (~9 minutes), then
+#   "matrix 4b-torch 0.6b-64x8x512" (issue 29's 80 GiB rows, the 4B engine asleep there).
 #   A later lease of this kind: the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs
 #   (pp after tp on the same warm machine: it compares with tp's one-GPU row; big: 8B, ~10, may be
 #   cut at 9.3, its CPU optimizer ~128 GiB of host):
