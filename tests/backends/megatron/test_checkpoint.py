@@ -8,6 +8,8 @@ count all came back.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from tests.megatron_cpu_patch import run_distributed, tiny_gpt_config
@@ -173,13 +175,25 @@ def test_tp2_checkpoint_resumes_in_tp1(tmp_path):
     assert diff < 1e-5, diff
 
 
+@contextlib.contextmanager
+def _no_cuda_stream():
+    """torch.cuda.current_stream answers None on this CPU-only process (the only CUDA call of a
+    never-stepped HybridDeviceOptimizer), and is restored after: the rank pool outlives the test."""
+    real = torch.cuda.current_stream
+    torch.cuda.current_stream = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        torch.cuda.current_stream = real
+
+
 def _cpu_optimizer(seed: int):
     """(model, optimizer): a tiny bf16 GPT under the distributed optimizer over megatron's
     HybridDeviceOptimizer (megatron.optimizer_cpu_offload), the fp32 masters on the host, as the
     acceptance's 8B script plans it on 4 GPUs; never stepped.
 
-    HybridDeviceOptimizer asks for the current CUDA stream when it is built (it never uses it
-    without a step): the only CUDA call here, answered with None on this CPU-only process."""
+    HybridDeviceOptimizer asks for the current CUDA stream when it is built or loaded into (it
+    never uses it without a step): call this under `_no_cuda_stream()`."""
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
@@ -187,7 +201,6 @@ def _cpu_optimizer(seed: int):
     from dagrl.backends.megatron.optimizer import build_optimizer, optimizer_config
     from dagrl.config.schema import ActorConfig, MegatronConfig
 
-    torch.cuda.current_stream = lambda *args, **kwargs: None
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel()
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
@@ -208,8 +221,9 @@ def _fresh_cpu_optimizer_is_loadable(rank: int, world: int) -> str:
     optimizer."""
     from dagrl.backends.megatron import checkpoint
 
-    model, optimizer = _cpu_optimizer(seed=1)
-    state = checkpoint._sharded_state(model, optimizer, checkpoint.OptimizerFormat.DP_RESHARDABLE, True)
+    with _no_cuda_stream():
+        model, optimizer = _cpu_optimizer(seed=1)
+        state = checkpoint._sharded_state(model, optimizer, checkpoint.OptimizerFormat.DP_RESHARDABLE, True)
     return state["optimizer"]["param_state_sharding_type"]
 
 
@@ -226,15 +240,15 @@ def _cpu_optimizer_steps_after_resume(rank: int, world: int, path: str) -> list[
     values) in the optimizer's state, then in each of its CPU AdamWs' (what steps)."""
     from dagrl.backends.megatron import checkpoint
 
-    model, optimizer = _cpu_optimizer(seed=1)
-    checkpoint._prime_adam_state(optimizer)
-    [distributed] = optimizer.chained_optimizers
-    hdo = distributed.optimizer
-    for s in hdo.state.values():
-        s["step"] = torch.tensor(3.0)
-    checkpoint.save(path, model, optimizer, {"steps": 3})
-    model, optimizer = _cpu_optimizer(seed=2)
-    checkpoint.load(path, model, optimizer)
+    with _no_cuda_stream():
+        model, optimizer = _cpu_optimizer(seed=1)
+        checkpoint._prime_adam_state(optimizer)
+        [distributed] = optimizer.chained_optimizers
+        for s in distributed.optimizer.state.values():
+            s["step"] = torch.tensor(3.0)
+        checkpoint.save(path, model, optimizer, {"steps": 3})
+        model, optimizer = _cpu_optimizer(seed=2)
+        checkpoint.load(path, model, optimizer)
     hdo = optimizer.chained_optimizers[0].optimizer
     held = [s["step"] for s in hdo.state.values()]
     stepped = [s["step"] for sub in hdo.sub_optimizers for s in sub.state.values()]
