@@ -24,6 +24,7 @@ hangs (the writer dies before reporting), so the `megatron` extra must install p
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -276,25 +277,32 @@ def _is_hybrid_distributed(o: Any) -> bool:
 def _settle_hybrid(hdo: Any) -> None:
     """Finish megatron's load into the CPU optimizer (HybridDeviceOptimizer) as a step expects it.
 
-    megatron-core 0.16.1 leaves two things wrong there, each of which made a resumed run's next
-    step differ from the uninterrupted one's (the GPU test of tests_b1 saw it):
-    - without Apex/TE every parameter's state gets one shared "step" tensor, and the CPU AdamWs
-      (one per parameter) each advance it: the k-th parameter steps with bias correction k + 1.
-      Each parameter gets its own step from the param groups (the saved step count);
-    - the dp_reshardable load writes the fp32 main params on the device, but the CPU AdamWs
-      update pinned host copies taken when the optimizer was built and copy them back after the
-      step: the loaded weights would be replaced by the pre-load ones plus one update. The host
-      copies are refreshed from the loaded params (those kept as fp32 copies of 16-bit params
-      come from the loaded "master_param" state through megatron's own sync)."""
+    megatron-core 0.16.1 without Apex/TE gives every parameter's state one shared "step" tensor
+    (over dp_reshardable, the never-stepped optimizer's 0), which the per-parameter CPU AdamWs
+    would each advance: the resumed step did not continue the saved run (the GPU test of
+    tests_b1 saw it). Each parameter gets its own step, the saved count from the param groups.
+    Then the state is handed to the sub-optimizers and the loaded fp32 masters are written into
+    the tensors they step, the state pointing at those again as after a step: what megatron's
+    other load paths call `_sync_hdo_state_to_sub_optimizers` for, which fails when the masters
+    stay on the device (no 16-bit parameter has an fp32 copy there). Over dp_reshardable the
+    stepped tensors already hold the loaded values (the load is in place); this keeps it so."""
     for group in hdo.param_groups:
         if group.get("step") is None:
             continue
         for p in group["params"]:
             hdo.state[p]["step"] = torch.tensor(float(group["step"]), dtype=torch.float32)
-    hdo._sync_hdo_state_to_sub_optimizers()  # state to each sub-optimizer, on its device
-    for param, host_copy in hdo.gpu_params_map_cpu_copy.items():
-        if param not in hdo.param_to_fp32_param:
-            host_copy.copy_(param)
+    for sub in hdo.sub_optimizers:  # each steps the state of its own (inner) parameters
+        inner = [q for g in sub.param_groups for q in g["params"]]
+        sub.state = defaultdict(dict, {q: hdo.state[hdo.inner_param_to_orig_param[q]] for q in inner})
+    hdo._move_new_state_to_right_device()  # the host's sub-optimizers' state on the host
+    for param, stepped in hdo.param_to_inner_param.items():
+        if stepped is param:  # stepped in place: the load wrote it
+            continue
+        state = hdo.state[param]
+        master = state.get("master_param") if param in hdo.param_to_fp32_param else None
+        stepped.copy_(param if master is None else master)
+        if master is not None:
+            state["master_param"] = stepped
 
 
 def _load_torch_adam_distributed(o: Any, state: dict) -> None:

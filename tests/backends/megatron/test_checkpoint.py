@@ -234,35 +234,46 @@ def test_a_fresh_cpu_optimizer_can_be_resumed_into():
     assert run_distributed(_fresh_cpu_optimizer_is_loadable, 1) == ["dp_reshardable"]
 
 
-def _cpu_optimizer_steps_after_resume(rank: int, world: int, path: str) -> list[tuple[int, list[float]]]:
-    """Save a CPU optimizer that has taken 3 steps (its state as three steps leave it: each
-    parameter's own step tensor at 3), load it into a fresh one: (distinct step tensors, their
-    values) in the optimizer's state, then in each of its CPU AdamWs' (what steps)."""
+def _cpu_optimizer_after_resume(rank: int, world: int, path: str) -> tuple[list, list, bool]:
+    """Save a CPU optimizer as three steps leave it (each parameter's own step tensor at 3, its
+    fp32 masters moved off the bf16 weights), load it into a fresh one (another init). Returns
+    (distinct step tensors, their values) in the optimizer's state and in its CPU AdamWs' (what
+    steps), and whether the fp32 tensors the AdamWs step hold the saved masters."""
     from dagrl.backends.megatron import checkpoint
+
+    def stepped(hdo) -> list[torch.Tensor]:
+        return [hdo.param_to_inner_param[p] for g in hdo.param_groups for p in g["params"]]
 
     with _no_cuda_stream():
         model, optimizer = _cpu_optimizer(seed=1)
         checkpoint._prime_adam_state(optimizer)
-        [distributed] = optimizer.chained_optimizers
-        for s in distributed.optimizer.state.values():
+        hdo = optimizer.chained_optimizers[0].optimizer
+        for s in hdo.state.values():
             s["step"] = torch.tensor(3.0)
+        masters = stepped(hdo)
+        assert all(m.dtype == torch.float32 for m in masters) and hdo.param_to_fp32_param
+        for m in masters:
+            m.add_(0.5)  # the masters are no copy of the bf16 weights
+        saved = [m.clone() for m in masters]
         checkpoint.save(path, model, optimizer, {"steps": 3})
         model, optimizer = _cpu_optimizer(seed=2)
         checkpoint.load(path, model, optimizer)
     hdo = optimizer.chained_optimizers[0].optimizer
     held = [s["step"] for s in hdo.state.values()]
-    stepped = [s["step"] for sub in hdo.sub_optimizers for s in sub.state.values()]
-    return [(len({id(t) for t in steps}), sorted({t.item() for t in steps})) for steps in (held, stepped)]
+    steps = [s["step"] for sub in hdo.sub_optimizers for s in sub.state.values()]
+    counts = [(len({id(t) for t in ts}), sorted({t.item() for t in ts})) for ts in (held, steps)]
+    return counts[0], counts[1], all(torch.equal(a, b) for a, b in zip(stepped(hdo), saved))
 
 
-def test_a_resumed_cpu_optimizer_steps_each_parameter_from_the_saved_count(tmp_path):
-    """megatron (no Apex/TE) loads one shared step tensor into every parameter's state, and the
-    CPU optimizer's per-parameter AdamWs would each advance it: the k-th parameter of the resumed
-    run would step with bias correction k + 1. Every parameter has its own step, at the saved
-    count, in the state the AdamWs step with. (The other half of the mend, the host copies of
-    the device's loaded fp32 params, needs a GPU: tests/backends/test_mixed_precision_gpu.py.)"""
-    [(held, stepped)] = run_distributed(_cpu_optimizer_steps_after_resume, 1, str(tmp_path))
-    n_held, values_held = held
-    n_stepped, values_stepped = stepped
+def test_a_resumed_cpu_optimizer_steps_from_the_saved_state(tmp_path):
+    """megatron (no Apex/TE) loads one shared step tensor into every parameter's state (over
+    dp_reshardable, the fresh optimizer's 0), which the CPU optimizer's per-parameter AdamWs would
+    each advance. Every parameter has its own step at the saved count, in the state the AdamWs
+    step with, and the fp32 masters they step are the saved ones (the masters on the host, as the
+    plan sets them; the GPU test of tests/backends/test_mixed_precision_gpu.py steps after it)."""
+    [((n_held, values_held), (n_stepped, values_stepped), masters)] = run_distributed(
+        _cpu_optimizer_after_resume, 1, str(tmp_path)
+    )
     assert values_held == values_stepped == [3.0]
     assert n_held == n_stepped > 1
+    assert masters, "the AdamWs step the fresh optimizer's masters, not the saved ones"
