@@ -74,14 +74,24 @@ def build_optimizer(config, model: list):
     before the fp32 one), but lists the group's optimizer parameters fp32 shards first: in a mixed
     group (a bf16 critic trunk with its fp32 value head) every checkpoint read or write then pairs a
     parameter with another one's state; a save fails on the first size mismatch and a load fills
-    same-sized parameters with each other's state. Here the map follows the optimizer's order."""
+    same-sized parameters with each other's state. Here the map follows the optimizer's order.
+
+    The CPU optimizer (HybridDeviceOptimizer) with the fp32 masters on the device
+    (use_precision_aware_optimizer false) steps fp32 parameters, of which it keeps no fp32 copies,
+    yet megatron builds it to update 16-bit parameters through fp32 copies: its load then looks up
+    each parameter's copy and fails (KeyError), so such a run could not be resumed. Told its
+    parameters are fp32 already, it steps them as before and loads."""
     from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     optimizer = get_megatron_optimizer(config, model)
     for o in getattr(optimizer, "chained_optimizers", [optimizer]):
         if isinstance(o, DistributedOptimizer):
             _align_group_order(o)
+        inner = getattr(o, "optimizer", None)
+        if isinstance(inner, HybridDeviceOptimizer) and not inner.param_to_fp32_param:
+            inner.param_update_in_fp32 = False
     return optimizer
 
 

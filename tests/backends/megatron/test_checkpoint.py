@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 
 from tests.megatron_cpu_patch import run_distributed, tiny_gpt_config
@@ -187,7 +188,7 @@ def _no_cuda_stream():
         torch.cuda.current_stream = real
 
 
-def _cpu_optimizer(seed: int):
+def _cpu_optimizer(seed: int, masters_on_host: bool = True):
     """(model, optimizer): a tiny bf16 GPT under the distributed optimizer over megatron's
     HybridDeviceOptimizer (megatron.optimizer_cpu_offload), the fp32 masters on the host, as the
     acceptance's 8B script plans it on 4 GPUs; never stepped.
@@ -209,7 +210,11 @@ def _cpu_optimizer(seed: int):
     gpt = _gpt(config).bfloat16()
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True)
     model = [DistributedDataParallel(config, ddp_config, gpt)]
-    megatron = MegatronConfig(optimizer_cpu_offload=True, use_distributed_optimizer=True)
+    megatron = MegatronConfig(
+        optimizer_cpu_offload=True,
+        use_distributed_optimizer=True,
+        use_precision_aware_optimizer=masters_on_host,
+    )
     optimizer = build_optimizer(optimizer_config(ActorConfig(), megatron, torch.bfloat16), model)
     [distributed] = optimizer.chained_optimizers
     assert isinstance(distributed.optimizer, HybridDeviceOptimizer) and not distributed.optimizer.state
@@ -234,7 +239,9 @@ def test_a_fresh_cpu_optimizer_can_be_resumed_into():
     assert run_distributed(_fresh_cpu_optimizer_is_loadable, 1) == ["dp_reshardable"]
 
 
-def _cpu_optimizer_after_resume(rank: int, world: int, path: str) -> tuple[list, list, bool]:
+def _cpu_optimizer_after_resume(
+    rank: int, world: int, path: str, masters_on_host: bool
+) -> tuple[list, list, bool]:
     """Save a CPU optimizer as three steps leave it (each parameter's own step tensor at 3, its
     fp32 masters moved off the bf16 weights), load it into a fresh one (another init). Returns
     (distinct step tensors, their values) in the optimizer's state and in its CPU AdamWs' (what
@@ -245,18 +252,18 @@ def _cpu_optimizer_after_resume(rank: int, world: int, path: str) -> tuple[list,
         return [hdo.param_to_inner_param[p] for g in hdo.param_groups for p in g["params"]]
 
     with _no_cuda_stream():
-        model, optimizer = _cpu_optimizer(seed=1)
+        model, optimizer = _cpu_optimizer(seed=1, masters_on_host=masters_on_host)
         checkpoint._prime_adam_state(optimizer)
         hdo = optimizer.chained_optimizers[0].optimizer
         for s in hdo.state.values():
             s["step"] = torch.tensor(3.0)
         masters = stepped(hdo)
-        assert all(m.dtype == torch.float32 for m in masters) and hdo.param_to_fp32_param
+        assert all(m.dtype == torch.float32 for m in masters)
         for m in masters:
             m.add_(0.5)  # the masters are no copy of the bf16 weights
         saved = [m.clone() for m in masters]
         checkpoint.save(path, model, optimizer, {"steps": 3})
-        model, optimizer = _cpu_optimizer(seed=2)
+        model, optimizer = _cpu_optimizer(seed=2, masters_on_host=masters_on_host)
         checkpoint.load(path, model, optimizer)
     hdo = optimizer.chained_optimizers[0].optimizer
     held = [s["step"] for s in hdo.state.values()]
@@ -265,14 +272,16 @@ def _cpu_optimizer_after_resume(rank: int, world: int, path: str) -> tuple[list,
     return counts[0], counts[1], all(torch.equal(a, b) for a, b in zip(stepped(hdo), saved))
 
 
-def test_a_resumed_cpu_optimizer_steps_from_the_saved_state(tmp_path):
+@pytest.mark.parametrize("masters_on_host", [True, False], ids=["masters-on-host", "masters-on-device"])
+def test_a_resumed_cpu_optimizer_steps_from_the_saved_state(tmp_path, masters_on_host):
     """megatron (no Apex/TE) loads one shared step tensor into every parameter's state (over
     dp_reshardable, the fresh optimizer's 0), which the CPU optimizer's per-parameter AdamWs would
     each advance. Every parameter has its own step at the saved count, in the state the AdamWs
-    step with, and the fp32 masters they step are the saved ones (the masters on the host, as the
-    plan sets them; the GPU test of tests/backends/test_mixed_precision_gpu.py steps after it)."""
+    step with, and the fp32 masters they step are the saved ones; with the masters on the device
+    (use_precision_aware_optimizer=false) megatron's load failed outright (build_optimizer). The
+    GPU test of tests/backends/test_mixed_precision_gpu.py steps after a resume."""
     [((n_held, values_held), (n_stepped, values_stepped), masters)] = run_distributed(
-        _cpu_optimizer_after_resume, 1, str(tmp_path)
+        _cpu_optimizer_after_resume, 1, str(tmp_path), masters_on_host
     )
     assert values_held == values_stepped == [3.0]
     assert n_held == n_stepped > 1
