@@ -284,8 +284,9 @@ def _settle_hybrid(hdo: Any) -> None:
     Then the state is handed to the sub-optimizers and the loaded fp32 masters are written into
     the tensors they step, the state pointing at those again as after a step: what megatron's
     other load paths call `_sync_hdo_state_to_sub_optimizers` for, which fails when the masters
-    stay on the device (no 16-bit parameter has an fp32 copy there). Over dp_reshardable the
-    stepped tensors already hold the loaded values (the load is in place); this keeps it so."""
+    stay on the device (no 16-bit parameter has an fp32 copy there). With the masters on the
+    host the stepped tensors already hold the loaded values over dp_reshardable (the load is in
+    place); with them on the device the host copies were taken from the params before the load."""
     for group in hdo.param_groups:
         if group.get("step") is None:
             continue
