@@ -57,8 +57,8 @@
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
 # FIRST (session 18 ran the whole one-GPU record on 4x H200 at cd7a7eb, all green but tests_b1 7/8,
-# then side_lora at 0.66x TRL; after it 824d1ba mended the megatron CPU optimizer's resume, the one
-# change of `dagrl/` since cd7a7eb). What remains, by lease:
+# then side_lora at 0.66x TRL; after it 824d1ba and its follow-ups mended the megatron CPU
+# optimizer's resume, the one change of `dagrl/` since cd7a7eb). What remains, by lease:
 #   the next x4 lease (issues 29 and 31; ~1,700 s with the installs): the CALL PLAN's two calls
 #   below (the record on the submitted `dagrl/`; tests_b1 holds the GPU test of 824d1ba's mend),
 #   then side_lora alone (~260 s; issue 31's last bar, <= 0.6x TRL: 0.66x on session 18's host,

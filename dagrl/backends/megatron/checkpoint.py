@@ -287,11 +287,7 @@ def _settle_hybrid(hdo: Any) -> None:
     stay on the device (no 16-bit parameter has an fp32 copy there). With the masters on the
     host the stepped tensors already hold the loaded values over dp_reshardable (the load is in
     place); with them on the device the host copies were taken from the params before the load."""
-    for group in hdo.param_groups:
-        if group.get("step") is None:
-            continue
-        for p in group["params"]:
-            hdo.state[p]["step"] = torch.tensor(float(group["step"]), dtype=torch.float32)
+    _own_steps(hdo)
     for sub in hdo.sub_optimizers:  # each steps the state of its own (inner) parameters
         inner = [q for g in sub.param_groups for q in g["params"]]
         sub.state = defaultdict(dict, {q: hdo.state[hdo.inner_param_to_orig_param[q]] for q in inner})
@@ -317,9 +313,16 @@ def _load_torch_adam_distributed(o: Any, state: dict) -> None:
         o.load_parameter_state_from_dp_reshardable(param_state)
     else:
         o.load_parameter_state_from_fully_reshardable(param_state)
+    _own_steps(inner)
+
+
+def _own_steps(inner: Any) -> None:
+    """Each parameter's state its own step tensor at its param group's (the saved) step count."""
     for group in inner.param_groups:
+        if group.get("step") is None:  # Apex/TE optimizers keep the step in the group alone
+            continue
         for p in group["params"]:
-            inner.state[p]["step"] = torch.tensor(float(group["step"]))
+            inner.state[p]["step"] = torch.tensor(float(group["step"]), dtype=torch.float32)
 
 
 def _rng_object(layout: CheckpointLayout, rng_state: dict | None) -> ShardedObject:

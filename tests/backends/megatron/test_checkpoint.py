@@ -190,8 +190,9 @@ def _no_cuda_stream():
 
 def _cpu_optimizer(seed: int, masters_on_host: bool = True):
     """(model, optimizer): a tiny bf16 GPT under the distributed optimizer over megatron's
-    HybridDeviceOptimizer (megatron.optimizer_cpu_offload), the fp32 masters on the host, as the
-    acceptance's 8B script plans it on 4 GPUs; never stepped.
+    HybridDeviceOptimizer (megatron.optimizer_cpu_offload), never stepped; the fp32 masters on the
+    host (use_precision_aware_optimizer, as the acceptance's 8B script plans it on 4 GPUs) or on
+    the device.
 
     HybridDeviceOptimizer asks for the current CUDA stream when it is built or loaded into (it
     never uses it without a step): call this under `_no_cuda_stream()`."""
