@@ -130,6 +130,9 @@ side_awake)  # the defaults against the same with free_cache_engine=true, 32x8x2
 side_lora)  # TRL with a PEFT adapter, then dagrl with the same adapter (rank 64, all-linear), same call
     bash .anchors/side_by_side.sh >/dev/null 2>&1  # builds the anchor's model and rows only
     [ -d /tmp/trlsite ] || python3 -m pip install -q --no-index --no-deps --target /tmp/trlsite .anchors/trl/*.whl
+    # 8 steps each (median over steps 2..8): with 5, one slow rollout of four warm steps moved the
+    # median by 9 % (session 18: dagrl 4.98, 3.87, 4.98, 4.57 s)
+    export ANCHOR_STEPS=${SIDE_LORA_STEPS:-8}
     PYTHONPATH=/tmp/trlsite:$PYTHONPATH timeout 300 torchrun --nproc_per_node 1 bench/trl_grpo_lora.py \
         >"$OUT/trl_lora.log" 2>&1
     grep -E "^SIDE|Error" "$OUT/trl_lora.log" | tail -3 | cut -c1-600
@@ -137,7 +140,7 @@ side_lora)  # TRL with a PEFT adapter, then dagrl with the same adapter (rank 64
     stop_ray
     LORA="actor_rollout_ref.model.lora_rank=64 actor_rollout_ref.model.lora_alpha=128"
     LORA="$LORA actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.actor.optim.lr=1e-5"
-    OUT=$OUT EXTRA="actor_rollout_ref.rollout.name=vllm $LORA" bash .anchors/side_by_side.sh dagrl \
+    STEPS=$ANCHOR_STEPS OUT=$OUT EXTRA="actor_rollout_ref.rollout.name=vllm $LORA" bash .anchors/side_by_side.sh dagrl \
         >>"$OUT/side_lora.side.out" 2>&1
     side_row side_lora
     ;;
