@@ -56,15 +56,22 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (session 18 ran the whole one-GPU record on 4x H200 at cd7a7eb, all green but tests_b1 7/8,
-# then side_lora at 0.66x TRL; after it 824d1ba and its follow-ups mended the megatron CPU
-# optimizer's resume, the one change of `dagrl/` since cd7a7eb). What remains, by lease:
-#   the next x4 lease (issues 29 and 31; ~1,700 s with the installs): the CALL PLAN's two calls
-#   below (the record on the submitted `dagrl/`; tests_b1 holds the GPU test of 824d1ba's mend),
-#   then side_lora alone (~260 s; issue 31's last bar, <= 0.6x TRL: 0.66x on session 18's host,
-#   0.51x on session 16's) and side alone (~300 s; issue 29's, 0.58x on ea08f51).
-#   An nvidia-h100-x1 lease (issue 29's 80 GiB rows; it counts half its held time): side_64, then
-#   "matrix 4b-torch 0.6b-64x8x512".
+# FIRST (session 19 ran the whole one-GPU record on 4x H200 at 652fcf1, `dagrl/` as 4800b33: every
+# group green, tests_b1 8/8 with the CPU optimizer's resume; side_lora 0.49x TRL over 8 steps).
+# Valid while `git diff --stat 652fcf1 -- dagrl` prints nothing; what remains, by lease:
+#   nvidia-h100-x1 (issues 29 and 31; counts half its held time: ~45 minutes held, ~23 of budget),
+#   5 install calls naming the kind, then one group per call, back to back (side_64 ~9 minutes and
+#   side ~7, both with carry .anchors; the 4B row ~8 with its build; 8b-torch-lora ~7 with the 8B
+#   build, 8b-megatron-lora ~5):
+#     bash bench/acceptance_slots.sh $OUT 0:side_64
+#     bash bench/acceptance_slots.sh $OUT 0:side
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-torch 0.6b-64x8x512"
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch-lora"
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron-lora"
+#   (issue 29: side and side_64 <= 0.6x TRL with no climb, the 80 GiB rows; issue 31: the 8B LoRA
+#   rows on one H100 with the bf16 adapters and the merged sync; the dry runs at
+#   trainer.gpu_memory_gib=79.1 put the engine asleep at 0.5, recomputation on, rollout 58.1 /
+#   57.7 GiB, update 49.8 / 62.6 GiB for torch / megatron.)
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
@@ -81,22 +88,27 @@
 #     bash bench/acceptance_slots.sh $OUT 0,1:dp2
 #     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
 #     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
-# On an H100 (issue 29's 80 GiB rows, each alone): side_64 (~9), "matrix 4b-torch" (the 4B engine
-# sleeps there: a7d7454's reserved-not-allocated check at the hand-overs), side (~7).
+#   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
 # CALL PLAN for the whole one-GPU record on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2
 # calls of <= 590 s): docs/gpu_acceptance.md's rows but the side-by-sides, on one commit
 # (tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
-# Seconds per group as measured on 4x H200 on 2026-11-27 (session 18, beside three busy slots):
-# ray_probe 10-12, docs_a 416, tests_c 108, gkd-0.6b-1.7b + 1.7b-torch 354, docs_b 160,
-# 8b-megatron-lora + 4b-torch 435 (both builds included), tests_b1 351, tests_d 141, 8b-megatron 393
-# (on the model call 1 built; the models stay in /tmp/dagrl_models while the machine stays warm),
-# tests_b2 101-146, 8b-torch-lora + calculator-vllm 284, handover 157, tests_a 271, 4b-megatron +
-# sample-vllm-rm 358, tests_ppo 173. ~4,100 s in all: two calls of four slots of <= 560 s.
+# Seconds per group as measured on 4x H200 on 2026-11-27 (session 18, beside three busy slots;
+# session 19's slower host in brackets): ray_probe 10-14, docs_a 416 (489), tests_c 108 (153),
+# gkd-0.6b-1.7b + 1.7b-torch 354 (426), docs_b 160 (188), 8b-megatron-lora + 4b-torch 435 (498;
+# both builds included), tests_b1 351 (443), tests_d 141 (151), 8b-megatron 393 (431; on the model
+# call 1 built: the models stay in /tmp/dagrl_models while the machine stays warm), tests_b2 101-146
+# (140), 8b-torch-lora + calculator-vllm 284 (322), handover 157 (214), tests_a 271 (296),
+# 4b-megatron + sample-vllm-rm 358 (412), tests_ppo 173 (189). ~4,100 s in all (~4,400): two calls
+# of four slots of <= 560 s; on a slow host the deadlines cut the last group of a slot or two
+# (session 19: tests_c, docs_b, tests_d, tests_ppo's megatron file), so keep ~200 s of the lease
+# for a third call that runs the cut groups one per card (190 s there), e.g.
+#     bash bench/acceptance_slots.sh $OUT 0:tests_c 1:docs_b 2:tests_d 3:tests_ppo
 #   call 1 (ray_probe first: the isolation, checked on the cards; the 8B and 4B builds):
 #     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora 4b-torch" 1:ray_probe+docs_a+tests_c 2:ray_probe+"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 3:ray_probe+tests_b1+tests_d
 #   call 2 (tests_b2 beside the LoRA rows: after 8b-megatron the deadline cut it in session 18):
 #     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora calculator-vllm"+tests_b2 2:handover+tests_a 3:"matrix 4b-megatron sample-vllm-rm"+tests_ppo
-#   then, alone, what the lease has room for (issue 31's and issue 29's ratios against TRL):
+#   then, alone, what the lease has room for (issue 31's and issue 29's ratios against TRL;
+#   side_lora took 313 s with 8 steps a system):
 #     bash bench/acceptance_slots.sh $OUT 0:side_lora
 #     bash bench/acceptance_slots.sh $OUT 0:side
 #   On an H100 (nvidia-h100-x1, which counts half its held time): side_64 (~9 minutes), then
