@@ -5,8 +5,9 @@ later one is given as a ratio of its median step to the reference's.
     bash bench/vllm_gpu.sh side OUT trl default | tee LOG; python3 bench/side_row.py NAME DEVICE LOG >> OUT/rows.md
 
 rc is 0 when every system ran to its SIDE line (the side scripts print one per finished run and a
-`rc=N` line per run); steps: each system's median step, the ratios after it; peak: the last
-system's device in use at its last step."""
+`rc=N` line per run); steps: each system's median step, the ratios after it, and where a SIDE line
+lists its steps, how far the last three stray from the median (issue 29's bar: within 10 %, no
+climb); peak: the last system's device in use at its last step."""
 
 from __future__ import annotations
 
@@ -21,11 +22,10 @@ def side_row(name: str, device: str, text: str) -> str:
     if len(runs) < 2:
         return f"| {name} | {device} | {failed[0] if failed else 1} | {len(runs)} of 2 runs wrote a SIDE line | | | |"
     ref = runs[0]
-    parts = [f"{label(ref)} {ref['median_step_s']} s"]
+    parts = [f"{label(ref)} {ref['median_step_s']} s{tail(ref)}"]
     for run in runs[1:]:
-        parts.append(
-            f"{label(run)} {run['median_step_s']} s ({run['median_step_s'] / ref['median_step_s']:.2f}x)"
-        )
+        ratio = run["median_step_s"] / ref["median_step_s"]
+        parts.append(f"{label(run)} {run['median_step_s']} s ({ratio:.2f}x{tail(run, '; ')})")
     last = runs[-1]
     peak = (last.get("last") or {}).get("perf/device_memory_used_gib", last.get("peak_GiB"))
     peak = "" if peak is None else f"{float(peak):.2f}"
@@ -42,6 +42,17 @@ def parse(text: str) -> dict:
         fields = dict(re.findall(r'"(system|extra)": "([^"]*)"', text))
         median = re.search(r'"median_step_s": ([0-9.]+)', text)
         return {**fields, "median_step_s": float(median.group(1)) if median else float("nan")}
+
+
+def tail(run: dict, sep: str = " (") -> str:
+    """The last three steps against the median, e.g. ' (last 3: -9 % to +7 %)' (sep '; ' inside
+    a bracket already open); '' where the SIDE line lists no steps or fewer than four."""
+    steps, median = run.get("step_s") or [], run.get("median_step_s")
+    if len(steps) < 4 or not median:
+        return ""
+    off = [100 * (s - median) / median for s in steps[-3:]]
+    text = f"last 3: {min(off):+.0f} % to {max(off):+.0f} %"
+    return f"; {text}" if sep == "; " else f" ({text})"
 
 
 def label(run: dict) -> str:
