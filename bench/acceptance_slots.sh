@@ -72,6 +72,12 @@
 #   rows on one H100 with the bf16 adapters and the merged sync; the dry runs at
 #   trainer.gpu_memory_gib=79.1 put the engine asleep at 0.5, recomputation on, rollout 58.1 /
 #   57.7 GiB, update 49.8 / 62.6 GiB for torch / megatron.)
+#   With what is left on the same machine (~3 minutes held, carry .anchors): where the rollout's
+#   second of spread between steps of one shape goes (1.67-2.74 s in session 19's side_lora), first
+#   the collector: dagrl's side run with every process's GC pauses traced (bench/gc_trace):
+#     GC_TRACE_DIR=$OUT/gc PYTHONPATH=$PWD/bench/gc_trace STEPS=10 OUT=$OUT bash .anchors/side_by_side.sh dagrl; python3 bench/gc_trace_report.py $OUT/gc; ray stop --force
+#   (a worker's gen-2 pauses in the steady state summing to ~1 s over the steps: the trainer's heap,
+#   unfrozen after the engine's gc.freeze(), is what the collector scans during llm.generate).
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
