@@ -7,7 +7,8 @@ import torch
 
 from dagrl.algos import compute_gspo_policy_loss
 
-# old_logprobs = 0, so the token log-ratios are the log-probs. Clip range [1 - 0.2, 1 + 0.05].
+# The token log-ratios logprobs - old_logprobs below (_gspo puts them on old log-probs that differ
+# from token to token, so a ratio that ignored them would show). Clip range [1 - 0.2, 1 + 0.05].
 #   row  token log-ratios (mask)     mean   s = exp(mean)  A    -A*s       -A*clip(s)        max
 #   0    0.3, -0.1, (pad)            0.1    1.105171       +1   -1.105171  -1.05             -1.05     clipped
 #   1    -0.2, -0.4, -0.6            -0.4   0.670320       -2    1.340640   1.6 (s -> 0.8)    1.6      clipped
@@ -19,8 +20,9 @@ MASK = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 0]])
 
 
 def _gspo(log_ratios=LOG_RATIOS, advantages=ADVANTAGES, mask=MASK, low=0.2, high=0.05):
-    logprobs = torch.tensor(log_ratios).requires_grad_()
-    old = torch.zeros_like(logprobs)
+    ratios = torch.tensor(log_ratios)
+    old = -0.25 * torch.arange(1, ratios.numel() + 1, dtype=ratios.dtype).reshape(ratios.shape)
+    logprobs = (old + ratios).requires_grad_()
     loss, metrics = compute_gspo_policy_loss(old, logprobs, advantages, mask, low, high)
     loss.backward()
     return loss, metrics, logprobs.grad

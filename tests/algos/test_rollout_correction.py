@@ -74,5 +74,9 @@ def test_fold_keeps_extremes_and_weights_means():
     fold(acc, {"a_mean": torch.tensor(3.0), "a_max": torch.tensor(5.0), "a_min": torch.tensor(-1.0)}, 0.75)
     assert float(acc["a_mean"]) == pytest.approx(0.25 * 1 + 0.75 * 3)
     assert float(acc["a_max"]) == 5.0 and float(acc["a_min"]) == -1.0
-    merged = reduce_all([{"x": 1.0, "x_max": 2.0}, {"x": 3.0, "x_max": 7.0, "y_min": 4.0}])
-    assert merged == {"x": 2.0, "x_max": 7.0, "y_min": 4.0}
+    # across mini-batches or ranks: means average, extremes keep theirs; a key one dict lacks
+    # reduces over the dicts that carry it
+    merged = reduce_all(
+        [{"x": 1.0, "x_max": 2.0, "y_min": 4.0}, {"x": 3.0, "x_max": 7.0, "y_min": -1.0, "z_min": 5.0}]
+    )
+    assert merged == {"x": 2.0, "x_max": 7.0, "y_min": -1.0, "z_min": 5.0}

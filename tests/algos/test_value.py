@@ -20,25 +20,30 @@ def test_gae_one_row():
 
 
 def test_gae_skips_observation_tokens():
-    # policy, observation (value 9 ignored), policy; gamma = lambda = 1, reward 1 at the end:
-    # t=2: A = 1 - 0.7 = 0.3; the observation passes A and V_next = 0.7 on;
-    # t=0: delta = 0.7 - 0.5 = 0.2, A = 0.2 + 0.3 = 0.5 = R - V_0. returns [1, 0, 1]
+    # policy, observation (value 9 ignored), policy; gamma 0.5, lambda 1, reward 1 at the end:
+    # t=2: A = 1 - 0.7 = 0.3; the observation passes A and V_next = 0.7 on, undiscounted;
+    # t=0: delta = 0.5 x 0.7 - 0.5 = -0.15, A = -0.15 + 0.5 x 0.3 = 0, returns [0.5, 0, 1]
+    # (the discounted return 0.5 x 1 with one discount per policy token). A step through the
+    # observation would give t=1: delta = 0.35 - 9, A = -8.5; t=0: A = 4 - 4.25, returns[0] 0.25
+    # (with gamma = lambda = 1 GAE telescopes to R - V_0 and cannot tell the two apart)
     _, ret = compute_gae_advantages(
-        torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 9.0, 0.7]]), torch.tensor([[1, 0, 1]]), 1.0, 1.0
+        torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 9.0, 0.7]]), torch.tensor([[1, 0, 1]]), 0.5, 1.0
     )
-    torch.testing.assert_close(ret, torch.tensor([[1.0, 0.0, 1.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.5, 0.0, 1.0]]))
 
 
 def test_clipped_value_loss():
-    # new [1, 0], old [0.5, 0.5], returns [1, 1], clip 0.2: clipped new [0.7, 0.3];
-    # unclipped errors [0, 1], clipped [0.09, 0.49]; max [0.09, 1]; token-mean 0.545; x 0.5 = 0.2725.
-    # the clipped error is larger on token 0 only: clipfrac 0.5
+    # new [1, 0, 0, 0.6], old 0.5, returns [1, 1, 0, 1], clip 0.2: clipped new [0.7, 0.3, 0.3, 0.6]
+    # (held above and below the old value; the last token moved less than the clip);
+    # unclipped errors [0, 1, 0, 0.16], clipped [0.09, 0.49, 0.09, 0.16]; max [0.09, 1, 0.09, 0.16];
+    # token-mean 1.34 / 4; x 0.5 = 0.1675.
+    # the clipped error is larger on tokens 0 and 2 (equal on the last): clipfrac 2/4
     loss, metrics = compute_value_loss(
-        torch.tensor([[1.0, 0.0]]),
-        torch.tensor([[0.5, 0.5]]),
-        torch.tensor([[1.0, 1.0]]),
-        torch.ones(1, 2),
+        torch.tensor([[1.0, 0.0, 0.0, 0.6]]),
+        torch.full((1, 4), 0.5),
+        torch.tensor([[1.0, 1.0, 0.0, 1.0]]),
+        torch.ones(1, 4),
         0.2,
     )
-    assert float(loss) == pytest.approx(0.2725)
+    assert float(loss) == pytest.approx(0.5 * 1.34 / 4)
     assert float(metrics["critic/vf_clipfrac"]) == pytest.approx(0.5)

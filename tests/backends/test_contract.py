@@ -163,8 +163,12 @@ def test_train_backend_contract(strategy, tmp_path):
     # export/import: transformers reads export_hf back as the weights export_weights gave
     from transformers import AutoModelForCausalLM
 
-    reread = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32)
-    _close(out["updated"], dict(reread.state_dict()))
+    reread = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).state_dict()
+    # every exported tensor under its HF name, so none goes unchecked; the tiny model ties its
+    # output layer to the embedding, which a backend may leave out
+    exported = out["updated"].keys()
+    assert exported <= reread.keys() and reread.keys() - exported <= {"lm_head.weight"}
+    _close(out["updated"], dict(reread))
     # save/load: loading the checkpoint saved before a second update restores its weights
     _close(out["loaded"], out["updated"], atol=0)
 

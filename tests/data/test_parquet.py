@@ -125,7 +125,10 @@ def test_dataset_tokenizes_and_filters_overlong(tmp_path, caplog):
     assert isinstance(example, Example)
     assert example.ground_truth == "0" and example.data_source == "dagrl/arith"
     assert example.extra_info == {"split": "train", "index": 0, "question": "1+1="}
-    assert len(example.prompt_ids) == 7 and example.teacher_prompt_ids is not None
+    assert len(example.prompt_ids) == 7
+    # the teacher's prompt is its own row's privileged one, tokenized as the prompt is
+    tok = char_tokenizer()
+    assert "".join(tok.convert_ids_to_tokens(example.teacher_prompt_ids)) == "<u>1+1= ref: 0\n<a>"
     assert dataset[1].teacher_prompt_ids is None
     # index counts rows across files before filtering: the third kept prompt is row 3 overall
     assert [e.index for e in dataset.examples] == [0, 1, 3]

@@ -321,8 +321,6 @@ def test_hub_path_uses_datasets_map(tmp_path, monkeypatch, capsys):
 
 
 def test_builtin_arith_export(tmp_path, capsys):
-    if importlib.util.find_spec("dagrl.data.builtin") is None:
-        pytest.skip("dagrl.data.builtin (generate_rows) is not written yet")
     builtin_arith = load_script("builtin_arith")
     status = builtin_arith.main(["--local_dir", str(tmp_path), "--train_size", "20", "--test_size", "5"])
     assert status == 0
@@ -357,5 +355,9 @@ def test_problem_placeholder_and_response_column_load_for_distillation(tmp_path)
     assert row["response"].endswith("#### 72")
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
     data = PromptDataset(str(tmp_path / "out" / "train.parquet"), tok, max_prompt_length=4096)
-    assert data.has_responses and data[0].teacher_prompt_ids is not None
+    assert data.has_responses
+    # the teacher reads the filled template, not the student's prompt
+    teacher_text = tok.decode(data[0].teacher_prompt_ids)
+    assert "Natalia sold clips" in teacher_text
+    assert "\nReference solution: Natalia sold 48/2 = 24 clips in May." in teacher_text
     assert data[0].response_ids[-1] == tok.eos_token_id

@@ -26,7 +26,7 @@ def test_empty_output_dir(value):
 def test_file_valued_output_dir(tmp_path):
     f = tmp_path / "a_file"
     f.write_text("x")
-    with pytest.raises(ConfigError, match=r"default_local_dir.*is a file"):
+    with pytest.raises(ConfigError, match=rf"default_local_dir' = '{f}': is a file; point it at a directory"):
         preflight.check_output_dir(str(f))
     with pytest.raises(ConfigError, match=rf"cannot be created: {f} is a file"):
         preflight.check_output_dir(str(f / "sub" / "dir"))
