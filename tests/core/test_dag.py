@@ -255,6 +255,34 @@ def test_unknown_field_in_node(tmp_path):
         )
 
 
+def test_kind_given_a_key_it_does_not_read_or_produce(tmp_path):
+    # a declared batch key, in the wrong node: the rollout neither reads nor writes advantages
+    with pytest.raises(DagError, match=r"kind rollout does not read \[\] / produce \['advantages'\]"):
+        build_yaml(
+            tmp_path,
+            """
+            nodes:
+              rollout:
+                kind: rollout
+                role: rollout
+                inputs: [prompts, prompt_mask]
+                outputs: [responses, response_mask, rollout_logprobs, advantages]
+        """,
+        )
+
+
+def test_unknown_top_level_key_in_a_dag_file(tmp_path):
+    # 'node' for 'nodes': refused naming what it got, not read as a DAG without nodes
+    with pytest.raises(DagError, match=r"'source', 'nodes' and 'sinks' only \(got \['node', 'source'\]\)"):
+        build_yaml(tmp_path, "node:\n  rollout: {kind: rollout, role: rollout}\n")
+
+
+def test_a_dag_file_that_is_not_yaml_names_the_line(tmp_path):
+    # line 1 is SOURCE; the stray colon of line 5 stands in column 11 (both counted from 1)
+    with pytest.raises(DagError, match=r"dag.yaml: not valid YAML at line 5, column 11 \(mapping values"):
+        build_yaml(tmp_path, "nodes:\n  rollout:\n    kind: rollout\n    role: : rollout\n")
+
+
 def edited_grpo(tmp_path, drop_node: str, drop_inputs: dict[str, str] | None = None) -> str:
     """The shipped GRPO DAG without one node, and without the inputs {node: key} named."""
     import yaml

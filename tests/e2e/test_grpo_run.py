@@ -136,8 +136,11 @@ def test_two_train_workers_ddp_over_gloo(ray_local, tmp_path):
         torch.load(tmp_path / "global_step_2" / "actor" / f"train_state_rank{r}.pt", weights_only=False)
         for r in (0, 1)
     ]
-    for s0, s1 in zip(ranks[0]["optimizer"]["state"].values(), ranks[1]["optimizer"]["state"].values()):
+    states = [list(r["optimizer"]["state"].values()) for r in ranks]
+    assert len(states[0]) == len(states[1]) > 0  # every parameter's moments, on both ranks
+    for s0, s1 in zip(*states, strict=True):
         assert torch.equal(s0["exp_avg"], s1["exp_avg"])  # identical averaged gradients on both ranks
+    assert any(s["exp_avg"].abs().sum() > 0 for s in states[0])  # and the steps moved them
 
 
 def test_exported_hf_model_reloads_with_identical_logits(tmp_path):

@@ -120,7 +120,11 @@ def test_failing_reward_is_wrapped_as_data_error():
 
 def test_arith_rejects_non_integer_ground_truth_as_data_error():
     composer = RewardComposer([RewardTerm("arith")])
-    with pytest.raises(DataError, match="arith"):
+    # the row's source, the reward's own error and the value it choked on, in one line
+    with pytest.raises(
+        DataError,
+        match=r"reward 'arith' failed on a row of data_source 'dagrl/arith' \(ValueError: .*'three'\)",
+    ):
         composer.score("dagrl/arith", "3", "three", None)
 
 
