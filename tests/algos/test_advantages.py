@@ -81,6 +81,11 @@ def test_turn_advantages_are_group_normalised_rewards_to_go():
     # each turn's reward on the last policy token of its turn (not on the observation after it)
     placed = place_turn_rewards(torch.tensor([[0.5, 2.0], [3.0, 0.0]]), turn_ids, mask)
     assert placed.tolist() == [[0.0, 0.5, 0.0, 2.0, 0.0], [0.0, 3.0, 0.0, 0.0, 0.0]]
+    # a one-token turn in column 0 keeps its reward there (its last policy token is column 0)
+    first = place_turn_rewards(
+        torch.tensor([[0.5, 2.0]]), torch.tensor([[0, -1, 1, 1]]), torch.tensor([[1, 0, 1, 1]])
+    )
+    assert first.tolist() == [[0.5, 0.0, 0.0, 2.0]]
 
 
 def test_grpo_advantages_unchanged_by_the_shared_normalisation():

@@ -52,6 +52,16 @@ def test_token_rejection_drops_single_tokens():
     assert torch.equal(keep, torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]))  # e^-1 = 0.37 < 0.5
 
 
+def test_rejection_bounds_are_inclusive():
+    # a ratio of exactly 1 (log-ratio 0) stays at bounds of exactly 1, as [lower, upper] says;
+    # a hair inside either bound drops it
+    zero = torch.zeros(2, 3)
+    assert torch.equal(rollout_rs_mask(zero, MASK, CorrectionLevel.token, upper=1.0, lower=1.0), MASK.float())
+    for upper, lower in ((0.999, 0.5), (2.0, 1.001)):
+        keep = rollout_rs_mask(zero, MASK, CorrectionLevel.token, upper=upper, lower=lower)
+        assert not keep.any(), (upper, lower)
+
+
 def test_mismatch_metrics_by_hand():
     m = mismatch_metrics(OLD, ROLLOUT, MASK)
     ratios = [E(0.5), E(-1.0), 1.0, E(0.5), 1.0]
