@@ -22,10 +22,13 @@ def side_row(name: str, device: str, text: str) -> str:
     if len(runs) < 2:
         return f"| {name} | {device} | {failed[0] if failed else 1} | {len(runs)} of 2 runs wrote a SIDE line | | | |"
     ref = runs[0]
-    parts = [f"{label(ref)} {ref['median_step_s']} s{tail(ref)}"]
+    spread = last_three(ref)
+    parts = [f"{label(ref)} {ref['median_step_s']} s" + (f" ({spread})" if spread else "")]
     for run in runs[1:]:
-        ratio = run["median_step_s"] / ref["median_step_s"]
-        parts.append(f"{label(run)} {run['median_step_s']} s ({ratio:.2f}x{tail(run, '; ')})")
+        ratio, spread = run["median_step_s"] / ref["median_step_s"], last_three(run)
+        parts.append(
+            f"{label(run)} {run['median_step_s']} s ({ratio:.2f}x" + (f"; {spread})" if spread else ")")
+        )
     last = runs[-1]
     peak = (last.get("last") or {}).get("perf/device_memory_used_gib", last.get("peak_GiB"))
     peak = "" if peak is None else f"{float(peak):.2f}"
@@ -44,15 +47,14 @@ def parse(text: str) -> dict:
         return {**fields, "median_step_s": float(median.group(1)) if median else float("nan")}
 
 
-def tail(run: dict, sep: str = " (") -> str:
-    """The last three steps against the median, e.g. ' (last 3: -9 % to +7 %)' (sep '; ' inside
-    a bracket already open); '' where the SIDE line lists no steps or fewer than four."""
+def last_three(run: dict) -> str:
+    """The last three steps against the median, e.g. 'last 3: -9 % to +7 %'; '' where the SIDE
+    line lists no steps or fewer than four."""
     steps, median = run.get("step_s") or [], run.get("median_step_s")
     if len(steps) < 4 or not median:
         return ""
     off = [100 * (s - median) / median for s in steps[-3:]]
-    text = f"last 3: {min(off):+.0f} % to {max(off):+.0f} %"
-    return f"; {text}" if sep == "; " else f" ({text})"
+    return f"last 3: {min(off):+.0f} % to {max(off):+.0f} %"
 
 
 def label(run: dict) -> str:
