@@ -56,29 +56,28 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (session 19 ran the whole one-GPU record on 4x H200 at 652fcf1, `dagrl/` as 4800b33: every
-# group green, tests_b1 8/8 with the CPU optimizer's resume; side_lora 0.49x TRL over 8 steps).
-# Valid while `git diff --stat 652fcf1 -- dagrl` prints nothing; what remains, by lease:
-#   nvidia-h100-x1 (issues 29 and 31; counts half its held time: ~45 minutes held, ~23 of budget),
-#   5 install calls naming the kind, then one group per call, back to back (side_64 ~9 minutes and
-#   side ~7, both with carry .anchors; the 4B row ~8 with its build; 8b-torch-lora ~7 with the 8B
-#   build, 8b-megatron-lora ~5):
-#     bash bench/acceptance_slots.sh $OUT 0:side_64
-#     bash bench/acceptance_slots.sh $OUT 0:side
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-torch 0.6b-64x8x512"
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch-lora"
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron-lora"
-#   (issue 29: side and side_64 <= 0.6x TRL with no climb, the 80 GiB rows; issue 31: the 8B LoRA
-#   rows on one H100 with the bf16 adapters and the merged sync; the dry runs at
-#   trainer.gpu_memory_gib=79.1 put the engine asleep at 0.5, recomputation on, rollout 58.1 /
-#   57.7 GiB, update 49.8 / 62.6 GiB for torch / megatron.)
-#   With what is left on the same machine (~3 minutes held, carry .anchors): where the rollout's
-#   second of spread between steps of one shape goes (1.67-2.74 s in session 19's side_lora), first
-#   the collector: dagrl's side run with every process's GC pauses traced (bench/gc_trace):
+# FIRST (session 19 ran the whole one-GPU record on 4x H200 at 652fcf1, `dagrl/` as 4800b33; session
+# 20 added, on the same `dagrl/`, one H100's rows: 8b-torch-lora and 8b-megatron-lora pass (issue
+# 31's), 4b-torch passes, side 0.63x TRL (rollout 1.80-3.12 s for one shape), 0.6b-64x8x512 cut at 8
+# steps with its update 9.5 GiB over the plan (allocator peak on the plan; the rest torch's cache).
+# The fix for both is on branch i29 (`dagrl/core/worker.py`: expandable allocator segments, the
+# roles' heap frozen after the build), unverified on a card. What remains, by lease:
+#   nvidia-h100-x1 (issue 29; session 20's lease counted all of its held time, ~1,560 s for 4
+#   calls): `git checkout i29` in the checkout first (the calls carry the working tree), 5 install
+#   calls naming the kind, then back to back, one group per call:
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 0.6b-64x8x512"
+#   (~4 minutes alone: its update's peak against the plan's 31.15 GiB, within 15 % with the fix),
 #     GC_TRACE_DIR=$OUT/gc PYTHONPATH=$PWD/bench/gc_trace STEPS=10 OUT=$OUT bash .anchors/side_by_side.sh dagrl; python3 bench/gc_trace_report.py $OUT/gc; ray stop --force
-#   (a worker's gen-2 pauses in the steady state summing to ~1 s over the steps: the trainer's heap,
-#   unfrozen after the engine's gc.freeze(), is what the collector scans during llm.generate).
-#   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
+#   (~3 minutes, carry .anchors: the rollout's spread with the heap frozen; the report names each
+#   process's full collections, what each walked, and the busiest threads beside generate's),
+#     bash bench/acceptance_slots.sh $OUT 0:side
+#     bash bench/acceptance_slots.sh $OUT 0:side_64
+#   (~6 and ~9 minutes, carry .anchors: issue 29's bar, <= 0.6x TRL with the last three within
+#   10 %). If they hold, merge i29 into main: these rows then stand for the merged `dagrl/`, and the
+#   whole record (the CALL PLAN below, an x4 lease) runs on it next; issue 29 closes with it. If the
+#   rollout still spreads, the trace says whether it is the collector or another thread.
+#   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs),
+#   after the record on the final `dagrl/`:
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_resume
@@ -117,8 +116,10 @@
 #   side_lora took 313 s with 8 steps a system):
 #     bash bench/acceptance_slots.sh $OUT 0:side_lora
 #     bash bench/acceptance_slots.sh $OUT 0:side
-#   On an H100 (nvidia-h100-x1, which counts half its held time): side_64 (~9 minutes), then
-#   "matrix 4b-torch 0.6b-64x8x512" (issue 29's 80 GiB rows, the 4B engine asleep there).
+#   On an H100 (nvidia-h100-x1; session 20's lease counted all of its held time): side_64 (~9
+#   minutes), "matrix 4b-torch" (~5 with its build) and "matrix 0.6b-64x8x512" (~4) in calls of
+#   their own (issue 29's 80 GiB rows; after the 4B row in one call the deadline cut the 0.6B at 8
+#   steps in session 20).
 #   A later lease of this kind: the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs
 #   (pp after tp on the same warm machine: it compares with tp's one-GPU row; big: 8B, ~10, may be
 #   cut at 9.3, its CPU optimizer ~128 GiB of host):

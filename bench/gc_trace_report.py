@@ -1,6 +1,8 @@
 """What bench/gc_trace/sitecustomize.py saw: per process, the collections and their total pause
-per generation, the longest generation-2 pause, and when each generation-2 pause came (seconds
-after the process started: start-up, or the steady state of the steps).
+per generation, the longest generation-2 pause, when each generation-2 pause came (seconds
+after the process started: start-up, or the steady state of the steps) and how many objects it
+walked, and the threads that used the most CPU time between the first and the last 2-second line
+(a thread busy beside the main one while vLLM generates competes for the interpreter lock).
 
     python bench/gc_trace_report.py DIR      (DIR = the run's GC_TRACE_DIR)
 """
@@ -14,7 +16,7 @@ import sys
 
 
 def read(path: str) -> dict:
-    head, totals, long = {}, None, []
+    head, totals, long, threads = {}, None, [], []
     for line in open(path):
         if not line.strip():
             continue
@@ -23,9 +25,19 @@ def read(path: str) -> dict:
             head = rec
         elif "totals" in rec:
             totals = rec["totals"]
+            threads.append(rec.get("threads", {}))
         else:
             long.append(rec)
-    return {"head": head, "totals": totals, "long": long}
+    return {"head": head, "totals": totals, "long": long, "threads": threads}
+
+
+def busiest(samples: list[dict], top: int = 6) -> list[list]:
+    """The threads with the most CPU seconds between the first and the last sample: [name, s]."""
+    if len(samples) < 2:
+        return []
+    first, last = samples[0], samples[-1]
+    used = {name: s - first.get(name, 0.0) for name, s in last.items()}
+    return [[n, round(s, 2)] for n, s in sorted(used.items(), key=lambda kv: -kv[1])[:top] if s > 0]
 
 
 def summary(trace: dict) -> dict:
@@ -39,9 +51,10 @@ def summary(trace: dict) -> dict:
         "ms": totals["ms"],
         "gen2_max_ms": max((r["ms"] for r in long if r["gen"] == 2), default=0.0),
         # each generation-2 pause: seconds since the process started, ms (start-up or steady state?)
-        "gen2": [[round(r["t"] - start, 1), round(r["ms"])] for r in long if r["gen"] == 2],
+        "gen2": [[round(r["t"] - start, 1), round(r["ms"]), r.get("walked")] for r in long if r["gen"] == 2],
         "long_pauses": len(long),
         "long_ms": round(sum(r["ms"] for r in long), 1),
+        "busiest_threads": busiest(trace.get("threads", [])),
     }
 
 
