@@ -46,7 +46,9 @@ class GKDConfig:
     temperature: float = ranged(1.0, gt=0)
     """Both models' logits are divided by it before the divergence (not the sampling temperature)."""
     gkd_logits_topk: Optional[int] = ranged(None, ge=1, hint="or null = the full vocabulary")
-    """Distil on the teacher's top-k ids only; None = the full vocabulary (small vocabularies only)."""
+    """Distil on the teacher's top-k ids only; None = the full vocabulary, of any size: the teacher
+    hands over its final hidden states and the loss recomputes its logits chunk by chunk
+    (docs/distillation.md). A standalone (vLLM) or self_current teacher needs top-k."""
     tail_bucket: bool = False
     """Top-k: keep the mass outside the teacher's top-k as one extra outcome instead of renormalising."""
     lmbda: float = ranged(1.0, ge=0, le=1)
