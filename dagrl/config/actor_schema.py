@@ -63,7 +63,8 @@ class MegatronConfig:
     virtual_pipeline_model_parallel_size: Optional[int] = ranged(None, ge=1, hint="or null = no interleaving")
     """Interleaved pipeline chunks per stage (VPP); None = off."""
     context_parallel_size: int = ranged(1, ge=1, hint="1 = not split")
-    """CP: sequences split over this many devices (needs layer_spec=te)."""
+    """CP: sequences split over this many devices; > 1 is refused on every machine, with or without
+    TransformerEngine (the backend's log-prob, loss and packing paths need whole sequences per rank)."""
     expert_model_parallel_size: int = ranged(1, ge=1, hint="1 = not split")
     """EP: MoE experts split over this many devices."""
     expert_tensor_parallel_size: Optional[int] = ranged(
