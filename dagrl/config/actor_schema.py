@@ -20,9 +20,10 @@ class ModelConfig:
     trust_remote_code: bool = False
     """Let transformers run the model repository's own code."""
     gradient_checkpointing: Optional[bool] = None
-    """Recompute activations in the backward pass (torch backend): less memory, more time. None =
-    auto: on when the memory plan's update phase would not fit the card without it (the dry run
-    says which was chosen; dagrl/trainer/memory_plan.py)."""
+    """Recompute activations in the backward pass: less memory, more time. torch: HF's gradient
+    checkpointing; megatron: full recompute of every layer unless actor.megatron.recompute_* are set.
+    None = auto: on when the memory plan's update phase would not fit the card without it (the dry
+    run says which was chosen; dagrl/trainer/capacity.py)."""
     use_remove_padding: bool = False
     """Pack sequences without padding in the train and log-prob passes (docs/packing.md)."""
     lora_rank: int = ranged(0, ge=0, hint="0 = train all weights; 8-64 is usual for LoRA")

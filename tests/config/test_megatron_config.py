@@ -232,6 +232,8 @@ def test_gradient_checkpointing_is_megatron_recompute(model):
         )
     )
     assert cfg.actor_rollout_ref.actor.megatron.recompute_granularity.value == "selective"
+    doc = schema_keys()["actor_rollout_ref.model.gradient_checkpointing"].doc  # --help says so too
+    assert "megatron: full recompute" in doc
 
 
 def test_te_layer_spec_needs_transformer_engine(model, no_te):
