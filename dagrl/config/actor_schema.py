@@ -44,7 +44,8 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     lr: Optional[float] = ranged(None, gt=0, hint="e.g. 1e-6 for 1B–8B models")
-    """AdamW learning rate; None = the built-in tiny model's rate (any other model must set it)."""
+    """AdamW learning rate. None: the actor's is the built-in tiny model's rate (any other model must
+    set it); the critic's (critic.optim.lr) is the actor's."""
     weight_decay: float = ranged(0.0, ge=0)
     """AdamW weight decay."""
     betas: list = ranged(default_factory=lambda: [0.9, 0.999], ge=0, lt=1, length=2)
