@@ -91,8 +91,10 @@ class FilterGroupsConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "grpo"
-    """Registered objective of the actor update (dagrl/objectives, or a plugin's): choose a built-in
-    with the preset `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys it relies on too."""
+    """Registered objective of the actor update: grpo, dr_grpo, gspo, dapo, gkd, opsd, sft
+    (dagrl/objectives) or a plugin's. Choose a built-in with its preset (`algorithm=dapo`), which
+    sets the keys it relies on too; presets rloo, reinforce_plus_plus and ppo (with a critic) keep
+    grpo and set algorithm.adv_estimator."""
     adv_estimator: str = "grpo"
     """Registered advantage estimator: grpo (each response against its group's mean and std),
     rloo (against the mean of the rest of its group), reinforce_plus_plus (discounted token returns

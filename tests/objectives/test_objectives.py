@@ -4,6 +4,7 @@ against values worked out by hand in the comments."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from dagrl.objectives import (
 from tests.conftest import compose_config
 
 A = "actor_rollout_ref.actor"
+BUILT_IN_OBJECTIVES = ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "sft"]
 
 
 def test_every_preset_and_estimator_is_registered():
@@ -32,7 +34,7 @@ def test_every_preset_and_estimator_is_registered():
     presets = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "algorithm")) if f.endswith(".yaml"))
     expected = ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "ppo", "reinforce_plus_plus", "rloo", "sft"]
     assert presets == expected
-    assert OBJECTIVES.names() == ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "sft"]
+    assert OBJECTIVES.names() == BUILT_IN_OBJECTIVES
     for preset in presets:  # each preset names a registered objective and estimator
         cfg = compose_config(f"algorithm={preset}")
         assert objective_entry(cfg.algorithm.name).build is not None
@@ -45,6 +47,14 @@ def test_every_preset_and_estimator_is_registered():
         "rloo",
     ]
     assert estimator("grpo").estimate is not None
+
+
+def test_help_names_every_built_in_objective():
+    """`python -m dagrl.main --help` lists what algorithm.name accepts: every built-in objective."""
+    from dagrl.config.keys import schema_keys
+
+    words = set(re.findall(r"\w+", schema_keys()["algorithm.name"].doc))
+    assert [name for name in BUILT_IN_OBJECTIVES if name not in words] == []
 
 
 def test_registering_a_name_twice_is_refused():
