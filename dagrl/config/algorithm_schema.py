@@ -99,7 +99,8 @@ class AlgorithmConfig:
     """Registered advantage estimator: grpo (each response against its group's mean and std),
     rloo (against the mean of the rest of its group), reinforce_plus_plus (discounted token returns
     whitened over the batch, no group), reinforce_plus_plus_baseline (group mean removed, then
-    whitened over the batch); dagrl/algos/advantages.py."""
+    whitened over the batch), gae (GAE on a critic's values, in a DAG with a critic: preset
+    algorithm=ppo); dagrl/objectives/advantage.py."""
     gamma: float = ranged(1.0, ge=0, le=1)
     """Discount per policy token of reinforce_plus_plus's and GAE's returns (verl's algorithm.gamma)."""
     lam: float = ranged(1.0, ge=0, le=1)

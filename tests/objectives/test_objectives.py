@@ -23,6 +23,7 @@ from tests.conftest import compose_config
 
 A = "actor_rollout_ref.actor"
 BUILT_IN_OBJECTIVES = ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "sft"]
+BUILT_IN_ESTIMATORS = ["gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
 
 
 def test_every_preset_and_estimator_is_registered():
@@ -39,22 +40,19 @@ def test_every_preset_and_estimator_is_registered():
         cfg = compose_config(f"algorithm={preset}")
         assert objective_entry(cfg.algorithm.name).build is not None
         assert estimator(cfg.algorithm.adv_estimator).estimate is not None
-    assert ESTIMATORS.names() == [
-        "gae",
-        "grpo",
-        "reinforce_plus_plus",
-        "reinforce_plus_plus_baseline",
-        "rloo",
-    ]
+    assert ESTIMATORS.names() == BUILT_IN_ESTIMATORS
     assert estimator("grpo").estimate is not None
 
 
-def test_help_names_every_built_in_objective():
-    """`python -m dagrl.main --help` lists what algorithm.name accepts: every built-in objective."""
+@pytest.mark.parametrize(
+    "key, names", [("algorithm.name", BUILT_IN_OBJECTIVES), ("algorithm.adv_estimator", BUILT_IN_ESTIMATORS)]
+)
+def test_help_names_every_built_in(key, names):
+    """`python -m dagrl.main --help` lists what the key accepts: every built-in of its registry."""
     from dagrl.config.keys import schema_keys
 
-    words = set(re.findall(r"\w+", schema_keys()["algorithm.name"].doc))
-    assert [name for name in BUILT_IN_OBJECTIVES if name not in words] == []
+    words = set(re.findall(r"\w+", schema_keys()[key].doc))
+    assert [name for name in names if name not in words] == []
 
 
 def test_registering_a_name_twice_is_refused():
