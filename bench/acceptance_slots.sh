@@ -69,7 +69,11 @@
 #   (~4 minutes alone: its update's peak against the plan's 31.15 GiB, within 15 % with the fix),
 #     GC_TRACE_DIR=$OUT/gc PYTHONPATH=$PWD/bench/gc_trace STEPS=10 OUT=$OUT bash .anchors/side_by_side.sh dagrl; python3 bench/gc_trace_report.py $OUT/gc; ray stop --force
 #   (~3 minutes, carry .anchors: the rollout's spread with the heap frozen; the report names each
-#   process's full collections, what each walked, and the busiest threads beside generate's),
+#   process's full collections, what each walked, and the busiest threads beside generate's; with
+#   time to spare, the auto choices' alternative in the same way, ~3 more: the engine asleep and no
+#   recomputation, EXTRA="actor_rollout_ref.rollout.free_cache_engine=true
+#   actor_rollout_ref.model.gradient_checkpointing=false" OUT=$OUT/asleep, against the defaults'
+#   update 2.4 s + rollout 1.8 s at 32x8x256),
 #     bash bench/acceptance_slots.sh $OUT 0:side
 #     bash bench/acceptance_slots.sh $OUT 0:side_64
 #   (~6 and ~9 minutes, carry .anchors: issue 29's bar, <= 0.6x TRL with the last three within
