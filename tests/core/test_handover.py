@@ -117,9 +117,11 @@ def test_building_the_roles_settles_the_device_once_they_are_all_loaded(device):
 
 
 @pytest.fixture(autouse=True)
-def heap():
+def heap(monkeypatch):
     """The collector, its frozen set empty before each test and after it (a GPU worker freezes
-    what its roles built; the workers here are never shut down but by the tests that say so)."""
+    what its roles built; the workers here are never shut down but by the tests that say so), and
+    the allocator's variable as the test found it (a GPU worker sets it in its process)."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     gc.unfreeze()
     yield gc
     gc.unfreeze()
@@ -151,7 +153,6 @@ def test_a_cpu_worker_leaves_the_heap_to_the_collector(heap):
 
 def test_a_gpu_worker_lets_the_allocator_grow_segments_unless_the_user_configured_it(monkeypatch):
     roles = {"train": Role("train", [], False)}
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     Worker(parts(roles), list(roles), 0, 1, "cpu", 1, build=by_name(roles))
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
     Worker(parts(roles), list(roles), 0, 1, "cuda", 1, build=by_name(roles))
