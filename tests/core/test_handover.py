@@ -120,8 +120,10 @@ def test_building_the_roles_settles_the_device_once_they_are_all_loaded(device):
 def heap(monkeypatch):
     """The collector, its frozen set empty before each test and after it (a GPU worker freezes
     what its roles built; the workers here are never shut down but by the tests that say so), and
-    the allocator's variable as the test found it (a GPU worker sets it in its process)."""
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    the allocator's variable unset during the test and as it was after it (a GPU worker sets it in
+    its process; monkeypatch restores only what it saw set)."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     gc.unfreeze()
     yield gc
     gc.unfreeze()
