@@ -20,9 +20,10 @@ class ModelConfig:
     trust_remote_code: bool = False
     """Let transformers run the model repository's own code."""
     gradient_checkpointing: Optional[bool] = None
-    """Recompute activations in the backward pass (torch backend): less memory, more time. None =
-    auto: on when the memory plan's update phase would not fit the card without it (the dry run
-    says which was chosen; dagrl/trainer/memory_plan.py)."""
+    """Recompute activations in the backward pass: less memory, more time. torch: HF's gradient
+    checkpointing; megatron: full recompute of every layer unless actor.megatron.recompute_* are set.
+    None = auto: on when the memory plan's update phase would not fit the card without it (the dry
+    run says which was chosen; dagrl/trainer/capacity.py)."""
     use_remove_padding: bool = False
     """Pack sequences without padding in the train and log-prob passes (docs/packing.md)."""
     lora_rank: int = ranged(0, ge=0, hint="0 = train all weights; 8-64 is usual for LoRA")
@@ -43,7 +44,8 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     lr: Optional[float] = ranged(None, gt=0, hint="e.g. 1e-6 for 1B–8B models")
-    """AdamW learning rate; None = the built-in tiny model's rate (any other model must set it)."""
+    """AdamW learning rate. None: the actor's is the built-in tiny model's rate (any other model must
+    set it); the critic's (critic.optim.lr) is the actor's."""
     weight_decay: float = ranged(0.0, ge=0)
     """AdamW weight decay."""
     betas: list = ranged(default_factory=lambda: [0.9, 0.999], ge=0, lt=1, length=2)
@@ -63,7 +65,8 @@ class MegatronConfig:
     virtual_pipeline_model_parallel_size: Optional[int] = ranged(None, ge=1, hint="or null = no interleaving")
     """Interleaved pipeline chunks per stage (VPP); None = off."""
     context_parallel_size: int = ranged(1, ge=1, hint="1 = not split")
-    """CP: sequences split over this many devices (needs layer_spec=te)."""
+    """CP: sequences split over this many devices; > 1 is refused on every machine, with or without
+    TransformerEngine (the backend's log-prob, loss and packing paths need whole sequences per rank)."""
     expert_model_parallel_size: int = ranged(1, ge=1, hint="1 = not split")
     """EP: MoE experts split over this many devices."""
     expert_tensor_parallel_size: Optional[int] = ranged(

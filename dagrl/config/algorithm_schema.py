@@ -46,7 +46,9 @@ class GKDConfig:
     temperature: float = ranged(1.0, gt=0)
     """Both models' logits are divided by it before the divergence (not the sampling temperature)."""
     gkd_logits_topk: Optional[int] = ranged(None, ge=1, hint="or null = the full vocabulary")
-    """Distil on the teacher's top-k ids only; None = the full vocabulary (small vocabularies only)."""
+    """Distil on the teacher's top-k ids only; None = the full vocabulary, of any size: the teacher
+    hands over its final hidden states and the loss recomputes its logits chunk by chunk
+    (docs/distillation.md). A standalone (vLLM) or self_current teacher needs top-k."""
     tail_bucket: bool = False
     """Top-k: keep the mass outside the teacher's top-k as one extra outcome instead of renormalising."""
     lmbda: float = ranged(1.0, ge=0, le=1)
@@ -89,13 +91,16 @@ class FilterGroupsConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "grpo"
-    """Registered objective of the actor update (dagrl/objectives, or a plugin's): choose a built-in
-    with the preset `algorithm=grpo|dr_grpo|gspo|gkd|opsd`, which sets the keys it relies on too."""
+    """Registered objective of the actor update: grpo, dr_grpo, gspo, dapo, gkd, opsd, sft
+    (dagrl/objectives) or a plugin's. Choose a built-in with its preset (`algorithm=dapo`), which
+    sets the keys it relies on too; presets rloo, reinforce_plus_plus and ppo (with a critic) keep
+    grpo and set algorithm.adv_estimator."""
     adv_estimator: str = "grpo"
     """Registered advantage estimator: grpo (each response against its group's mean and std),
     rloo (against the mean of the rest of its group), reinforce_plus_plus (discounted token returns
     whitened over the batch, no group), reinforce_plus_plus_baseline (group mean removed, then
-    whitened over the batch); dagrl/algos/advantages.py."""
+    whitened over the batch), gae (GAE on a critic's values, in a DAG with a critic: preset
+    algorithm=ppo); dagrl/objectives/advantage.py."""
     gamma: float = ranged(1.0, ge=0, le=1)
     """Discount per policy token of reinforce_plus_plus's and GAE's returns (verl's algorithm.gamma)."""
     lam: float = ranged(1.0, ge=0, le=1)

@@ -90,7 +90,10 @@ _CPU_OPTIMIZER = (
     "overlap_cpu_optimizer_d2h_h2d",
     "use_precision_aware_optimizer",
 )
-_ESTIMATORS = "grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline (presets of the first three)"
+_ESTIMATORS = (
+    "grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline|gae"
+    " (presets of the first three; gae: algorithm=ppo)"
+)
 _PROFILER = "dagrl has no built-in profiler hooks; per-node seconds are the timing_s/<node> metrics"
 
 TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
@@ -164,7 +167,7 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     ),
     f"{M}.use_liger": Unsupported("dagrl does not patch models with Liger kernels; remove the key"),
     f"{M}.enable_activation_offload": Unsupported(
-        f"use {M}.gradient_checkpointing (torch) or {A}.megatron.recompute_granularity"
+        f"use {M}.gradient_checkpointing (either backend) or {A}.megatron.recompute_granularity"
     ),
     f"{M}.lora": Unsupported(f"LoRA is {M}.lora_rank, lora_alpha, target_modules, lora_dropout"),
     f"{M}.exclude_modules": Unsupported(f"list the layers that get adapters in {M}.target_modules"),

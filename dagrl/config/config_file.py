@@ -59,7 +59,7 @@ class ConfigFileError(ConfigError):
 
 def file_overrides(path: str, conf_dir: str) -> list[str]:
     """The overrides a --config file stands for, in order (the command line's go after them)."""
-    raw = _read(path)
+    raw = _read(path, conf_dir)
     roots = {f.name for f in dataclasses.fields(DagrlConfig)} | set(keys.config_groups(conf_dir))
     swift = any(str(k).split(".")[0] not in roots for k in raw)
     pairs = _swift_pairs(raw) if swift else list(_dagrl_pairs(raw, ""))
@@ -81,13 +81,9 @@ def file_overrides(path: str, conf_dir: str) -> list[str]:
     return overrides
 
 
-def _read(path: str) -> dict:
+def _read(path: str, conf_dir: str) -> dict:
     if not os.path.isfile(path):
-        folder = os.path.dirname(os.path.abspath(path))
-        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-        near = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
-        hint = f"; did you mean {os.path.join(os.path.dirname(path), near[0])!r}?" if near else ""
-        raise ConfigError("--config", path, f"no such file{hint}")
+        raise ConfigError("--config", path, _missing_file_fix(path, conf_dir))
     from omegaconf._utils import get_yaml_loader  # Hydra's YAML reading: 1e-6 is a float
 
     try:
@@ -121,6 +117,25 @@ def _check(text: str, conf_dir: str) -> None:
             keys.check_key(o.key_or_group, o.value(), open_defaults)
 
 
+def _missing_file_fix(path: str, conf_dir: str) -> str:
+    """No file at `path`: the nearest name in its folder, else the shipped preset it names (presets
+    are `group=name`, not files), else where it was looked for and what --config takes."""
+    folder = os.path.dirname(os.path.abspath(path))
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    near = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
+    if near:
+        return f"no such file; did you mean {os.path.join(os.path.dirname(path), near[0])!r}?"
+    name = path.removesuffix(".yaml")
+    presets = [f"{g}={name}" for g, options in keys.config_groups(conf_dir).items() if name in options]
+    if presets:
+        return f"no such file; {presets[0]} runs the shipped preset of that name"
+    where = "" if os.path.isabs(path) else f" at {os.path.abspath(path)}"
+    return (
+        f"no such file{where}; --config takes the path of a YAML file of your own (FILE.yaml);"
+        " a shipped preset is group=name (python -m dagrl.main --help lists them)"
+    )
+
+
 def check_group_option(group: str, value: object, conf_dir: str) -> None:
     """A preset that does not exist is an error naming the nearest one, never the default job."""
     options = keys.config_groups(conf_dir).get(group, [])
@@ -131,6 +146,10 @@ def check_group_option(group: str, value: object, conf_dir: str) -> None:
     hint = f"did you mean '{group}={near[0]}'? " if near else ""
     if os.path.isfile(text) or text.endswith(".yaml"):
         hint += f"a YAML file of your own is run with --config {text}; "
+    elif os.path.isfile(text + ".yaml"):
+        hint += f"a YAML file of your own is run with --config {text}.yaml; "
+    elif os.path.isabs(text) or text.startswith((".", "~")):  # a path, and no file there
+        hint += f"a YAML file of your own is run with --config FILE.yaml (none at {text}); "
     raise ConfigError(group, value, f"no such preset; {hint}options: {', '.join(options)}")
 
 

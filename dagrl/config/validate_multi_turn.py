@@ -88,16 +88,17 @@ def check_turn_rewards_dag(cfg: DagrlConfig, node_kinds: set[str]) -> None:
 
 def check_turn_rewards(cfg: DagrlConfig) -> None:
     """turn_reward_mode=turn is GRPO's group normalisation per turn, or, for an estimator that reads
-    rewards token by token (reinforce_plus_plus), the turns' rewards inside its discounted returns
-    (the DAG's part of the rule: check_turn_rewards_dag)."""
+    rewards token by token (reinforce_plus_plus, gae), the turns' rewards inside its returns (the
+    DAG's part of the rule: check_turn_rewards_dag)."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if mt.turn_reward_mode != TurnRewardMode.turn:
         return
     name = cfg.algorithm.adv_estimator
     if name != "grpo" and not ESTIMATORS.get(name).token_level:
+        token_level = ", ".join(n for n in ESTIMATORS.names() if ESTIMATORS.get(n).token_level)
         raise ConfigError(
             f"{MT}.turn_reward_mode",
             mt.turn_reward_mode.value,
-            f"per-turn credit is group-normalised (grpo) or discounted token returns (reinforce_plus_plus);"
+            f"per-turn credit is group-normalised (grpo) or part of token returns ({token_level});"
             f" algorithm.adv_estimator={name} has neither form: use trajectory, or one of those estimators",
         )

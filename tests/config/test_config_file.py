@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 
@@ -186,6 +187,11 @@ def test_every_key_a_file_cannot_honour_is_named_at_once(tmp_path):
         ),
         (["algorithm=gdk"], "did you mean 'algorithm=gkd'"),
         (["--config", "/path/to/my_gkd.yaml"], "no such file"),
+        (["--config", "/path/to/my_gkd"], "no such file; --config takes the path of a YAML file"),
+        (
+            ["--config", "gkd/rollout_colocate_teacher_colocate"],
+            "experiment=gkd/rollout_colocate_teacher_colocate runs the shipped preset",
+        ),
         (["dag=gkdd"], "did you mean 'gkd'"),
     ],
 )
@@ -204,6 +210,20 @@ def test_a_preset_file_given_as_experiment_points_to_config(tmp_path):
     path.write_text("rlhf_type: gkd\n")
     with pytest.raises(ConfigError, match=f"--config {path}"):
         compose([f"experiment={path}"])
+    with pytest.raises(ConfigError, match=f"--config {path}"):  # the file's name without .yaml
+        compose([f"experiment={tmp_path / 'my_gkd'}"])
+    with pytest.raises(ConfigError, match=re.escape(f"--config FILE.yaml (none at {tmp_path / 'mine'})")):
+        compose([f"experiment={tmp_path / 'mine'}"])
+
+
+def test_a_missing_config_file_is_one_line_naming_where_it_was_looked_for(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out = main_in_process(capsys, "--config", "runs/my_gkd", "trainer.dry_run=true")
+    assert code == 2 and out.strip() == (
+        f"error: config key '--config' = 'runs/my_gkd': no such file at {tmp_path / 'runs' / 'my_gkd'};"
+        " --config takes the path of a YAML file of your own (FILE.yaml); a shipped preset is group=name"
+        " (python -m dagrl.main --help lists them)"
+    ), out
 
 
 def test_a_preset_holding_ms_swift_keys_names_the_key_and_the_file(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dagrl.config.critic_role import critic_update
+from dagrl.config.keys import schema_keys
 from dagrl.config.role_specs import role_spec
 from dagrl.errors import ConfigError
 from dagrl.trainer.setup import prepare
@@ -35,6 +36,7 @@ def test_critic_defaults_follow_the_actor():
     cfg.actor_rollout_ref.actor.optim.lr = 1e-4
     update = critic_update(cfg)
     assert (update.ppo_mini_batch_size, update.ppo_epochs, update.optim.lr) == (4, 2, 1e-4)
+    assert "the critic's (critic.optim.lr) is the actor's" in schema_keys()["critic.optim.lr"].doc  # --help
     spec = role_spec(cfg, "critic")
     assert spec.trains and spec.model.path is None and spec.backend == "torch"
 

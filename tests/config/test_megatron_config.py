@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dagrl.backends.megatron import probes
+from dagrl.config.keys import schema_keys
 from dagrl.config.placement import format_plan, make_plan
 from dagrl.config.validate import validate_with_plan
 from dagrl.errors import ConfigError, DagrlError, PlacementError
@@ -210,6 +211,8 @@ def test_context_parallel_refusal_says_what_is_missing(model, te, request):
     request.getfixturevalue(te)
     error = expect_error(CP, "does not split sequences", *megatron(model, f"{CP}=2"))
     assert "install" not in str(error)
+    doc = schema_keys()[CP].doc  # --help says so too, and does not send the user to layer_spec=te
+    assert "refused on every machine" in doc and "layer_spec" not in doc
 
 
 def test_gradient_checkpointing_is_megatron_recompute(model):
@@ -229,6 +232,8 @@ def test_gradient_checkpointing_is_megatron_recompute(model):
         )
     )
     assert cfg.actor_rollout_ref.actor.megatron.recompute_granularity.value == "selective"
+    doc = schema_keys()["actor_rollout_ref.model.gradient_checkpointing"].doc  # --help says so too
+    assert "megatron: full recompute" in doc
 
 
 def test_te_layer_spec_needs_transformer_engine(model, no_te):

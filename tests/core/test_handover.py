@@ -7,6 +7,9 @@ The CUDA calls are recorded in place of a device; the order of events is what is
 
 from __future__ import annotations
 
+import gc
+import os
+
 import pytest
 import torch
 
@@ -111,3 +114,51 @@ def test_building_the_roles_settles_the_device_once_they_are_all_loaded(device):
     worker = Worker(parts(roles), list(roles), 0, 1, "cuda", torch.get_num_threads(), build=by_name(roles))
     worker.build_roles(None, hand_over=True)
     assert events == ["rollout.offload"] and device == ["empty_cache"]
+
+
+@pytest.fixture(autouse=True)
+def heap(monkeypatch):
+    """The collector, its frozen set empty before each test and after it (a GPU worker freezes
+    what its roles built; the workers here are never shut down but by the tests that say so), and
+    the allocator's variable unset during the test and as it was after it (a GPU worker sets it in
+    its process; monkeypatch restores only what it saw set)."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    gc.unfreeze()
+    yield gc
+    gc.unfreeze()
+
+
+def test_a_gpu_worker_freezes_what_its_roles_built_and_unfreezes_it_at_shutdown(device, heap):
+    events: list[str] = []
+    roles = {"rollout": Role("rollout", events, True), "train": Role("train", events, False)}
+    built = []
+
+    def build(spec, ctx, objective):  # what a backend leaves on the heap (modules, parameters)
+        built.append([{"layer": i} for i in range(100)])
+        return roles[spec]
+
+    worker = Worker(parts(roles), list(roles), 0, 1, "cuda", torch.get_num_threads(), build=build)
+    worker.build_roles(None, hand_over=True)
+    assert heap.get_freeze_count() >= 202  # both roles' lists and their dicts, out of the scans
+    assert not any(heap.is_tracked(x) and x in heap.get_objects(generation=2) for x in built)
+    worker.shutdown()
+    assert heap.get_freeze_count() == 0
+
+
+def test_a_cpu_worker_leaves_the_heap_to_the_collector(heap):
+    roles = {"rollout": Role("rollout", [], True), "train": Role("train", [], False)}
+    worker = Worker(parts(roles), list(roles), 0, 1, "cpu", torch.get_num_threads(), build=by_name(roles))
+    worker.build_roles(None, hand_over=False)
+    assert heap.get_freeze_count() == 0
+
+
+def test_a_gpu_worker_lets_the_allocator_grow_segments_unless_the_user_configured_it(monkeypatch):
+    roles = {"train": Role("train", [], False)}
+    Worker(parts(roles), list(roles), 0, 1, "cpu", 1, build=by_name(roles))
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    Worker(parts(roles), list(roles), 0, 1, "cuda", 1, build=by_name(roles))
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    Worker(parts(roles), list(roles), 0, 1, "cuda", 1, build=by_name(roles))
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"

@@ -108,6 +108,9 @@ def test_turn_mode_needs_grpo_advantages(monkeypatch):
             )
         )
     assert e.value.key == f"{MT}.turn_reward_mode" and "computes no advantages" in str(e.value)
+    with pytest.raises(ConfigError, match="group-normalised") as e:
+        config(f"{MT}.turn_reward_mode=turn", "algorithm.adv_estimator=rloo")
+    assert "(gae, reinforce_plus_plus)" in str(e.value)  # every estimator with a per-turn form
     register_estimator("plain_returns", required_keys=(), validate=lambda cfg: None)(
         lambda token_rewards, batch, algo: token_rewards
     )

@@ -10,6 +10,7 @@ import torch
 
 from dagrl.algos import LossAggMode, agg_loss
 from dagrl.algos.distillation import full_vocab_divergence, topk_divergence
+from dagrl.config.keys import schema_keys
 from dagrl.config.validate import resolve_defaults, validate
 from dagrl.core.batch import Batch, left_pad, sequence_inputs
 from dagrl.core.worker import ParallelContext
@@ -50,6 +51,7 @@ def _vocab_dir(tmp_path, vocab: int) -> str:
         ([f"{G}.sft_alpha=0.1"], f"{G}.sft_alpha"),  # lmbda 1: no off-policy step to apply it on
         ([f"{G}.sft_alpha=-0.1", f"{G}.lmbda=0.5"], f"{G}.sft_alpha"),
         (["teacher.model=self_current", "teacher.offload=true"], "teacher.offload"),
+        (["teacher.model=self_current"], f"{G}.gkd_logits_topk"),  # full vocabulary reads a checkpoint
         ([f"{G}.beta=1.5"], f"{G}.beta"),
         ([f"{G}.temperature=0"], f"{G}.temperature"),
         ([f"{G}.gkd_logits_topk=262"], f"{G}.gkd_logits_topk"),
@@ -98,6 +100,8 @@ def test_full_vocabulary_has_no_size_limit_and_runs_the_teacher_hidden_node(tmp_
     cfg = gkd_config(f"{G}.gkd_logits_topk=64")
     kinds = {s.kind: s for s in prune_disabled(specs, cfg)}
     assert "teacher_logprob" in kinds and "teacher_hidden" not in kinds
+    doc = schema_keys()[f"{G}.gkd_logits_topk"].doc  # --help says so too
+    assert "of any size" in doc and "small" not in doc
     assert "teacher_hidden" not in kinds["actor_update"].inputs
 
 

@@ -4,6 +4,7 @@ against values worked out by hand in the comments."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ from dagrl.objectives import (
 from tests.conftest import compose_config
 
 A = "actor_rollout_ref.actor"
+BUILT_IN_OBJECTIVES = ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "sft"]
+BUILT_IN_ESTIMATORS = ["gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
 
 
 def test_every_preset_and_estimator_is_registered():
@@ -32,19 +35,24 @@ def test_every_preset_and_estimator_is_registered():
     presets = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "algorithm")) if f.endswith(".yaml"))
     expected = ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "ppo", "reinforce_plus_plus", "rloo", "sft"]
     assert presets == expected
-    assert OBJECTIVES.names() == ["dapo", "dr_grpo", "gkd", "grpo", "gspo", "opsd", "sft"]
+    assert OBJECTIVES.names() == BUILT_IN_OBJECTIVES
     for preset in presets:  # each preset names a registered objective and estimator
         cfg = compose_config(f"algorithm={preset}")
         assert objective_entry(cfg.algorithm.name).build is not None
         assert estimator(cfg.algorithm.adv_estimator).estimate is not None
-    assert ESTIMATORS.names() == [
-        "gae",
-        "grpo",
-        "reinforce_plus_plus",
-        "reinforce_plus_plus_baseline",
-        "rloo",
-    ]
+    assert ESTIMATORS.names() == BUILT_IN_ESTIMATORS
     assert estimator("grpo").estimate is not None
+
+
+@pytest.mark.parametrize(
+    "key, names", [("algorithm.name", BUILT_IN_OBJECTIVES), ("algorithm.adv_estimator", BUILT_IN_ESTIMATORS)]
+)
+def test_help_names_every_built_in(key, names):
+    """`python -m dagrl.main --help` lists what the key accepts: every built-in of its registry."""
+    from dagrl.config.keys import schema_keys
+
+    words = set(re.findall(r"\w+", schema_keys()[key].doc))
+    assert [name for name in names if name not in words] == []
 
 
 def test_registering_a_name_twice_is_refused():

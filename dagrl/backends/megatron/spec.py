@@ -197,8 +197,8 @@ class SdpaAttention(MegatronModule):
 def _check_attention_config(config: TransformerConfig, layer_number: int) -> None:
     """Reject the attention features SdpaAttention does not implement, naming the fix."""
     assert config.context_parallel_size == 1, (
-        "context parallelism is not supported by the sdpa layer spec; "
-        "set context_parallel_size=1 or use layer_spec=te"
+        "context parallelism is not supported (the config refuses it before this point); "
+        "set context_parallel_size=1"
     )
     assert config.window_size is None, "sliding-window attention needs layer_spec=te or local"
     assert config.softmax_type == "vanilla", (
