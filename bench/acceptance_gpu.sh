@@ -17,6 +17,8 @@
 #                                                 #   4b-megatron; 8b-megatron on one H200; gkd-0.6b-1.7b,
                                                  #   calculator-vllm, sample-vllm-rm (documented runs)
 #   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl's defaults at 32x8x256, 10 steps each (same call)
+#                                                 #   (side and side_64 with SIDE_TRACE=1: bench/gc_trace in every
+#                                                 #   process, the summary in OUT/side.gc.out)
 #   bash bench/acceptance_gpu.sh OUT side_awake   # dagrl's defaults (engine awake where it fits) vs asleep, same call
 #   bash bench/acceptance_gpu.sh OUT side_dapo    # DAPO (2 rounds a step) beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT side_lora    # TRL + PEFT against dagrl LoRA, rank 64 (carry .anchors)
@@ -75,6 +77,18 @@ tests() {  # tests NAME FILES...: one pytest process per file, one row for the g
     echo "| $name | $DEVICE | $rc | $passed/$total$cut | | | |" >>"$OUT/rows.md"
 }
 
+trace_on() {  # trace_on NAME: with SIDE_TRACE=1, every process of the group (TRL's, the driver, Ray's
+    # workers, the in-process engine) logs its collector pauses and its threads' CPU (bench/gc_trace)
+    [ "${SIDE_TRACE:-0}" = 1 ] || return 0
+    export GC_TRACE_DIR="$OUT/$1/gc" PYTHONPATH="$(pwd)/bench/gc_trace:$PYTHONPATH"
+}
+
+trace_report() {  # trace_report NAME: the trace's summary per process (OUT/NAME.gc.out), its last line here
+    [ -n "${GC_TRACE_DIR:-}" ] || return 0
+    env -u GC_TRACE_DIR python3 bench/gc_trace_report.py "$GC_TRACE_DIR" >"$OUT/$1.gc.out" 2>&1
+    tail -n 1 "$OUT/$1.gc.out" | cut -c1-600
+}
+
 side_row() {  # side_row NAME: the group's row from its SIDE lines (OUT/NAME.side.out, bench/side_row.py)
     grep -E "^==|SIDE|rc=" "$OUT/$1.side.out" | cut -c1-600
     python3 bench/side_row.py "$1" "$DEVICE" "$OUT/$1.side.out" >>"$OUT/rows.md"
@@ -119,7 +133,9 @@ matrix)
     ;;
 side)  # TRL, then dagrl's defaults (only the engine named), 32x8x256, STEPS each (10: the median is
     # over steps 2..N, so both get nine steps of steady state), same call: the issue's first shape
+    trace_on side
     STEPS=${STEPS:-10} bash bench/vllm_gpu.sh side "$OUT/side" trl default >"$OUT/side.side.out" 2>&1
+    trace_report side
     side_row side
     ;;
 side_awake)  # the defaults against the same with free_cache_engine=true, 32x8x256: what the awake
@@ -175,8 +191,10 @@ throughput)
     ;;
 side_64)  # the side-by-side's second shape, 64 prompts x 8 x 512 tokens: TRL, then dagrl's defaults on
     # the same model and rows (STEPS 6: TRL's first step alone takes over a minute), same call
+    trace_on side_64
     ANCHOR_PROMPTS=64 ANCHOR_LEN=512 STEPS=${STEPS:-6} bash bench/vllm_gpu.sh side "$OUT/side_64" trl default64 \
         >"$OUT/side_64.side.out" 2>&1
+    trace_report side_64
     side_row side_64
     ;;
 ray_probe)  # the check of bench/acceptance_slots.sh: a driver's ray.init() starts this slot's own Ray
