@@ -182,6 +182,36 @@ def test_4b_megatron_with_vllm_no_longer_plans_as_fitting(qwen3_4b):
     assert f"{pinned}: auto -> true" in text and f"{M}.gradient_checkpointing: auto -> true" in text
 
 
+def test_4b_megatron_recomputed_update_holds_the_logits_or_a_layer_not_both(qwen3_4b):
+    """megatron's full recompute, as the torch backend's: the logits over every position and their
+    gradient are freed before the first layer is recomputed, so the update's peak is every kept
+    input plus the larger of the two. Adding the recomputed layer on top planned the 8b-megatron-lora
+    row's update 14 % above what an H200 held with expandable segments (session 21: the allocator's
+    peak above the update's start 28.3 GiB, the kept inputs plus logits and gradient 28.1)."""
+    prepared = dry(qwen3_4b, *MEGATRON_16X4, "trainer.gpu_memory_gib=141", f"{M}.gradient_checkpointing=true")
+    assert prepared.cfg.actor_rollout_ref.actor.megatron.recompute_granularity.value == "full"
+    update = {r.phase: r for r in prepared.memory.groups[0].rows}["update"]
+    tokens = 64 * 640  # one micro-batch: 16 prompts x 4, 128 + 512 tokens each
+    # each of the 36 layers keeps its bf16 input; the bf16 logits over every position and their
+    # gradient (23.2 GiB) outweigh one recomputed layer (144,384 B a token: 5.5 GiB)
+    assert update.parts["activations"] == 36 * 2 * 2560 * tokens
+    assert update.parts["logits"] == 2 * 2 * tokens * 151_936
+
+
+def test_megatron_recomputed_layer_counts_where_it_outweighs_the_logits(tmp_path):
+    """A 100-word vocabulary: one recomputed layer outweighs the logits and their gradient, and the
+    update's activations and logits together hold the kept inputs plus that layer."""
+    from dagrl.backends.megatron.memory import MegatronLayout, layer_activation_bytes
+
+    model = qwen3_dir(tmp_path, 64, 2, 4, 2, 16, 128, 100)
+    prepared = dry(model, *SMALL_JOB, f"{A}.strategy=megatron", f"{M}.gradient_checkpointing=true")
+    update = {r.phase: r for r in prepared.memory.groups[0].rows}["update"]
+    shape, tokens = read_model_shape(model), 4 * (16 + 8)  # a micro-batch of 4 rows, 16 + 8 tokens
+    layer = layer_activation_bytes(shape, 2, MegatronLayout()) * tokens
+    assert update.parts["logits"] == 2 * 2 * tokens * 100 < layer
+    assert update.parts["activations"] + update.parts["logits"] == 2 * 2 * 64 * tokens + layer
+
+
 def test_pinned_gradient_checkpointing_off_is_named_when_it_cannot_fit(tmp_path):
     model = qwen3_dir(tmp_path, 1024, 28, 16, 8, 128, 3072, 151936)
     overrides = (

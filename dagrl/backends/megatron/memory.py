@@ -137,9 +137,18 @@ def update_bytes(
     layout: MegatronLayout,
     work: Workload,
     recompute_layers: int = 0,
+    logits: bool = True,
 ) -> dict[str, float]:
     """Activations and logits of the update's forward + backward; `recompute_layers`: layers per
-    stage under full recompute (0 = none)."""
+    stage under full recompute (0 = none); `logits` False: a value head's update, no vocabulary.
+
+    The logits over every position and their gradient (the log-prob kernel's backward writes it
+    beside the saved logits) exist at the start of the backward and are freed when the output
+    layer's backward ends, before the first layer is recomputed: under recompute the peak holds
+    every kept input plus the larger of the two, as the torch backend's update_bytes. Measured on
+    an H200 (Qwen3-8B shape, LoRA, one micro-batch of 64 rows, 33.4k tokens, expandable allocator
+    segments): the allocator's peak above the update's start was 28.3 GiB; the kept inputs plus
+    logits and gradient at those tokens make 28.1 (docs/gpu_acceptance.md, session 21)."""
     stage_layers = shape.layers / layout.pp
     in_flight = min(layout.pp, work.micro_batches) if layout.pp > 1 else 1
     layer = layer_activation_bytes(shape, width, layout) * work.tokens
@@ -148,9 +157,9 @@ def update_bytes(
         width * shape.hidden * work.tokens / layout.cp / (layout.tp if layout.sequence_parallel else 1)
     )
     per_micro = (stage_layers - recomputed) * layer + recomputed * kept_input
-    activations = per_micro * in_flight + (layer if recomputed else 0.0)
-    logits = 2 * width * work.tokens / layout.cp * shape.vocab / layout.tp
-    return {"activations": float(activations), "logits": float(logits)}
+    out = 2 * width * work.tokens / layout.cp * shape.vocab / layout.tp if logits else 0.0
+    activations = per_micro * in_flight + (max(0.0, layer - out) if recomputed else 0.0)
+    return {"activations": float(activations), "logits": float(out)}
 
 
 def forward_bytes(shape: ModelShape, width: int, layout: MegatronLayout, work: Workload) -> dict[str, float]:
@@ -257,6 +266,6 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
     budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
     work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
-    activations = update_bytes(shape, width, mlayout, work, recompute_layers(m, shape))["activations"]
-    mem.phases["critic_update"] = {"activations": activations}
+    phase = update_bytes(shape, width, mlayout, work, recompute_layers(m, shape), logits=False)
+    mem.phases["critic_update"] = {"activations": phase["activations"]}
     return mem
