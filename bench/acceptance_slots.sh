@@ -57,29 +57,28 @@
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
 # FIRST (session 19 ran the whole one-GPU record on 4x H200 at 652fcf1, `dagrl/` as 4800b33; session
-# 20 added, on the same `dagrl/`, one H100's rows: 8b-torch-lora and 8b-megatron-lora pass (issue
-# 31's), 4b-torch passes, side 0.63x TRL (rollout 1.80-3.12 s for one shape), 0.6b-64x8x512 cut at 8
-# steps with its update 9.5 GiB over the plan (allocator peak on the plan; the rest torch's cache).
-# The fix for both is on branch i29 (`dagrl/core/worker.py`: expandable allocator segments, the
-# roles' heap frozen after the build), unverified on a card. What remains, by lease:
-#   nvidia-h100-x1 (issue 29; session 20's lease counted all of its held time, ~1,560 s for 4
-#   calls): `git checkout i29` in the checkout first (the calls carry the working tree), 5 install
-#   calls naming the kind, then back to back, one group per call:
+# 20 the H100 rows on it; session 21 merged issue 29's fix (008a751: expandable allocator segments,
+# the roles' heap frozen) and ran part of call 1 on 4x H200: 8b-megatron-lora, 1.7b-torch, gkd,
+# 0.6b-64x8x512 rc 0, peaks at the plan; the tests groups and side cut by the deadlines on a slow
+# host. Then megatron's plan changed (its figures only). No whole record stands for main's
+# `dagrl/`. What remains, by lease:
+#   nvidia-h100-x4 (or h200-x4) first: 5 install calls, then the CALL PLAN below (calls 1 and 2 at
+#   the default SLOTS_SECONDS=580: on session 21's host docs_a alone took over 506 s), then alone:
+#     SIDE_TRACE=1 bash bench/acceptance_slots.sh $OUT 0:side
+#   (~7 minutes, more on a slow host: TRL's first step took 68 s there; never under a deadline of
+#   ~420 s, which cut it in session 21; SIDE_TRACE=1 traces every process's collector pauses and
+#   threads, the summary in side.gc.out: whether the rollout's spread of 1.8-3.1 s survives the
+#   frozen heap, and which thread is busy beside generate's if it does). Issue 29's bar: <= 0.6x
+#   TRL, dagrl's last three within 10 %. Its rows then stand for the final `dagrl/`.
+#   nvidia-h100-x1 (issue 29's 80 GiB rows; session 20's lease counted all of its held time):
+#   5 installs, then one group per call, back to back:
 #     bash bench/acceptance_slots.sh $OUT 0:"matrix 0.6b-64x8x512"
-#   (~4 minutes alone: its update's peak against the plan's 31.15 GiB, within 15 % with the fix),
-#     GC_TRACE_DIR=$OUT/gc PYTHONPATH=$PWD/bench/gc_trace STEPS=10 OUT=$OUT bash .anchors/side_by_side.sh dagrl; python3 bench/gc_trace_report.py $OUT/gc; ray stop --force
-#   (~3 minutes, carry .anchors: the rollout's spread with the heap frozen; the report names each
-#   process's full collections, what each walked, and the busiest threads beside generate's; with
-#   time to spare, the auto choices' alternative in the same way, ~3 more: the engine asleep and no
-#   recomputation, EXTRA="actor_rollout_ref.rollout.free_cache_engine=true
-#   actor_rollout_ref.model.gradient_checkpointing=false" OUT=$OUT/asleep, against the defaults'
-#   update 2.4 s + rollout 1.8 s at 32x8x256),
-#     bash bench/acceptance_slots.sh $OUT 0:side
+#   (~4 minutes: its update against the plan's 31.15 GiB, +30.7 % with fixed segments),
+#     SIDE_TRACE=1 bash bench/acceptance_slots.sh $OUT 0:side
 #     bash bench/acceptance_slots.sh $OUT 0:side_64
-#   (~6 and ~9 minutes, carry .anchors: issue 29's bar, <= 0.6x TRL with the last three within
-#   10 %). If they hold, merge i29 into main: these rows then stand for the merged `dagrl/`, and the
-#   whole record (the CALL PLAN below, an x4 lease) runs on it next; issue 29 closes with it. If the
-#   rollout still spreads, the trace says whether it is the collector or another thread.
+#   (~6 and ~9 minutes, carry .anchors). A dagrl run by hand goes through bench/vllm_gpu.sh side
+#   OUT default (it names the engine): `.anchors/side_by_side.sh dagrl` alone runs the hf rollout.
+#   Issue 29 closes when both leases' bars hold on one `dagrl/`.
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs),
 #   after the record on the final `dagrl/`:
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
