@@ -12,6 +12,11 @@ an 80 GiB card. Two figures replace it:
   there); the update reports the largest sample of the step (rollout, log-prob, teacher, update ends).
 - `<phase>/peak_added_gib`: the allocator's peak during the phase above what was allocated when it
   began: the phase's own activations, gradients and temporaries.
+
+And what the allocator asked of the driver during a phase (`rollout/...` around `generate`,
+`update/...` over the update): `alloc_retries`, requests that failed until it released its cached
+blocks (each release synchronizes the device), `device_mallocs` and `device_frees`, its calls to
+the driver. A step-to-step spread in a phase's time beside a spread in these is the allocator's.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from __future__ import annotations
 import torch
 
 _peak_used_gib = 0.0  # largest phase-end sample since the last update reported it (this process)
+_COUNTS = ("alloc_retries", "device_mallocs", "device_frees")
+_STATS = ("num_alloc_retries", "num_device_alloc", "num_device_free")  # torch.cuda.memory_stats keys
+_update_counts: tuple[int, ...] = (0, 0, 0)  # allocator_counts() at the update's phase_start
 
 
 def used_gib() -> float:
@@ -45,9 +53,28 @@ def take_peak_used_gib() -> float:
     return peak
 
 
+def allocator_counts() -> tuple[int, ...]:
+    """This process's allocator so far: failed driver requests it retried after releasing its
+    cache, its allocation calls and its free calls to the driver (zeros without CUDA)."""
+    if not torch.cuda.is_available():
+        return (0, 0, 0)
+    stats = torch.cuda.memory_stats()
+    return tuple(int(stats.get(key, 0)) for key in _STATS)
+
+
+def allocator_metrics(phase: str, before: tuple[int, ...]) -> dict[str, float]:
+    """`<phase>/alloc_retries`, `/device_mallocs`, `/device_frees` since `before` (allocator_counts)."""
+    return {
+        f"{phase}/{name}": float(now - then) for name, now, then in zip(_COUNTS, allocator_counts(), before)
+    }
+
+
 def phase_start() -> int:
-    """Start measuring a phase's allocator peak; returns the bytes allocated at its start."""
+    """Start measuring a phase's allocator peak and its calls to the driver; returns the bytes
+    allocated at its start."""
+    global _update_counts
     torch.cuda.reset_peak_memory_stats()
+    _update_counts = allocator_counts()
     return torch.cuda.memory_allocated()
 
 
@@ -63,4 +90,5 @@ def update_metrics(start_allocated: int) -> dict[str, float]:
         "perf/peak_added_gib": peak_added_gib(start_allocated),
         "update/device_memory_used_gib": note_phase_end(),
         "perf/device_memory_used_gib": take_peak_used_gib(),
+        **allocator_metrics("update", _update_counts),
     }

@@ -170,12 +170,13 @@ class VLLMRolloutBackend:
         # of n gets the seed of its first row; vLLM seeds its sample i with seed + i, row i's seed.
         base = request_seed_base(seed, self.ctx.rank // self.tp)
         params = [SamplingParams(seed=base + r * n, **{**kwargs, "n": n}) for r in range(len(prompts))]
-        start = time.perf_counter()
         lora_request = self.adapter.request if self.adapter is not None else None
+        counts, start = device_memory.allocator_counts(), time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora_request)
         seconds = time.perf_counter() - start
         # the engine awake with its KV cache: the step's device_memory_used_gib includes this moment
         metrics = {"rollout/device_memory_used_gib": device_memory.note_phase_end()}
+        metrics.update(device_memory.allocator_metrics("rollout", counts))
         samples = completions_in_row_order(outputs, n, token_lists)
         logprobs = None
         if self.settings.calculate_log_probs:
