@@ -26,7 +26,7 @@ import torch
 _peak_used_gib = 0.0  # largest phase-end sample since the last update reported it (this process)
 _COUNTS = ("alloc_retries", "device_mallocs", "device_frees")
 _STATS = ("num_alloc_retries", "num_device_alloc", "num_device_free")  # torch.cuda.memory_stats keys
-_update_counts: tuple[int, ...] = (0, 0, 0)  # allocator_counts() at the update's phase_start
+_phase_counts: tuple[int, ...] = (0, 0, 0)  # allocator_counts() at the last phase_start
 
 
 def used_gib() -> float:
@@ -72,9 +72,9 @@ def allocator_metrics(phase: str, before: tuple[int, ...]) -> dict[str, float]:
 def phase_start() -> int:
     """Start measuring a phase's allocator peak and its calls to the driver; returns the bytes
     allocated at its start."""
-    global _update_counts
+    global _phase_counts
     torch.cuda.reset_peak_memory_stats()
-    _update_counts = allocator_counts()
+    _phase_counts = allocator_counts()
     return torch.cuda.memory_allocated()
 
 
@@ -90,5 +90,5 @@ def update_metrics(start_allocated: int) -> dict[str, float]:
         "perf/peak_added_gib": peak_added_gib(start_allocated),
         "update/device_memory_used_gib": note_phase_end(),
         "perf/device_memory_used_gib": take_peak_used_gib(),
-        **allocator_metrics("update", _update_counts),
+        **allocator_metrics("update", _phase_counts),
     }
