@@ -56,31 +56,32 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (session 19 ran the whole one-GPU record on 4x H200 at 652fcf1, `dagrl/` as 4800b33; session
-# 20 the H100 rows on it; session 21 merged issue 29's fix (008a751: expandable allocator segments,
-# the roles' heap frozen) and ran part of call 1 on 4x H200: 8b-megatron-lora, 1.7b-torch, gkd,
-# 0.6b-64x8x512 rc 0, peaks at the plan; the tests groups and side cut by the deadlines on a slow
-# host. Then megatron's plan changed (its figures only). No whole record stands for main's
-# `dagrl/`. What remains, by lease:
-#   nvidia-h100-x4 (or h200-x4) first: 5 install calls, then the CALL PLAN below (calls 1 and 2 at
-#   the default SLOTS_SECONDS=580: on session 21's host docs_a alone took over 506 s), then alone:
-#     SIDE_TRACE=1 bash bench/acceptance_slots.sh $OUT 0:side
-#   (~7 minutes, more on a slow host: TRL's first step took 68 s there; never under a deadline of
-#   ~420 s, which cut it in session 21; SIDE_TRACE=1 traces every process's collector pauses and
-#   threads, the summary in side.gc.out: whether the rollout's spread of 1.8-3.1 s survives the
-#   frozen heap, and which thread is busy beside generate's if it does). Issue 29's bar: <= 0.6x
-#   TRL, dagrl's last three within 10 %. Its rows then stand for the final `dagrl/`.
-#   nvidia-h100-x1 (issue 29's 80 GiB rows; session 20's lease counted all of its held time):
-#   5 installs, then one group per call, back to back:
+# FIRST (session 22 ran the whole one-GPU record on 4x H200 at e5cfe26: every group and row rc 0,
+# docs/gpu_acceptance.md. Since then only bench/ changed: the real-size matrix rows (bench/gpu_matrix.py
+# ROWS, the handover test's row with them, and bench/multi_gpu_rows.py's GRPO rows) now train on
+# prompts of exactly the row's prompt length (bench/real_size_gpu.py full_length_prompts), where the
+# built-in ~10-token ones left the plan's prompt share unmeasured (0.6b-32x8x256: -16.2 % of the plan,
+# outside issue 29's +-15 %). The test, docs, GKD, calculator and sample groups stand for `dagrl/` as
+# e5cfe26; the ROWS rows are to measure again. What remains, by lease, while `dagrl/` stays as e5cfe26:
+#   nvidia-h100-x4 (or h200-x4): 5 install calls, then one call (the 8B and 4B builds included;
+#   seconds per row in session 22: 8b-megatron 397, 8b-megatron-lora 234, 8b-torch-lora 202,
+#   4b-megatron 213, 4b-torch 146, 1.7b-torch 123, handover 213, before the longer prompts):
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora 1.7b-torch" 2:"matrix 4b-torch 4b-megatron" 3:handover+"matrix 8b-megatron-lora"
+#   nvidia-h100-x1 (issue 29's 80 GiB rows and bars; session 20's lease counted all of its held
+#   time): 5 installs, then one group per call, back to back:
 #     bash bench/acceptance_slots.sh $OUT 0:"matrix 0.6b-64x8x512"
-#   (~4 minutes: its update against the plan's 31.15 GiB, +30.7 % with fixed segments),
+#   (~4 minutes: its update against the plan, +30.7 % with fixed segments and short prompts),
 #     SIDE_TRACE=1 bash bench/acceptance_slots.sh $OUT 0:side
 #     bash bench/acceptance_slots.sh $OUT 0:side_64
-#   (~6 and ~9 minutes, carry .anchors). A dagrl run by hand goes through bench/vllm_gpu.sh side
-#   OUT default (it names the engine): `.anchors/side_by_side.sh dagrl` alone runs the hf rollout.
-#   Issue 29 closes when both leases' bars hold on one `dagrl/`.
-#   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs),
-#   after the record on the final `dagrl/`:
+#   (~6 and ~9 minutes, carry .anchors; never under a deadline below the default 580 s). The side
+#   group's log now has a PHASES line per dagrl step (rollout, generate, the allocator's retries and
+#   driver calls; bench/vllm_gpu.sh), SIDE_TRACE=1 the collector's pauses and the threads' CPU
+#   (OUT/side.gc.out): whether the rollout's spread of 1.8-3.1 s (session 20) survives the frozen
+#   heap and expandable segments. Issue 29's bar: <= 0.6x TRL at both shapes, dagrl's last three
+#   within 10 %. A dagrl run by hand goes through bench/vllm_gpu.sh side OUT default (it names the
+#   engine): `.anchors/side_by_side.sh dagrl` alone runs the hf rollout.
+#   Issue 29 closes when these hold on one `dagrl/`.
+#   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_resume
@@ -89,9 +90,10 @@
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:dp4
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_colocate
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_split
-#   nvidia-h100-x2 / h200-x2 or pairs of an x4 (issue 30): separate and dp2 alone (~400 s each),
-#   tp again then pp on the same warm machine (pp compares with tp's one-GPU row; tp took 317 s),
-#   gkd3a and gkd3b (GKD at lr 5e-5 now) beside them, big, two_nodes alone:
+#   nvidia-h100-x2 / h200-x2 or pairs of an x4 (issue 30): separate and dp2 alone (~400 s each), tp
+#   then pp on the same warm machine (pp compares with tp's one-GPU row; in session 22 tp's 1g row
+#   took ~200 s and its 2g row was cut at 320 s: give the pair the default deadline), gkd3a (its
+#   colocate row ran in session 22; separate cut) and gkd3b beside them, big, two_nodes alone:
 #     bash bench/acceptance_slots.sh $OUT 0,1:separate
 #     bash bench/acceptance_slots.sh $OUT 0,1:dp2
 #     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a

@@ -122,7 +122,8 @@ USED_LINE = re.compile(r"^cluster: .*, (\d+) used$", re.M)
 # per-step figures a row reports as their median over steps 2..N (multi-GPU rows: bench/multi_gpu_rows.py)
 MEDIAN_KEYS = (
     "timing_s/", "weight_sync/", "rollout_corr/logprob_abs_diff", "perf/", "teacher/", "rollout/tokens_per_s",
-    "rollout/generate_s",
+    "rollout/generate_s", "rollout/alloc_retries", "rollout/device_mallocs", "rollout/device_frees",
+    "update/alloc_retries", "update/device_mallocs", "update/device_frees",
 )  # fmt: skip
 
 

@@ -59,9 +59,14 @@ import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 keys = ["weight_sync/s", "weight_sync/bytes", "weight_sync/direct", "weight_sync/broadcast_GBps",
         "weight_sync/broadcast_floor_GBps", "weight_sync/broadcast_vs_floor"]
+# the rollout per step beside the allocator's work in it (dagrl/backends/device_memory.py): whether a
+# slow generate is one where torch's allocator retried (released its cache) or called the driver
+phase = ["timing_s/rollout", "rollout/generate_s", "rollout/alloc_retries", "rollout/device_mallocs",
+         "rollout/device_frees", "timing_s/actor_update", "update/alloc_retries", "update/device_mallocs"]
 for r in rows:
     if "weight_sync/broadcast_GBps" in r:
         print("SYNC", r["step"], " ".join(f"{k.split('/')[1]}={r[k]:.4g}" for k in keys if k in r))
+    print("PHASES", r["step"], " ".join(f"{k}={r[k]:.4g}" for k in phase if k in r))
 PY
 }
 

@@ -1,0 +1,92 @@
+"""The one-GPU matrix rows (bench/gpu_matrix.py ROWS, through bench/real_size_gpu.py) on the CPU:
+their prompts are exactly the row's prompt length (the plan counts data.max_prompt_length for every
+prompt, so a row of shorter prompts measures less than the plan says it holds), and each row's
+command dry-runs with rc 0 and prints the per-phase plan the row reads."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import main_in_process
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import gpu_matrix  # noqa: E402
+import real_size_gpu  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """shape -> a config-only Qwen3 directory (config.json and the shipped tokenizer, no weights)."""
+    from tools.random_qwen3 import build_random_qwen3
+
+    root = tmp_path_factory.mktemp("shapes")
+    return {
+        shape: build_random_qwen3(str(root / shape), *real_size_gpu.SHAPES[shape], 151936, head_dim=128, config_only=True)
+        for shape in {row[0] for row in gpu_matrix.ROWS.values()}
+    }
+
+
+def test_prompts_are_exactly_the_rows_length(shapes, tmp_path):
+    from dagrl.backends.hf_model import load_tokenizer
+    from dagrl.data.parquet import PromptDataset
+
+    path = real_size_gpu.full_length_prompts(shapes["0.6b"], str(tmp_path), 160, 48)
+    tokenizer = load_tokenizer(shapes["0.6b"])
+    dataset = PromptDataset(path, tokenizer, max_prompt_length=160)
+    assert len(dataset) == 48 and dataset.num_filtered == 0
+    lengths = {len(dataset[i].prompt_ids) for i in range(len(dataset))}
+    assert lengths == {160}
+    # every prompt its own after the chat template's header: vLLM's prefix cache shares no more
+    tails = {tuple(dataset[i].prompt_ids[-100:]) for i in range(len(dataset))}
+    assert len(tails) == 48
+    # the problem and its answer are the built-in one's: the filler follows the question
+    import pyarrow.parquet as pq
+
+    from dagrl.data.builtin import generate_rows
+
+    written = pq.read_table(path).to_pylist()
+    for row, plain in zip(written, generate_rows("train", 48, seed=1, teacher_prompts=False)):
+        assert row["prompt"][0]["content"].startswith(plain["prompt"][0]["content"])
+        assert row["reward_model"]["ground_truth"] == plain["reward_model"]["ground_truth"]
+    # written once: a save/resume pair that shares its run directory reads the same rows
+    stamp = os.path.getmtime(path)
+    assert real_size_gpu.full_length_prompts(shapes["0.6b"], str(tmp_path), 160, 48) == path
+    assert os.path.getmtime(path) == stamp
+
+
+def test_a_prompt_length_below_the_question_is_refused(shapes, tmp_path):
+    with pytest.raises(ValueError, match="exactly 5 tokens"):
+        real_size_gpu.full_length_prompts(shapes["0.6b"], str(tmp_path), 5, 4)
+
+
+def test_rows_given_their_own_data_keep_it(shapes, tmp_path):
+    args = SimpleNamespace(setup="torch", prompts=4, n=2, prompt=64, response=32, steps=2,
+                           overrides=["data.train_files=/data/own.parquet"])  # fmt: skip
+    keys = real_size_gpu.overrides(args, shapes["0.6b"], str(tmp_path), "plugin.py")
+    assert [k for k in keys if k.startswith("data.train_files=")] == ["data.train_files=/data/own.parquet"]
+    assert not list(tmp_path.glob("prompts_*.parquet"))
+
+
+@pytest.mark.parametrize("name", sorted(gpu_matrix.ROWS))
+def test_matrix_row_plans_on_its_card(shapes, tmp_path, monkeypatch, capsys, isolated_plugins, name):
+    """The row's command as bench/gpu_matrix.py runs it, dry: the H200 the record runs it on (and
+    the lent machines' host memory), its prompts file named and whole."""
+    shape, _, prompts, _, prompt, _, steps = gpu_matrix.ROWS[name]
+    monkeypatch.chdir(tmp_path)
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    keys = gpu_matrix.overrides(shapes[shape], run_dir, str(tmp_path / "long_answer.py"), gpu_matrix.ROWS[name])
+    (tmp_path / "long_answer.py").write_text(real_size_gpu.REWARD)
+    data = [k.split("=", 1)[1] for k in keys if k.startswith("data.train_files=")]
+    assert data == [os.path.join(run_dir, f"prompts_{prompt}.parquet")] and os.path.isfile(data[0])
+    code, out = main_in_process(
+        capsys, *keys, "trainer.dry_run=true", "trainer.gpu_memory_gib=139.8", "trainer.host_memory_gib=500"
+    )
+    assert code == 0, out
+    phases = gpu_matrix.plan_phases(out)
+    assert phases.get("rollout", 0) > 0 and phases.get("update", 0) > 0, out
+    assert "OVER" not in out, out
