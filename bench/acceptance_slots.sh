@@ -63,12 +63,9 @@
 # built-in ~10-token ones left the plan's prompt share unmeasured (0.6b-32x8x256: -16.2 % of the plan,
 # outside issue 29's +-15 %). The test, docs, GKD, calculator and sample groups stand for `dagrl/` as
 # e5cfe26; the ROWS rows are to measure again. What remains, by lease, while `dagrl/` stays as e5cfe26:
-#   nvidia-h100-x4 (or h200-x4): 5 install calls, then one call (the 8B and 4B builds included;
-#   seconds per row in session 22: 8b-megatron 397, 8b-megatron-lora 234, 8b-torch-lora 202,
-#   4b-megatron 213, 4b-torch 146, 1.7b-torch 123, handover 213, before the longer prompts):
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora 1.7b-torch" 2:"matrix 4b-torch 4b-megatron" 3:handover+"matrix 8b-megatron-lora"
-#   nvidia-h100-x1 (issue 29's 80 GiB rows and bars; session 20's lease counted all of its held
-#   time): 5 installs, then one group per call, back to back:
+#   nvidia-h100-x1 first (issue 29's 80 GiB rows and bars, which decide whether `dagrl/` changes
+#   again; session 20's lease counted all of its held time; ~1,250 s with the installs): 5
+#   installs, then one group per call, back to back:
 #     bash bench/acceptance_slots.sh $OUT 0:"matrix 0.6b-64x8x512"
 #   (~4 minutes: its update against the plan, +30.7 % with fixed segments and short prompts),
 #     SIDE_TRACE=1 bash bench/acceptance_slots.sh $OUT 0:side
@@ -80,6 +77,10 @@
 #   heap and expandable segments. Issue 29's bar: <= 0.6x TRL at both shapes, dagrl's last three
 #   within 10 %. A dagrl run by hand goes through bench/vllm_gpu.sh side OUT default (it names the
 #   engine): `.anchors/side_by_side.sh dagrl` alone runs the hf rollout.
+#   then nvidia-h100-x4 (or h200-x4; ~680 s): 5 install calls, then one call (the 8B and 4B builds
+#   included; seconds per row in session 22: 8b-megatron 397, 8b-megatron-lora 234, 8b-torch-lora 202,
+#   4b-megatron 213, 4b-torch 146, 1.7b-torch 123, handover 213, before the longer prompts):
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora 1.7b-torch" 2:"matrix 4b-torch 4b-megatron" 3:handover+"matrix 8b-megatron-lora"
 #   Issue 29 closes when these hold on one `dagrl/`.
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
