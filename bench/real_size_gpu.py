@@ -121,10 +121,14 @@ def full_length_prompts(model: str, run_dir: str, length: int, rows: int) -> str
         message, rng = row["prompt"][0], random.Random(row["extra_info"]["index"])
         question, filler = message["content"], ""
         for _ in range(8):  # one token per character with the shipped byte-level tokenizer: 1 pass
-            short = length - len(render_messages(tokenizer, [{**message, "content": question + filler}], True))
+            short = length - len(
+                render_messages(tokenizer, [{**message, "content": question + filler}], True)
+            )
             if short == 0:
                 break
-            filler = (filler + "".join(rng.choice(letters) for _ in range(max(short, 0))))[: len(filler) + short]
+            filler = (filler + "".join(rng.choice(letters) for _ in range(max(short, 0))))[
+                : len(filler) + short
+            ]
         else:
             raise ValueError(f"{model}: cannot fill a prompt to exactly {length} tokens ({question!r})")
         message["content"] = row["extra_info"]["question"] = question + filler

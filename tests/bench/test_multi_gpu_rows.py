@@ -18,19 +18,12 @@ from tests.launch_scripts import dagrl_argv
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
 sys.path.insert(0, BENCH)
 import multi_gpu_rows  # noqa: E402
-from real_size_gpu import SHAPES  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
+def shapes(real_size_shapes):
     """model(shape) -> a config-only Qwen3 directory of that shape (a dry run reads no weights)."""
-    from tools.random_qwen3 import build_random_qwen3
-
-    root = tmp_path_factory.mktemp("shapes")
-    paths = {}
-    for shape, dims in SHAPES.items():
-        paths[shape] = build_random_qwen3(str(root / shape), *dims, 151936, head_dim=128, config_only=True)
-    return paths.__getitem__
+    return real_size_shapes.__getitem__
 
 
 @pytest.fixture(scope="module")

@@ -19,15 +19,8 @@ import real_size_gpu  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    """shape -> a config-only Qwen3 directory (config.json and the shipped tokenizer, no weights)."""
-    from tools.random_qwen3 import build_random_qwen3
-
-    root = tmp_path_factory.mktemp("shapes")
-    return {
-        shape: build_random_qwen3(str(root / shape), *real_size_gpu.SHAPES[shape], 151936, head_dim=128, config_only=True)
-        for shape in {row[0] for row in gpu_matrix.ROWS.values()}
-    }
+def shapes(real_size_shapes):
+    return real_size_shapes
 
 
 def test_prompts_are_exactly_the_rows_length(shapes, tmp_path):
@@ -79,7 +72,9 @@ def test_matrix_row_plans_on_its_card(shapes, tmp_path, monkeypatch, capsys, iso
     monkeypatch.chdir(tmp_path)
     run_dir = str(tmp_path / "run")
     os.makedirs(run_dir)
-    keys = gpu_matrix.overrides(shapes[shape], run_dir, str(tmp_path / "long_answer.py"), gpu_matrix.ROWS[name])
+    keys = gpu_matrix.overrides(
+        shapes[shape], run_dir, str(tmp_path / "long_answer.py"), gpu_matrix.ROWS[name]
+    )
     (tmp_path / "long_answer.py").write_text(real_size_gpu.REWARD)
     data = [k.split("=", 1)[1] for k in keys if k.startswith("data.train_files=")]
     assert data == [os.path.join(run_dir, f"prompts_{prompt}.parquet")] and os.path.isfile(data[0])
