@@ -56,32 +56,22 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (session 22 ran the whole one-GPU record on 4x H200 at e5cfe26: every group and row rc 0,
-# docs/gpu_acceptance.md. Since then only bench/ changed: the real-size matrix rows (bench/gpu_matrix.py
-# ROWS, the handover test's row with them, and bench/multi_gpu_rows.py's GRPO rows) now train on
-# prompts of exactly the row's prompt length (bench/real_size_gpu.py full_length_prompts), where the
-# built-in ~10-token ones left the plan's prompt share unmeasured (0.6b-32x8x256: -16.2 % of the plan,
-# outside issue 29's +-15 %). The test, docs, GKD, calculator and sample groups stand for `dagrl/` as
-# e5cfe26; the ROWS rows are to measure again. What remains, by lease, while `dagrl/` stays as e5cfe26:
-#   nvidia-h100-x1 first (issue 29's 80 GiB rows and bars, which decide whether `dagrl/` changes
-#   again; session 20's lease counted all of its held time; ~1,250 s with the installs): 5
-#   installs, then one group per call, back to back:
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 0.6b-64x8x512"
-#   (~4 minutes: its update against the plan, +30.7 % with fixed segments and short prompts),
-#     SIDE_TRACE=1 bash bench/acceptance_slots.sh $OUT 0:side
-#     bash bench/acceptance_slots.sh $OUT 0:side_64
-#   (~6 and ~9 minutes, carry .anchors; never under a deadline below the default 580 s). The side
-#   group's log now has a PHASES line per dagrl step (rollout, generate, the allocator's retries and
-#   driver calls; bench/vllm_gpu.sh), SIDE_TRACE=1 the collector's pauses and the threads' CPU
-#   (OUT/side.gc.out): whether the rollout's spread of 1.8-3.1 s (session 20) survives the frozen
-#   heap and expandable segments. Issue 29's bar: <= 0.6x TRL at both shapes, dagrl's last three
-#   within 10 %. A dagrl run by hand goes through bench/vllm_gpu.sh side OUT default (it names the
-#   engine): `.anchors/side_by_side.sh dagrl` alone runs the hf rollout.
-#   then nvidia-h100-x4 (or h200-x4; ~680 s): 5 install calls, then one call (the 8B and 4B builds
+# FIRST (session 22 ran the whole one-GPU record on 4x H200 at e5cfe26: every group and row rc 0;
+# session 23 the one-H100 rows on d0a84ed, whose `dagrl/` is e5cfe26's: side 0.59x, side_64 0.57x,
+# the last three within 10 %, issue 29's speed bar met; 0.6b-64x8x512 +3.5 % / +4.2 % of the plan
+# and 1.7b-torch -1.8 % on prompts of their full length; docs/gpu_acceptance.md). Since then only
+# bench/ and docs changed. The real-size matrix rows (bench/gpu_matrix.py ROWS, the handover test's
+# row with them, bench/multi_gpu_rows.py's GRPO rows) train on prompts of exactly the row's prompt
+# length (bench/real_size_gpu.py full_length_prompts); the rows below are still to measure that way
+# (session 22's 0.6b-32x8x256 read -16.2 % on ~10-token prompts, outside issue 29's +-15 %). What
+# remains, by lease, while `dagrl/` stays as e5cfe26:
+#   nvidia-h100-x4 first (or h200-x4; ~680 s): 5 install calls, then one call (the 8B and 4B builds
 #   included; seconds per row in session 22: 8b-megatron 397, 8b-megatron-lora 234, 8b-torch-lora 202,
-#   4b-megatron 213, 4b-torch 146, 1.7b-torch 123, handover 213, before the longer prompts):
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora 1.7b-torch" 2:"matrix 4b-torch 4b-megatron" 3:handover+"matrix 8b-megatron-lora"
-#   Issue 29 closes when these hold on one `dagrl/`.
+#   4b-megatron 213, 4b-torch 146, 1.7b-torch 123, handover 213, before the longer prompts; the
+#   slots balanced at ~440 s: 1.7b-torch ran on full-length prompts on the H100 in session 23, last):
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora 8b-megatron-lora" 2:"matrix 4b-torch 4b-megatron" 3:handover+"matrix 1.7b-torch"
+#   Issue 29 closes when these hold on one `dagrl/`. Then, on the same warm x4, issue 30's pairs
+#   (below) at the default deadline with what is left: `0,1:tp 2,3:gkd3a` first.
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
