@@ -13,6 +13,7 @@ vocabulary only adds ids no prompt uses. Same seed, same weights.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 
@@ -76,6 +77,14 @@ def build_random_qwen3(
             torch.cuda.empty_cache()
     for name in TOKENIZER_FILES:
         shutil.copy(os.path.join(tiny_model_path(), name), os.path.join(out, name))
+    # the tiny model's 64-position limit would not be this shape's: transformers warns of
+    # "indexing errors" for every prompt longer than the tokenizer's model_max_length
+    path = os.path.join(out, "tokenizer_config.json")
+    with open(path) as f:
+        tokenizer_config = json.load(f)
+    tokenizer_config["model_max_length"] = max_positions
+    with open(path, "w") as f:
+        json.dump(tokenizer_config, f, indent=2)
     return out
 
 

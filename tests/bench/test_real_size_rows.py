@@ -51,6 +51,19 @@ def test_prompts_are_exactly_the_rows_length(shapes, tmp_path):
     assert os.path.getmtime(path) == stamp
 
 
+def test_the_shapes_tokenizer_takes_the_shapes_positions(shapes):
+    """The shipped tokenizer's 64-position limit is the tiny model's: a shape's copy says the
+    shape's, so a 128-token prompt draws no "indexing errors" warning from transformers."""
+    import json
+
+    from dagrl.backends.hf_model import load_tokenizer
+
+    with open(os.path.join(shapes["0.6b"], "config.json")) as f:
+        positions = json.load(f)["max_position_embeddings"]
+    assert positions > 64
+    assert load_tokenizer(shapes["0.6b"]).model_max_length == positions
+
+
 def test_a_prompt_length_below_the_question_is_refused(shapes, tmp_path):
     with pytest.raises(ValueError, match="exactly 5 tokens"):
         real_size_gpu.full_length_prompts(shapes["0.6b"], str(tmp_path), 5, 4)
