@@ -71,7 +71,8 @@
 #   slots balanced at ~440 s: 1.7b-torch ran on full-length prompts on the H100 in session 23, last):
 #     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora 8b-megatron-lora" 2:"matrix 4b-torch 4b-megatron" 3:handover+"matrix 1.7b-torch"
 #   Issue 29 closes when these hold on one `dagrl/`. Then, on the same warm x4, issue 30's pairs
-#   (below) at the default deadline with what is left: `0,1:tp 2,3:gkd3a` first.
+#   (below): `0,1:tp 2,3:gkd3a` at the default deadline (~580 s), then `0,1:pp 2,3:gkd3b` with what
+#   is left (~520 s: pp's row 300 s and its 2-GPU tests 220 s; separate and dp2 each own the host).
 #   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
 #     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
