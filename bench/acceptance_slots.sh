@@ -65,7 +65,10 @@
 # length (bench/real_size_gpu.py full_length_prompts); the rows below are still to measure that way
 # (session 22's 0.6b-32x8x256 read -16.2 % on ~10-token prompts, outside issue 29's +-15 %). What
 # remains, by lease, while `dagrl/` stays as e5cfe26:
-#   nvidia-h100-x4 first (or h200-x4; ~680 s): 5 install calls, then one call (the 8B and 4B builds
+#   nvidia-h200-x4 first, with needs_h200 (~680 s; 8b-megatron is an H200 row: on an H100 its plan
+#   reads update 83.42 GiB OVER a 79 GiB card, the run is refused; every other row below fits an
+#   H100 by the dry run; if H100s come, run the rest and 8b-megatron on a one-card nvidia-h200 after):
+#   5 install calls, then one call (the 8B and 4B builds
 #   included; seconds per row in session 22: 8b-megatron 397, 8b-megatron-lora 234, 8b-torch-lora 202,
 #   4b-megatron 213, 4b-torch 146, 1.7b-torch 123, handover 213, before the longer prompts; the
 #   slots balanced at ~440 s: 1.7b-torch ran on full-length prompts on the H100 in session 23, last):
