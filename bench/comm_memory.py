@@ -1,0 +1,138 @@
+"""What NCCL's communicators hold on each device, outside torch's allocator.
+
+Two-GPU runs hold several GiB per process more than the memory plan's 1.0 GiB context
+(docs/gpu_acceptance.md, session 24: TP2+SP +3.9 / +4.2 GiB in both phases, its one-GPU reference
+within 1 GiB). This measures where it goes, one process per card, reading at each point the device
+in use (`torch.cuda.mem_get_info`) less torch's reserved bytes (what the allocator holds is not the
+question):
+
+    context     the first tensor: the CUDA context every process pays
+    world       the default group's first all-reduce (its communicator made)
+    group_1..3  a new group of every rank, its first all-reduce: one more communicator each
+    p2p         a send/recv pair between ranks 0 and 1 (NCCL's point-to-point connections)
+    megatron    initialize_model_parallel at --megatron tp|pp, then one all-reduce on each of its
+                NCCL groups of more than one rank (what a megatron step's collectives make)
+
+in three modes, fresh processes each: `lazy` (each communicator made at its first collective, as
+dagrl's workers join today), `split` (init_process_group with device_id: new groups split from the
+default communicator), `split_share` (split, and NCCL_COMM_SPLIT_SHARE_RESOURCES=1: split
+communicators share their parent's buffers). Prints one `COMM {...}` line per mode: per point the
+GiB it added on each rank.
+
+    CUDA_VISIBLE_DEVICES=0,1 python bench/comm_memory.py --megatron tp
+    python bench/comm_memory.py --backend gloo --megatron none     # the script itself, on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+GIB = 2**30
+MODES = ("lazy", "split", "split_share")
+
+
+def outside_allocator(device: torch.device) -> float:
+    """Bytes the device has in use that torch's caching allocator did not reserve."""
+    if device.type != "cuda":
+        return 0.0
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return float(total - free - torch.cuda.memory_reserved(device))
+
+
+def megatron_groups(backend: str) -> dict[str, object]:
+    """megatron's process groups with more than one rank on `backend`, by getter name."""
+    from megatron.core import parallel_state as mpu
+
+    found: dict[str, object] = {}
+    for name in sorted(n for n in dir(mpu) if n.startswith("get_") and n.endswith("_group")):
+        try:
+            group = getattr(mpu, name)()
+        except Exception:  # noqa: BLE001 - a getter for a group this layout did not make
+            continue
+        for i, g in enumerate(group if isinstance(group, list) else [group]):
+            if not isinstance(g, dist.ProcessGroup) or dist.get_world_size(g) < 2:
+                continue
+            if dist.get_backend(g) != backend or any(g is seen for seen in found.values()):
+                continue
+            found[name[4:] + (f"[{i}]" if isinstance(group, list) else "")] = g
+    return found
+
+
+def worker(rank: int, world: int, port: int, args, mode: str, out: dict) -> None:
+    if mode == "split_share":
+        os.environ["NCCL_COMM_SPLIT_SHARE_RESOURCES"] = "1"
+    device = torch.device("cpu") if args.backend == "gloo" else torch.device("cuda", rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    points: dict[str, float] = {}
+    one = torch.ones(1, device=device)
+    mark = [outside_allocator(device)]
+    points["context"] = mark[0]
+
+    def step(name: str) -> None:
+        now = outside_allocator(device)
+        points[name] = now - mark[0]
+        mark[0] = now
+
+    bound = {"device_id": device} if mode != "lazy" and device.type == "cuda" else {}
+    dist.init_process_group(
+        args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, **bound
+    )
+    dist.all_reduce(one)
+    step("world")
+    for i in range(1, 4):
+        group = dist.new_group(list(range(world)))
+        dist.all_reduce(one, group=group)
+        step(f"group_{i}")
+    if rank == 0:
+        dist.send(one, dst=1)
+    elif rank == 1:
+        dist.recv(one, src=0)
+    step("p2p")
+    if args.megatron != "none":
+        from megatron.core import parallel_state as mpu
+
+        sizes = {"tp": {"tensor_model_parallel_size": world}, "pp": {"pipeline_model_parallel_size": world}}
+        mpu.initialize_model_parallel(**sizes[args.megatron])
+        step("megatron_init")
+        for name, group in megatron_groups(args.backend).items():
+            dist.all_reduce(one, group=group)
+            step(f"megatron:{name}")
+    out[rank] = {k: round(v / GIB, 3) for k, v in points.items()}
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--megatron", default="tp", choices=["tp", "pp", "none"])
+    ap.add_argument("--modes", default=",".join(MODES))
+    args = ap.parse_args()
+    for mode in args.modes.split(","):
+        assert mode in MODES, f"--modes: {mode} is not one of {MODES}"
+        with mp.Manager() as manager:
+            out = manager.dict()
+            mp.spawn(worker, args=(args.world, free_port(), args, mode, out), nprocs=args.world)
+            ranks = {str(r): dict(out[r]) for r in sorted(out.keys())}
+        total = {r: round(sum(v for k, v in p.items() if k != "context"), 3) for r, p in ranks.items()}
+        line = {"mode": mode, "megatron": args.megatron, "world": args.world, "ranks": ranks}
+        print("COMM " + json.dumps({**line, "communicators_gib": total}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
