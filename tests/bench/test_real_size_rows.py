@@ -98,3 +98,36 @@ def test_matrix_row_plans_on_its_card(shapes, tmp_path, monkeypatch, capsys, iso
     phases = gpu_matrix.plan_phases(out)
     assert phases.get("rollout", 0) > 0 and phases.get("update", 0) > 0, out
     assert "OVER" not in out, out
+
+
+def test_8b_torch_needs_a_host_of_more_than_one_h200s_memory(shapes, tmp_path, monkeypatch):
+    """Issue 29's 8B torch row runs "where host memory allows, else refused before Ray with the host
+    figures": its plan keeps the optimizer's fp32 state and the sleeping engine's weights on the host
+    (137 GiB), over 90 % of a one-H200 machine's 128 GiB (a real run refuses it before Ray, naming
+    the figures and the levers), within a 4-GPU host's 512 GiB."""
+    from dagrl.errors import ConfigError
+    from dagrl.trainer.capacity import check_host_memory
+    from dagrl.trainer.setup import prepare
+    from tests.conftest import compose_config
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    (tmp_path / "long_answer.py").write_text(real_size_gpu.REWARD)
+    row = gpu_matrix.ROWS["8b-torch"]
+    keys = gpu_matrix.overrides(shapes["8b"], run_dir, str(tmp_path / "long_answer.py"), row)
+
+    def planned(host_gib: int):
+        return prepare(
+            compose_config(*keys, "trainer.dry_run=true", "trainer.gpu_memory_gib=139.8",
+                           f"trainer.host_memory_gib={host_gib}")  # fmt: skip
+        )
+
+    one_card = planned(128)
+    [warning] = one_card.warnings
+    assert "GiB in host memory on node 0 (train 122.05 + rollout 15.26)" in warning, warning
+    one_card.cfg.trainer.dry_run = False
+    with pytest.raises(ConfigError) as refused:
+        check_host_memory(one_card.cfg, one_card.memory)
+    assert refused.value.key == "trainer.host_memory_gib" and "of its 128 GiB" in str(refused.value)
+    assert planned(512).warnings == ()
