@@ -119,8 +119,12 @@ def test_8b_torch_needs_a_host_of_more_than_one_h200s_memory(shapes, tmp_path, m
 
     def planned(host_gib: int):
         return prepare(
-            compose_config(*keys, "trainer.dry_run=true", "trainer.gpu_memory_gib=139.8",
-                           f"trainer.host_memory_gib={host_gib}")  # fmt: skip
+            compose_config(
+                *keys,
+                "trainer.dry_run=true",
+                "trainer.gpu_memory_gib=139.8",
+                f"trainer.host_memory_gib={host_gib}",
+            )  # fmt: skip
         )
 
     one_card = planned(128)
