@@ -29,6 +29,7 @@
 #     6. gkd3b          ~7: ms-swift's standalone-teacher YAML (1 + 1): the teacher's tokens/s
 #     7. big            ~10: Qwen3-8B shape, megatron TP2+SP, vLLM TP2, optimizer on the host (the plan's)
 #     8. two_nodes      ~6: two raylets (one card each), separate placement, each role's node checked
+#     comm              ~2: what NCCL's communicators hold per card (bench/comm_memory.py, TP2 and PP2)
 #   kind nvidia-h200-x2 only:  big14  ~10: the 14B shape (plan: 85 of 141 GiB per card, 248 GiB of
 #                           host memory on a 256 GiB host: the host is the limit)
 #   kind nvidia-h100-x4 (when lent):
@@ -56,7 +57,7 @@
 # runner refuses them beside others: see its header).
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?separate, dp2, tp, pp, gkd3a, gkd3b, big, big14, two_nodes, gkd4_colocate, gkd4_split, mega8b, mega8b_save, mega8b_resume or dp4}
+WHAT=${2:?separate, dp2, tp, pp, gkd3a, gkd3b, big, big14, comm, two_nodes, gkd4_colocate, gkd4_split, mega8b, mega8b_save, mega8b_resume or dp4}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
@@ -122,6 +123,16 @@ gkd3b)
     ;;
 big)
     ROW_TIMEOUT=${ROW_TIMEOUT:-480} rows 2g-8b-megatron-tp2
+    ;;
+comm)  # what NCCL's communicators hold per card outside torch's allocator (bench/comm_memory.py):
+    # megatron at TP2 and at PP2, each in three modes (lazy, split, split sharing resources)
+    CODE=0; DONE=0
+    for LAYOUT in tp pp; do
+        CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f1,2) timeout "$(limit 150)" python3 bench/comm_memory.py \
+            --megatron "$LAYOUT" >>"$OUT/comm_memory.log" 2>&1 && DONE=$((DONE + 1)) || CODE=$?
+    done
+    grep "^COMM" "$OUT/comm_memory.log" | cut -c1-2500
+    echo "| comm_memory (NCCL communicators: TP2, PP2) | 2× $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1) | $CODE | $DONE/2 | | | |" >>"$OUT/rows.md"
     ;;
 big14)
     ROW_TIMEOUT=${ROW_TIMEOUT:-480} rows 2g-14b-megatron-tp2

@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # bench/acceptance_multi_gpu.sh's groups and the cards each needs; every other group is
 # bench/acceptance_gpu.sh's, on one card
 MULTI_GPU = {
-    "separate": 2, "dp2": 2, "tp": 2, "pp": 2, "gkd3a": 2, "gkd3b": 2, "big": 2, "big14": 2, "two_nodes": 2,
+    "separate": 2, "dp2": 2, "tp": 2, "pp": 2, "gkd3a": 2, "gkd3b": 2, "big": 2, "big14": 2, "two_nodes": 2, "comm": 2,
     "gkd4_colocate": 4, "gkd4_split": 4, "mega8b": 4, "mega8b_save": 4, "mega8b_resume": 4, "dp4": 4,
 }  # fmt: skip
 ONE_GPU = {

@@ -253,17 +253,26 @@ def derived(result: dict) -> dict:
     return out
 
 
+COMPARED = ("actor/pg_loss", "actor/grad_norm", "reward/mean", "actor/kl_loss", "actor/entropy")
+
+
+def step_metrics(path: str) -> dict[int, dict]:
+    """step -> the compared keys a run's metrics.jsonl logged ({} when the file is gone)."""
+    rows = [json.loads(ln) for ln in open(path) if ln.strip()] if os.path.isfile(path) else []
+    return {r["step"]: {k: r[k] for k in COMPARED if k in r} for r in rows if "step" in r}
+
+
 def compare(out: str, first: str, second: str) -> dict:
     """Two rows' per-step loss, grad norm, reward, KL and entropy side by side (resume vs straight,
     TP vs one GPU): the largest relative gap per key (4 places) and whether every step is equal
     bit for bit. Random weights on gsm8k score 0, so loss and reward are 0 in both rows; grad
     norm, KL loss and entropy are what can differ there."""
-    keys = ("actor/pg_loss", "actor/grad_norm", "reward/mean", "actor/kl_loss", "actor/entropy")
     per_row = {}
     for name in (first, second):
-        path = json.load(open(os.path.join(out, f"{name}.json")))["metrics"]
-        rows = [json.loads(ln) for ln in open(path) if ln.strip()] if os.path.isfile(path) else []
-        per_row[name] = {r["step"]: {k: r[k] for k in keys if k in r} for r in rows if "step" in r}
+        row = json.load(open(os.path.join(out, f"{name}.json")))
+        kept = row.get("per_step")  # the row's own copy: its metrics file went with its call's slot
+        per_row[name] = {int(s): v for s, v in kept.items()} if kept else step_metrics(row["metrics"])
+    keys = COMPARED
     shared = sorted(set(per_row[first]) & set(per_row[second]))
     gaps, identical = {}, {}
     for key in keys:
@@ -325,6 +334,9 @@ def main() -> None:
             break
         result = run_row(out, name, timeout, command)
         result.update(derived(result))
+        # the steps a later call compares with (pp with tp's one-GPU row, mega8b_resume with
+        # mega8b): the metrics file is under the slot's TMPDIR, which the next call's slot empties
+        result["per_step"] = step_metrics(result.get("metrics") or "")
         for where in (out, KEEP):  # KEEP: later calls on the same machine compare with this row
             os.makedirs(where, exist_ok=True)
             with open(os.path.join(where, f"{name}.json"), "w") as f:

@@ -96,3 +96,23 @@ def test_compare_reads_two_rows_step_by_step(tmp_path):
     assert result["steps"] == [1, 2]
     assert result["max_rel_gap"] == {"actor/grad_norm": round(0.2 / 2.2, 4)}
     assert result["identical"] == {"actor/grad_norm": False}
+
+
+def test_compare_reads_a_row_of_an_earlier_call_from_its_own_json(tmp_path):
+    """pp compares with tp's one-GPU row and mega8b_resume with mega8b, often from a later call:
+    a slot's TMPDIR (where the runs' metrics.jsonl lie) is emptied at the next call's start, so the
+    row's JSON carries its compared steps (session 24's pp compare read no step of the 1g row)."""
+    metrics = tmp_path / "slot_tmp" / "a.jsonl"
+    metrics.parent.mkdir()
+    metrics.write_text(
+        "".join(json.dumps({"step": s, "actor/grad_norm": 0.5 * s, "other": 1}) + "\n" for s in (1, 2))
+    )
+    kept = {"metrics": str(metrics), "per_step": multi_gpu_rows.step_metrics(str(metrics))}
+    (tmp_path / "a.json").write_text(json.dumps(kept))
+    metrics.unlink()  # the next call's slot empties its TMPDIR
+    later = tmp_path / "b.jsonl"
+    later.write_text("".join(json.dumps({"step": s, "actor/grad_norm": 0.5 * s}) + "\n" for s in (1, 2)))
+    (tmp_path / "b.json").write_text(json.dumps({"metrics": str(later)}))
+    result = multi_gpu_rows.compare(str(tmp_path), "a", "b")
+    assert result["steps"] == [1, 2] and result["identical"] == {"actor/grad_norm": True}
+    assert result["rows"]["a"] == {1: {"actor/grad_norm": 0.5}, 2: {"actor/grad_norm": 1.0}}
