@@ -56,43 +56,29 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (session 22 ran the whole one-GPU record on 4x H200 at e5cfe26: every group and row rc 0;
-# session 23 the one-H100 rows on d0a84ed, whose `dagrl/` is e5cfe26's: side 0.59x, side_64 0.57x,
-# the last three within 10 %, issue 29's speed bar met; 0.6b-64x8x512 +3.5 % / +4.2 % of the plan
-# and 1.7b-torch -1.8 % on prompts of their full length; docs/gpu_acceptance.md). Since then only
-# bench/ and docs changed. The real-size matrix rows (bench/gpu_matrix.py ROWS, the handover test's
-# row with them, bench/multi_gpu_rows.py's GRPO rows) train on prompts of exactly the row's prompt
-# length (bench/real_size_gpu.py full_length_prompts); the rows below are still to measure that way
-# (session 22's 0.6b-32x8x256 read -16.2 % on ~10-token prompts, outside issue 29's +-15 %). What
-# remains, by lease, while `dagrl/` stays as e5cfe26:
-#   nvidia-h200-x4 first, with needs_h200 (~680 s; 8b-megatron is an H200 row: on an H100 its plan
-#   reads update 83.42 GiB OVER a 79 GiB card, the run is refused; every other row below fits an
-#   H100 by the dry run; if H100s come, run the rest and 8b-megatron on a one-card nvidia-h200 after):
-#   5 install calls, then one call (the 8B and 4B builds
-#   included; seconds per row in session 22: 8b-megatron 397, 8b-megatron-lora 234, 8b-torch-lora 202,
-#   4b-megatron 213, 4b-torch 146, 1.7b-torch 123, handover 213, before the longer prompts; the
-#   slots balanced at ~440 s: 1.7b-torch ran on full-length prompts on the H100 in session 23, last):
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora 8b-megatron-lora" 2:"matrix 4b-torch 4b-megatron" 3:handover+"matrix 1.7b-torch"
-#   Issue 29 closes when these hold on one `dagrl/`. Then, on the same warm x4, issue 30's pairs
-#   (below): `0,1:tp 2,3:gkd3a` at the default deadline (~580 s), then `0,1:pp 2,3:gkd3b` with what
-#   is left (~520 s: pp's row 300 s and its 2-GPU tests 220 s; separate and dp2 each own the host).
-#   nvidia-h100-x4 / h200-x4 (issue 34; each group takes the host; ~1,700 s with the installs):
-#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b
-#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_save
-#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:mega8b_resume
-#   and dp4 with what is left (~6-9 minutes), else in the next x4 lease, with the GKD rows again
-#   for the divergence at lr 5e-5 (4953167; the rows at the YAMLs' 1e-6 barely moved it):
-#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:dp4
-#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_colocate
-#     bash bench/acceptance_slots.sh $OUT 0,1,2,3:gkd4_split
-#   nvidia-h100-x2 / h200-x2 or pairs of an x4 (issue 30): separate and dp2 alone (~400 s each), tp
-#   then pp on the same warm machine (pp compares with tp's one-GPU row; in session 22 tp's 1g row
-#   took ~200 s and its 2g row was cut at 320 s: give the pair the default deadline), gkd3a (its
-#   colocate row ran in session 22; separate cut) and gkd3b beside them, big, two_nodes alone:
-#     bash bench/acceptance_slots.sh $OUT 0,1:separate
-#     bash bench/acceptance_slots.sh $OUT 0,1:dp2
-#     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
-#     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
+# FIRST (session 24, 4x H200 at 4e3b7ee, `dagrl/` as e5cfe26: every real-size matrix row on prompts
+# of their full length within +-15 % of its plan, the README configuration's 20 hand-overs -0.3 %;
+# issue 30's tp, gkd3a, gkd3b pairs rc 0; pp's row rc 0 but its plan off by +-21 %; docs/gpu_acceptance.md).
+# What remains, by lease:
+#   1. Issue 29's last rows, on main's `dagrl/` (e5cfe26's; keep it so until they ran): 4b-megatron on
+#      an H100 (the plan takes megatron's CPU optimizer on 80 GiB: a path the 4B configuration has not
+#      run on a card since issue 29 was filed) and 8b-torch on a host of > 152 GiB (its optimizer on the
+#      host: 137 GiB; one H200's 128 GiB refuses it, tests/bench/test_real_size_rows.py). With them
+#      both, issue 29 closes. On nvidia-h100-x4 (H100 cards, 512 GiB host), one call after the 5
+#      installs (~450 s: the 4B and 8B builds included), with the communicators' probe beside them:
+#        bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:"matrix 8b-torch" 2,3:comm
+#      On nvidia-h100-x1: `0:"matrix 4b-megatron"` (~250 s), then 8b-torch and comm on a later x2/x4.
+#   2. Then the branch plan-pp-stages (megatron's estimate under PP: a vocabulary matrix on each end
+#      stage, the larger of the first stage's in-flight micro-batches and the last one's logits; the
+#      pp2 row's plan 18.24 / 57.71 against its measured 20.81 / 55.79, -12.3 % / +3.4 %; every PP=1
+#      row's plan prints as before) merges, with a per-process term for NCCL's communicators from the
+#      comm group's figures (two-GPU rows hold 2.5-4 GiB a card outside the allocator that the plan's
+#      1.0 GiB context does not count: TP2+SP +3.9 / +4.2 GiB). Then the multi-GPU rows on it:
+#        bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
+#        bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b      (pp's 2-GPU tests need ~220 s)
+#        bash bench/acceptance_slots.sh $OUT 0,1:separate           (alone; then dp2, big, two_nodes alone)
+#      and issue 34's 4-GPU groups (below), with the one-GPU record (the CALL PLAN) on the merged
+#      `dagrl/` or, for rows whose dry-run plan prints the same on both, the argument that it does.
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
 # CALL PLAN for the whole one-GPU record on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2
 # calls of <= 590 s): docs/gpu_acceptance.md's rows but the side-by-sides, on one commit
