@@ -73,10 +73,12 @@
 #      pp2 row's plan 18.24 / 57.71 against its measured 20.81 / 55.79, -12.3 % / +3.4 %; every PP=1
 #      row's plan prints as before) merges, with a per-process term for NCCL's communicators from the
 #      comm group's figures (two-GPU rows hold 2.5-4 GiB a card outside the allocator that the plan's
-#      1.0 GiB context does not count: TP2+SP +3.9 / +4.2 GiB). Then the multi-GPU rows on it:
+#      1.0 GiB context does not count: TP2+SP +3.9 / +4.2 GiB). Then the multi-GPU rows on it, pp
+#      at the default deadline (its 2-GPU tests need ~220 s after its row), then separate, dp2, big
+#      and two_nodes, each alone:
 #        bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
-#        bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b      (pp's 2-GPU tests need ~220 s)
-#        bash bench/acceptance_slots.sh $OUT 0,1:separate           (alone; then dp2, big, two_nodes alone)
+#        bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
+#        bash bench/acceptance_slots.sh $OUT 0,1:separate
 #      and issue 34's 4-GPU groups (below), with the one-GPU record (the CALL PLAN) on the merged
 #      `dagrl/` or, for rows whose dry-run plan prints the same on both, the argument that it does.
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
