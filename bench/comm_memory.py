@@ -10,6 +10,7 @@ question):
     world       the default group's first all-reduce (its communicator made)
     group_1..3  a new group of every rank, its first all-reduce: one more communicator each
     p2p         a send/recv pair between ranks 0 and 1 (NCCL's point-to-point connections)
+    singleton   a group of this rank alone, its first all-reduce
     megatron    initialize_model_parallel at --megatron tp|pp, then one all-reduce on each of its
                 NCCL groups of more than one rank (what a megatron step's collectives make)
 
@@ -97,6 +98,12 @@ def worker(rank: int, world: int, port: int, args, mode: str, out: dict) -> None
     elif rank == 1:
         dist.recv(one, src=0)
     step("p2p")
+    # a group of one rank each: NCCL 2.28 makes a communicator for it too (NVIDIA/nccl#2363: one
+    # that eagerly connects allocates a 512 MiB shared buffer with no peer to use it); megatron
+    # makes such groups for every parallel axis of size 1 (DP=1 under TP2, TP=1 under PP2)
+    singles = [dist.new_group([r]) for r in range(world)]
+    dist.all_reduce(one, group=singles[rank])
+    step("singleton")
     if args.megatron != "none":
         from megatron.core import parallel_state as mpu
 
@@ -130,7 +137,8 @@ def main() -> None:
             mp.spawn(worker, args=(args.world, free_port(), args, mode, out), nprocs=args.world)
             ranks = {str(r): dict(out[r]) for r in sorted(out.keys())}
         total = {r: round(sum(v for k, v in p.items() if k != "context"), 3) for r, p in ranks.items()}
-        line = {"mode": mode, "megatron": args.megatron, "world": args.world, "ranks": ranks}
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if args.backend == "nccl" else None
+        line = {"mode": mode, "megatron": args.megatron, "world": args.world, "nccl": nccl, "ranks": ranks}
         print("COMM " + json.dumps({**line, "communicators_gib": total}), flush=True)
 
 

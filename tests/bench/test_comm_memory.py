@@ -23,15 +23,8 @@ def test_a_pipeline_of_two_reads_every_point_and_megatron_s_groups():
     (line,) = comm_lines("--megatron", "pp", "--modes", "lazy")
     assert line["mode"] == "lazy" and set(line["ranks"]) == {"0", "1"}
     for points in line["ranks"].values():
-        assert list(points)[:7] == [
-            "context",
-            "world",
-            "group_1",
-            "group_2",
-            "group_3",
-            "p2p",
-            "megatron_init",
-        ]
+        points_in_order = ["context", "world", "group_1", "group_2", "group_3", "p2p", "singleton"]
+        assert list(points)[:8] == [*points_in_order, "megatron_init"]
         groups = {k for k in points if k.startswith("megatron:")}
         # the groups a two-stage step talks over: the stages' own, the tied embedding's, the grad norm's
         assert {"megatron:pipeline_model_parallel_group", "megatron:embedding_group"} <= groups
