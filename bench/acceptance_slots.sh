@@ -65,8 +65,10 @@
 #      run on a card since issue 29 was filed) and 8b-torch on a host of > 152 GiB (its optimizer on the
 #      host: 137 GiB; one H200's 128 GiB refuses it, tests/bench/test_real_size_rows.py). With them
 #      both, issue 29 closes. On nvidia-h100-x4 (H100 cards, 512 GiB host), one call after the 5
-#      installs (~450 s: the 4B and 8B builds included), with the communicators' probe beside them:
-#        bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:"matrix 8b-torch" 2,3:comm
+#      installs, with the communicators' probe beside them; 8b-torch's row gets the call's whole
+#      deadline (its 8B build ~2 min, then 10 steps of the torch backend's host optimizer at 8B:
+#      ~25 s each if it scales as 4b-torch's 12-13 s on an H100, unmeasured):
+#        ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:"matrix 8b-torch" 2,3:comm
 #      On nvidia-h100-x1: `0:"matrix 4b-megatron"` (~250 s), then 8b-torch and comm on a later x2/x4.
 #   2. Then the branch plan-pp-stages (megatron's estimate under PP: a vocabulary matrix on each end
 #      stage, the larger of the first stage's in-flight micro-batches and the last one's logits; the
