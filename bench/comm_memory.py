@@ -14,10 +14,12 @@ question):
     megatron    initialize_model_parallel at --megatron tp|pp, then one all-reduce on each of its
                 NCCL groups of more than one rank (what a megatron step's collectives make)
 
-in three modes, fresh processes each: `lazy` (each communicator made at its first collective, as
+in four modes, fresh processes each: `lazy` (each communicator made at its first collective, as
 dagrl's workers join today), `split` (init_process_group with device_id: new groups split from the
 default communicator), `split_share` (split, and NCCL_COMM_SPLIT_SHARE_RESOURCES=1: split
-communicators share their parent's buffers). Prints one `COMM {...}` line per mode: per point the
+communicators share their parent's buffers; NCCL then forbids operations on parent and child at
+once, which megatron's overlapped reductions do), `max_ctas_2` (lazy, every communicator capped at
+2 CTAs: NCCL's buffers are per channel; megatron takes such caps per group from a YAML). Prints one `COMM {...}` line per mode: per point the
 GiB it added on each rank.
 
     CUDA_VISIBLE_DEVICES=0,1 python bench/comm_memory.py --megatron tp
@@ -30,13 +32,29 @@ import argparse
 import json
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 GIB = 2**30
-MODES = ("lazy", "split", "split_share")
+MODES = ("lazy", "split", "split_share", "max_ctas_2")
+# megatron's names for its groups' NCCL options (parallel_state.get_nccl_options)
+MEGATRON_GROUP_NAMES = (
+    "dp", "dp_cp", "intra_dp_cp", "cp", "hcp", "mp", "tp", "pp", "embd", "pos_embd", "tp_dp_cp", "tp_dp",
+    "tp_cp", "ep", "ep_tp", "tp_ep_mp", "tp_ep_pp", "ep_dp", "intra_ep_dp",
+)  # fmt: skip
+
+
+def nccl_options(mode: str, backend: str):
+    """`max_ctas_2`: NCCL options that cap a communicator at 2 CTAs (channels): its buffers are per
+    channel; None otherwise (NCCL's defaults)."""
+    if mode != "max_ctas_2" or backend != "nccl":
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options.config.max_ctas = 2
+    return options
 
 
 def outside_allocator(device: torch.device) -> float:
@@ -82,15 +100,22 @@ def worker(rank: int, world: int, port: int, args, mode: str, out: dict) -> None
         now = outside_allocator(device)
         points[name] = now - mark[0]
         mark[0] = now
+        out[rank] = {k: round(v / GIB, 3) for k, v in points.items()}  # what a later failure leaves
 
-    bound = {"device_id": device} if mode != "lazy" and device.type == "cuda" else {}
+    bound = {"device_id": device} if mode in ("split", "split_share") and device.type == "cuda" else {}
+    options = nccl_options(mode, args.backend)
     dist.init_process_group(
-        args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, **bound
+        args.backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        pg_options=options,
+        **bound,
     )
     dist.all_reduce(one)
     step("world")
     for i in range(1, 4):
-        group = dist.new_group(list(range(world)))
+        group = dist.new_group(list(range(world)), pg_options=options)
         dist.all_reduce(one, group=group)
         step(f"group_{i}")
     if rank == 0:
@@ -101,19 +126,23 @@ def worker(rank: int, world: int, port: int, args, mode: str, out: dict) -> None
     # a group of one rank each: NCCL 2.28 makes a communicator for it too (NVIDIA/nccl#2363: one
     # that eagerly connects allocates a 512 MiB shared buffer with no peer to use it); megatron
     # makes such groups for every parallel axis of size 1 (DP=1 under TP2, TP=1 under PP2)
-    singles = [dist.new_group([r]) for r in range(world)]
+    singles = [dist.new_group([r], pg_options=options) for r in range(world)]
     dist.all_reduce(one, group=singles[rank])
     step("singleton")
     if args.megatron != "none":
         from megatron.core import parallel_state as mpu
 
         sizes = {"tp": {"tensor_model_parallel_size": world}, "pp": {"pipeline_model_parallel_size": world}}
+        if options is not None:  # the same cap on every group megatron makes
+            path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"nccl_cfgs_{rank}.yaml")
+            with open(path, "w") as f:
+                f.write("".join(f"{name}: {{max_ctas: 2}}\n" for name in MEGATRON_GROUP_NAMES))
+            sizes[args.megatron]["nccl_communicator_config_path"] = path
         mpu.initialize_model_parallel(**sizes[args.megatron])
         step("megatron_init")
         for name, group in megatron_groups(args.backend).items():
             dist.all_reduce(one, group=group)
             step(f"megatron:{name}")
-    out[rank] = {k: round(v / GIB, 3) for k, v in points.items()}
     dist.destroy_process_group()
 
 
@@ -123,24 +152,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--megatron", default="tp", choices=["tp", "pp", "none"])
     ap.add_argument("--modes", default=",".join(MODES))
     args = ap.parse_args()
-    for mode in args.modes.split(","):
-        assert mode in MODES, f"--modes: {mode} is not one of {MODES}"
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES]
+    assert not unknown, f"--modes: {unknown[0]} is not one of {MODES}"
+    failed = 0
+    for mode in modes:  # a mode that fails prints what it read and the error; the others still run
+        error = None
         with mp.Manager() as manager:
             out = manager.dict()
-            mp.spawn(worker, args=(args.world, free_port(), args, mode, out), nprocs=args.world)
+            try:
+                mp.spawn(worker, args=(args.world, free_port(), args, mode, out), nprocs=args.world)
+            except Exception as e:  # noqa: BLE001 - reported in the mode's line
+                error, failed = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}", failed + 1
             ranks = {str(r): dict(out[r]) for r in sorted(out.keys())}
         total = {r: round(sum(v for k, v in p.items() if k != "context"), 3) for r, p in ranks.items()}
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if args.backend == "nccl" else None
         line = {"mode": mode, "megatron": args.megatron, "world": args.world, "nccl": nccl, "ranks": ranks}
-        print("COMM " + json.dumps({**line, "communicators_gib": total}), flush=True)
+        print("COMM " + json.dumps({**line, "communicators_gib": total, "error": error}), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

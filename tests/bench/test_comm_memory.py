@@ -40,3 +40,28 @@ def test_an_unknown_mode_is_refused():
         timeout=120,
     )
     assert out.returncode != 0 and "--modes: eager is not one of" in out.stderr
+
+
+def test_a_mode_that_fails_reports_what_it_read_and_the_run_fails(monkeypatch, capsys):
+    """A mode whose processes fail (here: a fake spawn that records two points, then raises) prints
+    the points read before the failure and the error; the next mode still runs; the exit code is 1."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import comm_memory
+
+    def spawn(fn, args, nprocs):
+        world, _, _, mode, out = args
+        out[0] = {"context": 0.5, "world": 0.25}
+        if mode == "lazy":
+            raise RuntimeError("process 1 terminated with exit code 1\nncclUnhandledCudaError: out of memory")
+        out[0] = {**out[0], "group_1": 0.25}
+
+    monkeypatch.setattr(comm_memory.mp, "spawn", spawn)
+    monkeypatch.setattr(sys, "argv", ["comm_memory.py", "--backend", "gloo", "--modes", "lazy,split"])
+    assert comm_memory.main() == 1
+    lines = [json.loads(ln[5:]) for ln in capsys.readouterr().out.splitlines() if ln.startswith("COMM ")]
+    assert [(ln["mode"], ln["error"]) for ln in lines] == [
+        ("lazy", "RuntimeError: ncclUnhandledCudaError: out of memory"),
+        ("split", None),
+    ]
+    assert lines[0]["ranks"] == {"0": {"context": 0.5, "world": 0.25}}
+    assert lines[1]["communicators_gib"] == {"0": 0.5}
