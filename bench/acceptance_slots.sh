@@ -73,7 +73,8 @@
 #   2. Then the branch plan-pp-stages (megatron's estimate under PP: a vocabulary matrix on each end
 #      stage, the larger of the first stage's in-flight micro-batches and the last one's logits; the
 #      pp2 row's plan 18.24 / 57.71 against its measured 20.81 / 55.79, -12.3 % / +3.4 %; every PP=1
-#      row's plan prints as before) merges, with a per-process term for NCCL's communicators from the
+#      row's plan prints as before; the plan prints the update per stage and the run logs it, for
+#      issue 34's per-stage check) merges, with a per-process term for NCCL's communicators from the
 #      comm group's figures (two-GPU rows hold 2.5-4 GiB a card outside the allocator that the plan's
 #      1.0 GiB context does not count: TP2+SP +3.9 / +4.2 GiB). Then the multi-GPU rows on it, pp
 #      at the default deadline (its 2-GPU tests need ~220 s after its row), then separate, dp2, big
