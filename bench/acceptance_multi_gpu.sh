@@ -125,7 +125,7 @@ big)
     ROW_TIMEOUT=${ROW_TIMEOUT:-480} rows 2g-8b-megatron-tp2
     ;;
 comm)  # what NCCL's communicators hold per card outside torch's allocator (bench/comm_memory.py):
-    # megatron at TP2 and at PP2, each in three modes (lazy, split, split sharing resources)
+    # megatron at TP2 and at PP2, each in four modes (lazy, split, split sharing resources, 2 CTAs)
     CODE=0; DONE=0
     for LAYOUT in tp pp; do
         CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f1,2) timeout "$(limit 150)" python3 bench/comm_memory.py \

@@ -272,10 +272,9 @@ def compare(out: str, first: str, second: str) -> dict:
         row = json.load(open(os.path.join(out, f"{name}.json")))
         kept = row.get("per_step")  # the row's own copy: its metrics file went with its call's slot
         per_row[name] = {int(s): v for s, v in kept.items()} if kept else step_metrics(row["metrics"])
-    keys = COMPARED
     shared = sorted(set(per_row[first]) & set(per_row[second]))
     gaps, identical = {}, {}
-    for key in keys:
+    for key in COMPARED:
         pairs = [(per_row[first][s].get(key), per_row[second][s].get(key)) for s in shared]
         pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
         if pairs:
