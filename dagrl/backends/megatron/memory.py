@@ -1,6 +1,9 @@
 """Memory of the megatron train backend per device, in bytes (pure: no megatron import).
 
-State: dense weights split over TP×PP, expert weights over expert-TP×EP×PP, in param_dtype; fp32
+State: dense weights split over TP×PP, expert weights over expert-TP×EP×PP, in param_dtype (under
+PP the layers split evenly and the first stage adds the embedding, the last the output layer, a copy
+of the embedding when they are tied: a vocabulary matrix on each end, the device planned is the
+end stage's); fp32
 gradient buffers (grad_reduce_in_fp32); Adam's m and v in fp32 plus fp32 master weights (unless
 the params are fp32), split over the data-parallel ranks by the distributed optimizer. With
 optimizer_cpu_offload a share (optimizer_offload_fraction) of that state and its step live on the
@@ -14,8 +17,9 @@ output, silu(gate) and their product 4w·i (fitted on an H100, docs/perf.md), an
 dropout masks 2h (one byte each; Qwen's dropout is 0 but the masks are made). Tensor parallel
 splits the attention and MLP parts, sequence parallel the rest too; context parallel splits the
 tokens. Full recompute keeps each recomputed layer's input (w·h) plus one layer at a time.
-1F1B keeps up to PP micro-batches in flight on the first stage: L/PP layers × min(PP, micro-batches).
-Logits are [S, B, V/TP] in param_dtype over every position; the update adds their gradient.
+1F1B keeps up to PP micro-batches in flight on the first stage: L/PP layers × min(PP, micro-batches);
+the last stage keeps one micro-batch's layers and makes the logits, [S, B, V/TP] in param_dtype over
+every position, whose gradient the update adds. A PP device is planned as the larger of the two.
 """
 
 from __future__ import annotations
@@ -75,9 +79,7 @@ def state_bytes(
     Adam's m and v, 16 bytes whatever the param dtype). Without `masters_on_host` (precision-aware
     off) the distributed optimizer keeps its fp32 main params on the device beside the CPU
     optimizer's copy: 4 bytes per offloaded parameter more on the device."""
-    dense, experts = shape.params - shape.expert_params, shape.expert_params
-    local_dense = dense / (layout.tp * layout.pp)
-    local_experts = experts / (layout.etp * layout.ep * layout.pp)
+    local_dense, local_experts = stage_params(shape, layout)
     width = param_width(param_dtype)
     parts = {"weights": (local_dense + local_experts) * width}
     if not trains:
@@ -92,6 +94,18 @@ def state_bytes(
     if optimizer_host_fraction and not masters_on_host and width != 4:
         parts["main_params"] = 4.0 * (local_dense + local_experts) * optimizer_host_fraction
     return parts, 16.0 * (local_dense + local_experts) * optimizer_host_fraction
+
+
+def stage_params(shape: ModelShape, layout: MegatronLayout) -> tuple[float, float]:
+    """(dense, expert) parameters on one device of the largest pipeline stage. Megatron splits the
+    layers evenly over PP; the first stage also holds the embedding and the last the output layer,
+    which for a tied model is a copy of the embedding (megatron keeps both ends in step by an
+    all-reduce of their gradients): under PP every end stage holds one vocabulary matrix."""
+    dense, experts = shape.params - shape.expert_params, shape.expert_params
+    if layout.pp > 1:
+        vocab = shape.vocab * shape.hidden
+        dense = (dense - vocab * (1 if shape.tied else 2)) / layout.pp + vocab
+    return dense / layout.tp, experts / (layout.etp * layout.ep * layout.pp)
 
 
 def lora_state_bytes(
@@ -150,7 +164,6 @@ def update_bytes(
     segments): the allocator's peak above the update's start was 28.3 GiB; the kept inputs plus
     logits and gradient at those tokens make 28.1 (docs/gpu_acceptance.md, session 21)."""
     stage_layers = shape.layers / layout.pp
-    in_flight = min(layout.pp, work.micro_batches) if layout.pp > 1 else 1
     layer = layer_activation_bytes(shape, width, layout) * work.tokens
     recomputed = min(recompute_layers, stage_layers)
     kept_input = (
@@ -158,8 +171,18 @@ def update_bytes(
     )
     per_micro = (stage_layers - recomputed) * layer + recomputed * kept_input
     out = 2 * width * work.tokens / layout.cp * shape.vocab / layout.tp if logits else 0.0
-    activations = per_micro * in_flight + (max(0.0, layer - out) if recomputed else 0.0)
-    return {"activations": float(activations), "logits": float(out)}
+    last = {
+        "activations": float(per_micro + (max(0.0, layer - out) if recomputed else 0.0)),
+        "logits": float(out),
+    }
+    if layout.pp == 1:
+        return last
+    # the first stage: 1F1B's warm-up micro-batches in flight, no logits (one recomputed layer's
+    # tensors at a time on top under recompute)
+    first = {
+        "activations": float(per_micro * min(layout.pp, work.micro_batches) + (layer if recomputed else 0.0))
+    }
+    return max(first, last, key=lambda part: sum(part.values()))
 
 
 def forward_bytes(shape: ModelShape, width: int, layout: MegatronLayout, work: Workload) -> dict[str, float]:
