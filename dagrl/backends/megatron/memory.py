@@ -73,13 +73,15 @@ def state_bytes(
     distributed_optimizer: bool,
     optimizer_host_fraction: float = 0.0,
     masters_on_host: bool = True,
+    stage: int | None = None,
 ) -> tuple[dict[str, float], float]:
     """(weights, grads, optimizer bytes on the device while the role runs; bytes the CPU
     optimizer keeps on the host: per offloaded parameter an fp32 copy, its pinned fp32 gradient and
     Adam's m and v, 16 bytes whatever the param dtype). Without `masters_on_host` (precision-aware
     off) the distributed optimizer keeps its fp32 main params on the device beside the CPU
-    optimizer's copy: 4 bytes per offloaded parameter more on the device."""
-    local_dense, local_experts = stage_params(shape, layout)
+    optimizer's copy: 4 bytes per offloaded parameter more on the device. `stage`: that pipeline
+    stage's (None: the largest's)."""
+    local_dense, local_experts = stage_params(shape, layout, stage)
     width = param_width(param_dtype)
     parts = {"weights": (local_dense + local_experts) * width}
     if not trains:
@@ -96,15 +98,17 @@ def state_bytes(
     return parts, 16.0 * (local_dense + local_experts) * optimizer_host_fraction
 
 
-def stage_params(shape: ModelShape, layout: MegatronLayout) -> tuple[float, float]:
-    """(dense, expert) parameters on one device of the largest pipeline stage. Megatron splits the
-    layers evenly over PP; the first stage also holds the embedding and the last the output layer,
-    which for a tied model is a copy of the embedding (megatron keeps both ends in step by an
-    all-reduce of their gradients): under PP every end stage holds one vocabulary matrix."""
+def stage_params(shape: ModelShape, layout: MegatronLayout, stage: int | None = None) -> tuple[float, float]:
+    """(dense, expert) parameters on one device of pipeline stage `stage` (None: the largest, an
+    end stage). Megatron splits the layers evenly over PP; the first stage also holds the embedding
+    and the last the output layer, which for a tied model is a copy of the embedding (megatron
+    keeps both ends in step by an all-reduce of their gradients): under PP each end stage holds one
+    vocabulary matrix, a middle stage none."""
     dense, experts = shape.params - shape.expert_params, shape.expert_params
     if layout.pp > 1:
         vocab = shape.vocab * shape.hidden
-        dense = (dense - vocab * (1 if shape.tied else 2)) / layout.pp + vocab
+        ends = stage is None or stage in (0, layout.pp - 1)
+        dense = (dense - vocab * (1 if shape.tied else 2)) / layout.pp + (vocab if ends else 0)
     return dense / layout.tp, experts / (layout.etp * layout.ep * layout.pp)
 
 
@@ -163,6 +167,21 @@ def update_bytes(
     an H200 (Qwen3-8B shape, LoRA, one micro-batch of 64 rows, 33.4k tokens, expandable allocator
     segments): the allocator's peak above the update's start was 28.3 GiB; the kept inputs plus
     logits and gradient at those tokens make 28.1 (docs/gpu_acceptance.md, session 21)."""
+    return max(update_stages(shape, width, layout, work, recompute_layers, logits), key=parts_total)
+
+
+def update_stages(
+    shape: ModelShape,
+    width: int,
+    layout: MegatronLayout,
+    work: Workload,
+    recompute_layers: int = 0,
+    logits: bool = True,
+) -> list[dict[str, float]]:
+    """update_bytes per pipeline stage, first to last. 1F1B runs PP - s - 1 warm-up forwards on
+    stage s before its first backward: it keeps min(PP - s, micro-batches) micro-batches of its
+    layers; only the last stage makes the logits (under recompute, one recomputed layer's tensors
+    at a time on top, on the last stage only where they outweigh the logits freed before it)."""
     stage_layers = shape.layers / layout.pp
     layer = layer_activation_bytes(shape, width, layout) * work.tokens
     recomputed = min(recompute_layers, stage_layers)
@@ -175,14 +194,15 @@ def update_bytes(
         "activations": float(per_micro + (max(0.0, layer - out) if recomputed else 0.0)),
         "logits": float(out),
     }
-    if layout.pp == 1:
-        return last
-    # the first stage: 1F1B's warm-up micro-batches in flight, no logits (one recomputed layer's
-    # tensors at a time on top under recompute)
-    first = {
-        "activations": float(per_micro * min(layout.pp, work.micro_batches) + (layer if recomputed else 0.0))
-    }
-    return max(first, last, key=lambda part: sum(part.values()))
+    earlier = [
+        {
+            "activations": float(
+                per_micro * min(layout.pp - s, work.micro_batches) + (layer if recomputed else 0.0)
+            )
+        }
+        for s in range(layout.pp - 1)
+    ]
+    return [*earlier, last]
 
 
 def forward_bytes(shape: ModelShape, width: int, layout: MegatronLayout, work: Workload) -> dict[str, float]:
@@ -231,7 +251,15 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
         mem.phases[phase] = forward_bytes(shape, width, mlayout, work)
     if spec.trains:
         work = update_workload(cfg, layout.dp)
-        mem.phases["update"] = update_bytes(shape, width, mlayout, work, recompute_layers(m, shape))
+        stages = update_stages(shape, width, mlayout, work, recompute_layers(m, shape))
+        mem.phases["update"] = max(stages, key=parts_total)
+        if mlayout.pp > 1 and spec.lora is None:  # the stages differ: the plan prints each
+            states = [
+                state_bytes(shape, mlayout, m.param_dtype, True, m.use_distributed_optimizer, fraction,
+                            precision_aware(m), stage=s)[0]
+                for s in range(mlayout.pp)
+            ]  # fmt: skip
+            mem.stages["update"] = [{**state, **own} for state, own in zip(states, stages)]
     return mem
 
 

@@ -79,3 +79,30 @@ def test_recomputed_stages_keep_inputs_and_one_layer():
     last = {"activations": 14 * kept, "logits": logits}  # the logits outweigh a layer
     planned = update_bytes(QWEN3_06B, 2, MegatronLayout(pp=2, workers=2), work, recompute_layers=14)
     assert planned == max(first, last, key=lambda p: sum(p.values())) == last
+
+
+def test_four_stages_warm_up_fewer_micro_batches_down_the_pipeline():
+    """TP2 x PP4 (siiRL's 8-GPU layout): stage s keeps min(PP - s, micro-batches) micro-batches of
+    its 7 layers, the last one micro-batch and the logits; the middle stages hold no vocabulary
+    matrix."""
+    from dagrl.backends.megatron.memory import stage_params, update_stages
+
+    layout = MegatronLayout(tp=2, pp=4, workers=8)
+    work = Workload(rows=16, seq=672, response=512, micro_batches=8)
+    layer = layer_activation_bytes(QWEN3_06B, 2, layout) * 16 * 672
+    logits = 2 * 2 * 16 * 672 * 151_936 / 2
+    stages = update_stages(QWEN3_06B, 2, layout, work)
+    assert stages == [
+        {"activations": 4 * 7 * layer},
+        {"activations": 3 * 7 * layer},
+        {"activations": 2 * 7 * layer},
+        {"activations": 7 * layer, "logits": logits},
+    ]
+    layers = 596_049_920 - VOCAB
+    assert [stage_params(QWEN3_06B, layout, s)[0] for s in range(4)] == [
+        (layers / 4 + VOCAB) / 2,
+        layers / 4 / 2,
+        layers / 4 / 2,
+        (layers / 4 + VOCAB) / 2,
+    ]
+    assert stage_params(QWEN3_06B, layout) == stage_params(QWEN3_06B, layout, 0)  # the largest: an end
