@@ -149,27 +149,6 @@ def layer_activation_bytes(shape: ModelShape, width: int, layout: MegatronLayout
     return (split + replicated) / layout.cp
 
 
-def update_bytes(
-    shape: ModelShape,
-    width: int,
-    layout: MegatronLayout,
-    work: Workload,
-    recompute_layers: int = 0,
-    logits: bool = True,
-) -> dict[str, float]:
-    """Activations and logits of the update's forward + backward; `recompute_layers`: layers per
-    stage under full recompute (0 = none); `logits` False: a value head's update, no vocabulary.
-
-    The logits over every position and their gradient (the log-prob kernel's backward writes it
-    beside the saved logits) exist at the start of the backward and are freed when the output
-    layer's backward ends, before the first layer is recomputed: under recompute the peak holds
-    every kept input plus the larger of the two, as the torch backend's update_bytes. Measured on
-    an H200 (Qwen3-8B shape, LoRA, one micro-batch of 64 rows, 33.4k tokens, expandable allocator
-    segments): the allocator's peak above the update's start was 28.3 GiB; the kept inputs plus
-    logits and gradient at those tokens make 28.1 (docs/gpu_acceptance.md, session 21)."""
-    return max(update_stages(shape, width, layout, work, recompute_layers, logits), key=parts_total)
-
-
 def update_stages(
     shape: ModelShape,
     width: int,
@@ -178,10 +157,20 @@ def update_stages(
     recompute_layers: int = 0,
     logits: bool = True,
 ) -> list[dict[str, float]]:
-    """update_bytes per pipeline stage, first to last. 1F1B runs PP - s - 1 warm-up forwards on
-    stage s before its first backward: it keeps min(PP - s, micro-batches) micro-batches of its
-    layers; only the last stage makes the logits (under recompute, one recomputed layer's tensors
-    at a time on top, on the last stage only where they outweigh the logits freed before it)."""
+    """Activations and logits of the update's forward + backward on each pipeline stage, first to
+    last (one stage without PP); `recompute_layers`: layers per stage under full recompute (0 =
+    none); `logits` False: a value head's update, no vocabulary.
+
+    1F1B runs PP - s - 1 warm-up forwards on stage s before its first backward: it keeps
+    min(PP - s, micro-batches) micro-batches of its layers; only the last stage makes the logits.
+    The logits over every position and their gradient (the log-prob kernel's backward writes it
+    beside the saved logits) exist at the start of the backward and are freed when the output
+    layer's backward ends, before the first layer is recomputed: under recompute the last stage's
+    peak holds every kept input plus the larger of the two, as the torch backend's update_bytes
+    (an earlier stage's, one recomputed layer on top). Measured on an H200 (Qwen3-8B shape, LoRA,
+    one micro-batch of 64 rows, 33.4k tokens, expandable allocator segments): the allocator's peak
+    above the update's start was 28.3 GiB; the kept inputs plus logits and gradient at those tokens
+    make 28.1 (docs/gpu_acceptance.md, session 21)."""
     stage_layers = shape.layers / layout.pp
     layer = layer_activation_bytes(shape, width, layout) * work.tokens
     recomputed = min(recompute_layers, stage_layers)
@@ -203,6 +192,11 @@ def update_stages(
         for s in range(layout.pp - 1)
     ]
     return [*earlier, last]
+
+
+def largest(stages: list[dict[str, float]]) -> dict[str, float]:
+    """The stage whose parts weigh the most: what every device of the role is planned for."""
+    return max(stages, key=parts_total)
 
 
 def forward_bytes(shape: ModelShape, width: int, layout: MegatronLayout, work: Workload) -> dict[str, float]:
@@ -252,7 +246,7 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     if spec.trains:
         work = update_workload(cfg, layout.dp)
         stages = update_stages(shape, width, mlayout, work, recompute_layers(m, shape))
-        mem.phases["update"] = max(stages, key=parts_total)
+        mem.phases["update"] = largest(stages)
         if mlayout.pp > 1 and spec.lora is None:  # the stages differ: the plan prints each
             states = [
                 state_bytes(shape, mlayout, m.param_dtype, True, m.use_distributed_optimizer, fraction,
@@ -317,6 +311,6 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
     budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
     work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
-    phase = update_bytes(shape, width, mlayout, work, recompute_layers(m, shape), logits=False)
+    (phase,) = update_stages(shape, width, mlayout, work, recompute_layers(m, shape), logits=False)
     mem.phases["critic_update"] = {"activations": phase["activations"]}
     return mem

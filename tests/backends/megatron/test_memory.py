@@ -4,7 +4,13 @@ the plan, spreading the model and the update evenly over the stages, said 17.23 
 
 from __future__ import annotations
 
-from dagrl.backends.megatron.memory import MegatronLayout, layer_activation_bytes, state_bytes, update_bytes
+from dagrl.backends.megatron.memory import (
+    MegatronLayout,
+    largest,
+    layer_activation_bytes,
+    state_bytes,
+    update_stages,
+)
 from dagrl.backends.memory import Workload
 from dagrl.backends.model_shape import ModelShape
 
@@ -15,6 +21,10 @@ QWEN3_06B = ModelShape(
     tied=True, params=596_049_920, qk_norm=True,
 )  # fmt: skip
 UNTIED = ModelShape(**{**QWEN3_06B.__dict__, "tied": False, "params": 596_049_920 + VOCAB})
+
+
+def largest_update(*args, **kwargs) -> dict[str, float]:
+    return largest(update_stages(*args, **kwargs))
 
 
 def weights(shape: ModelShape, layout: MegatronLayout) -> float:
@@ -47,21 +57,21 @@ def test_the_larger_stage_is_planned_first_with_its_micro_batches_in_flight_or_l
     tokens = 64 * 384
     layer = layer_activation_bytes(QWEN3_06B, 2, MegatronLayout(pp=2)) * tokens
     logits = 2 * 2 * tokens * 151_936
-    assert update_bytes(QWEN3_06B, 2, MegatronLayout(pp=2, workers=2), work) == {
+    assert largest_update(QWEN3_06B, 2, MegatronLayout(pp=2, workers=2), work) == {
         "activations": 2 * 14 * layer
     }
-    assert update_bytes(QWEN3_06B, 2, MegatronLayout(pp=1), work) == {
+    assert largest_update(QWEN3_06B, 2, MegatronLayout(pp=1), work) == {
         "activations": 28 * layer,
         "logits": logits,
     }
     # one micro-batch: nothing else in flight on the first stage, the last stage is the larger
     single = Workload(rows=64, seq=384, response=256, micro_batches=1)
-    assert update_bytes(QWEN3_06B, 2, MegatronLayout(pp=2, workers=2), single) == {
+    assert largest_update(QWEN3_06B, 2, MegatronLayout(pp=2, workers=2), single) == {
         "activations": 14 * layer,
         "logits": logits,
     }
     # four stages: the first keeps at most its micro-batch count in flight
-    four = update_bytes(
+    four = largest_update(
         QWEN3_06B, 2, MegatronLayout(pp=4, workers=4), Workload(64, 384, 256, micro_batches=8)
     )
     assert four == {"activations": 4 * 7 * layer}
@@ -77,7 +87,7 @@ def test_recomputed_stages_keep_inputs_and_one_layer():
     logits = 2 * 2 * tokens * 151_936
     first = {"activations": 2 * 14 * kept + layer}
     last = {"activations": 14 * kept, "logits": logits}  # the logits outweigh a layer
-    planned = update_bytes(QWEN3_06B, 2, MegatronLayout(pp=2, workers=2), work, recompute_layers=14)
+    planned = largest_update(QWEN3_06B, 2, MegatronLayout(pp=2, workers=2), work, recompute_layers=14)
     assert planned == max(first, last, key=lambda p: sum(p.values())) == last
 
 
