@@ -47,6 +47,8 @@ ROWS = {
     "8b-megatron-lora": ("8b", "megatron-lora", 16, 4, 160, 512, 10),
 }
 PHASE_LINE = re.compile(r"^\s{4}(\w+)\s+([\d.]+)(?:\s+OVER)?\s+=")
+STAGES_LINE = re.compile(r"^\s{6}\w+'s pipeline stages, first to last: ([\d., ]+)$", re.M)
+STAGE_KEY = re.compile(r"^update/stage(\d+)_device_memory_used_gib$")
 
 
 def overrides(shape_dir: str, run_dir: str, plugin: str, row: tuple) -> list[str]:
@@ -66,6 +68,24 @@ def plan_phases(stdout: str) -> dict[str, float]:
         if m:
             out[m.group(1)] = max(out.get(m.group(1), 0.0), float(m.group(2)))
     return out
+
+
+def stage_figures(stdout: str, rows: list[dict]) -> dict | None:
+    """Under PP: the plan's update per pipeline stage (the dry run's stages line, the largest
+    group's) beside the run's (`update/stage<k>_device_memory_used_gib`, the largest over the
+    steps); None when the row has no pipeline."""
+    planned = [[float(v) for v in m.split(",")] for m in STAGES_LINE.findall(stdout)]
+    seen: dict[int, float] = {}
+    for row in rows:
+        for key, value in row.items():
+            if m := STAGE_KEY.match(key):
+                seen[int(m.group(1))] = max(seen.get(int(m.group(1)), 0.0), value)
+    if not planned and not seen:
+        return None
+    return {
+        "plan": max(planned, key=max) if planned else None,
+        "peak": [round(seen[k], 2) for k in sorted(seen)] if seen else None,
+    }
 
 
 # the other one-GPU rows: a documented run as users type it, 10 steps (run dir -> command, metrics)
@@ -225,6 +245,7 @@ def run_row(out: str, name: str, timeout: int, command=None) -> dict:
         "plan_groups": [ln for ln in dry.stdout.splitlines() if ln.startswith("group ")],
         "placed": [ln for ln in open(log).read().splitlines() if ln.startswith("placed ")],
         "handover": handover,
+        "stages_gib": stage_figures(dry.stdout, rows),  # under PP: the update per stage, plan and run
         "wall_s": round(time.perf_counter() - start, 1),
         "tail": [t[-300:] for t in tail],
         "cut_by_deadline": rc == 124 and by_deadline,

@@ -83,6 +83,15 @@ def peak_added_gib(start_allocated: int) -> float:
     return max(0, torch.cuda.max_memory_allocated() - start_allocated) / 2**30
 
 
+def stage_metrics(metrics: dict[str, float], stage: int, stages: int) -> dict[str, float]:
+    """Under pipeline parallelism, the update's device in use again under its stage's own key
+    (`update/stage<k>_device_memory_used_gib`): the ranks' reduction keeps the fullest card of
+    each stage (core/metrics.py), beside the plan's figure per stage."""
+    if stages <= 1 or "update/device_memory_used_gib" not in metrics:
+        return {}
+    return {f"update/stage{stage}_device_memory_used_gib": metrics["update/device_memory_used_gib"]}
+
+
 def update_metrics(start_allocated: int) -> dict[str, float]:
     """The update's figures, from `phase_start`'s bytes: its allocator peak above them, the device
     in use at its end (its cache still holds its reserved peak), and the step's largest sample."""

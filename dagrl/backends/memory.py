@@ -44,6 +44,9 @@ class RoleMemory:
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     host: float = 0.0
     stays: bool = False
+    # phase -> one dict per pipeline stage of the role's bytes while it has the device (state and
+    # the phase's parts), where its stages differ; `active` and `phases` hold the largest stage's
+    stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     def peak(self) -> float:
         """The most it holds in any phase (what torch's cache keeps where nothing empties it)."""

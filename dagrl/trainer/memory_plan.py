@@ -56,6 +56,9 @@ class PhaseRow:
     others: dict[str, float]  # colocated role -> bytes it leaves on the device
     total: float
     resident: bool = False  # nothing is handed over: the others' bytes are their cached peaks
+    stages: list[float] = field(
+        default_factory=list
+    )  # per pipeline stage where they differ; total: the largest
 
 
 @dataclass
@@ -164,7 +167,8 @@ def _rows(roles: dict[str, RoleMemory]) -> list[PhaseRow]:
             parts["cached"] = mem.peak() - parts_total(parts)
         others = {r: m.peak() if resident else parts_total(m.idle) for r, m in roles.items() if r != role}
         total = CONTEXT_BYTES + parts_total(parts) + sum(others.values())
-        rows.append(PhaseRow(phase, role, parts, others, total, resident))
+        stages = [total - parts_total(parts) + parts_total(own) for own in mem.stages.get(own, [])]
+        rows.append(PhaseRow(phase, role, parts, others, total, resident, stages))
     return rows
 
 
@@ -256,6 +260,9 @@ def format_memory_plan(mp: MemoryPlan) -> str:
         for row in g.rows:
             flag = "  OVER" if row.total > mp.card_bytes else ""
             lines.append(f"    {row.phase:<12} {row.total / GIB:7.2f}{flag}  = {describe(row)}")
+            if row.stages:  # the figure above is the largest stage's
+                each = ", ".join(f"{t / GIB:.2f}" for t in row.stages)
+                lines.append(f"      {row.role}'s pipeline stages, first to last: {each}")
     for node, roles in sorted(mp.host.items()):
         lines.append(
             f"  host memory of node {node}: {sum(roles.values()) / GIB:.2f} GiB = {describe_host(roles)}"

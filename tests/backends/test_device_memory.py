@@ -63,3 +63,23 @@ def test_without_cuda_the_counts_are_zero(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert device_memory.allocator_counts() == (0, 0, 0)
     assert set(device_memory.allocator_metrics("rollout", (0, 0, 0)).values()) == {0.0}
+
+
+def test_each_pipeline_stage_keeps_its_fullest_card():
+    """Under PP the update's device in use is reported again per stage; folding the ranks keeps the
+    fullest card of each stage (two stages of two TP ranks here), and the overall figure the
+    fullest of all: the plan prints one figure per stage beside them."""
+    from dagrl.core.metrics import reduce_all
+
+    ranks = []
+    for stage, used in ((0, 57.0), (0, 56.5), (1, 52.0), (1, 52.5)):
+        metrics = {"update/device_memory_used_gib": used}
+        metrics.update(device_memory.stage_metrics(metrics, stage, 2))
+        ranks.append(metrics)
+    assert reduce_all(ranks) == {
+        "update/device_memory_used_gib": 57.0,
+        "update/stage0_device_memory_used_gib": 57.0,
+        "update/stage1_device_memory_used_gib": 52.5,
+    }
+    assert device_memory.stage_metrics({"update/device_memory_used_gib": 57.0}, 0, 1) == {}  # no PP
+    assert device_memory.stage_metrics({}, 1, 2) == {}  # no CUDA: nothing measured

@@ -116,3 +116,33 @@ def test_compare_reads_a_row_of_an_earlier_call_from_its_own_json(tmp_path):
     result = multi_gpu_rows.compare(str(tmp_path), "a", "b")
     assert result["steps"] == [1, 2] and result["identical"] == {"actor/grad_norm": True}
     assert result["rows"]["a"] == {1: {"actor/grad_norm": 0.5}, 2: {"actor/grad_norm": 1.0}}
+
+
+def test_the_pp_row_reads_each_stage_beside_the_plan(
+    shapes, gsm8k, tmp_path, monkeypatch, capsys, isolated_plugins
+):
+    """The PP2 row's dry run prints the update per stage; the row reads them beside the largest
+    figure each stage's ranks logged (issue 34: per-stage memory against the plan)."""
+    import gpu_matrix
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cmd, env, _ = multi_gpu_rows.command("2g-0.6b-megatron-pp2", str(run_dir), shapes, gsm8k)
+    argv, _ = in_process_argv(cmd, env, tmp_path)
+    code, out = main_in_process(
+        capsys, *[a for a in argv if a != "trainer.dry_run=true"], "trainer.dry_run=true"
+    )
+    assert code == 0, out
+    rows = [
+        {"update/stage0_device_memory_used_gib": 55.1, "update/stage1_device_memory_used_gib": 50.2},
+        {"update/stage0_device_memory_used_gib": 55.79, "update/stage1_device_memory_used_gib": 49.9},
+    ]
+    figures = gpu_matrix.stage_figures(out, rows)
+    assert figures["peak"] == [55.79, 50.2]
+    first, last = figures["plan"]
+    assert first == gpu_matrix.plan_phases(out)["update"] > last  # two micro-batches in flight first
+    assert (
+        gpu_matrix.stage_figures("    update  12.00  = ...", [{"update/device_memory_used_gib": 9.0}]) is None
+    )

@@ -446,6 +446,13 @@ def dense_params(c: dict) -> int:
     return 2 * v * h + c["num_hidden_layers"] * layer + h
 
 
+def end_stage(c: dict, tp: int, pp: int) -> float:
+    """Parameters on one device of an end pipeline stage: the layers split evenly over PP, the
+    embedding on the first stage and the (untied) output layer on the last, all split over TP."""
+    vocab = c["vocab_size"] * c["hidden_size"]
+    return ((dense_params(c) - 2 * vocab) / pp + vocab) / tp
+
+
 def estimate(model: str, *overrides: str):
     prepared = prepare(
         compose_config(
@@ -459,15 +466,20 @@ def estimate(model: str, *overrides: str):
 
 def test_memory_estimate_by_hand(model):
     params, gib = dense_params(DENSE), 2**30
-    # TP 2 × PP 4, DP 1: bf16 weights 2 B + fp32 grads 4 B + fp32 master, m, v 12 B over 8 shards
+    # TP 2 × PP 4, DP 1: bf16 weights 2 B + fp32 grads 4 B + fp32 master, m, v 12 B on an end
+    # stage's device (a quarter of the layers and a vocabulary matrix, over 2)
+    stage = end_stage(DENSE, 2, 4)
+    assert stage > params / 8
     plan = estimate(model, f"{TP}=2", f"{PP}=4", f"{M}.grad_offload=false")
-    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 18 / gib)
+    assert plan.memory_gib["train"] == pytest.approx(stage * 18 / gib)
     # by default the gradient buffers are freed while another role has the device: freed, not
     # copied, so they are no host bytes either (the next update zeroes them)
     plan = estimate(model, f"{TP}=2", f"{PP}=4")
-    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 14 / gib)
+    assert plan.memory_gib["train"] == pytest.approx(stage * 14 / gib)
     assert "train" not in plan.offloaded_gib
-    # TP 2 × PP 2, DP 2: the distributed optimizer halves the 12 B
+    # TP 2 × PP 2, DP 2: the distributed optimizer halves the 12 B (two stages of an untied model
+    # hold half of it each: a vocabulary matrix at each end)
+    assert end_stage(DENSE, 2, 2) == params / 4
     plan = estimate(model, f"{TP}=2", f"{PP}=2", f"{M}.grad_offload=false")
     assert plan.memory_gib["train"] == pytest.approx(params / 4 * (2 + 4 + 6) / gib)
     plan = estimate(
@@ -482,21 +494,21 @@ def test_memory_estimate_by_hand(model):
 
 
 def test_offload_moves_memory_to_host_and_the_plan_says_so(model):
-    params, gib = dense_params(DENSE), 2**30
+    stage, gib = end_stage(DENSE, 2, 4), 2**30  # an end stage's device: the largest
     sizes = (f"{TP}=2", f"{PP}=4")
     plan = estimate(
         model, *sizes, f"{M}.optimizer_offload=true", f"{M}.grad_offload=true", f"{A}.use_kl_loss=true"
     )
-    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 2 / gib)
-    assert plan.offloaded_gib["train"] == pytest.approx(params / 8 * 12 / gib)  # the optimizer, copied
-    assert plan.memory_gib["ref"] == pytest.approx(params / 8 * 2 / gib)  # the ref holds weights only
+    assert plan.memory_gib["train"] == pytest.approx(stage * 2 / gib)
+    assert plan.offloaded_gib["train"] == pytest.approx(stage * 12 / gib)  # the optimizer, copied
+    assert plan.memory_gib["ref"] == pytest.approx(stage * 2 / gib)  # the ref holds weights only
     text = format_plan(plan)
     assert "train: 8 workers, DP=1 TP=2 PP=4 CP=1" in text
     assert "GiB/device offloaded to host memory between phases" in text
     # the ref's offload is its own setting (only parallel settings are copied from the actor)
     plan = estimate(model, *sizes, f"{REF}.megatron.param_offload=true", f"{A}.use_kl_loss=true")
     assert plan.memory_gib["ref"] == 0
-    assert plan.offloaded_gib["ref"] == pytest.approx(params / 8 * 2 / gib)
+    assert plan.offloaded_gib["ref"] == pytest.approx(stage * 2 / gib)
     assert "train" not in plan.offloaded_gib  # its gradient buffers are freed, not copied
 
 

@@ -9,7 +9,7 @@ import torch
 from dagrl.config.compat import translate
 from dagrl.errors import ConfigError
 from dagrl.trainer.setup import prepare
-from tests.config.test_megatron_config import DENSE, dense_params, estimate, qwen3_dir
+from tests.config.test_megatron_config import DENSE, dense_params, end_stage, estimate, qwen3_dir
 from tests.conftest import compose_config, validated_config
 
 A = "actor_rollout_ref.actor"
@@ -98,7 +98,7 @@ def test_megatron_optimizer_config_carries_the_offload_knobs():
 
 
 def test_memory_estimate_counts_masters_and_cpu_offload(tmp_path, monkeypatch):
-    """Bytes per parameter on the device (TP 2 × PP 4, DP 1): megatron bf16 2 + 4 grads + 12
+    """Bytes per parameter on the device (TP 2 × PP 4, DP 1, an end stage's): megatron bf16 2 + 4 grads + 12
     (master, m, v); the CPU optimizer takes its share of them to the host (the memory plan's figure).
     torch (one device): bf16 2 + 2 + 12, with the host step 2 + 2."""
     from dagrl.backends.megatron import probes
@@ -106,21 +106,22 @@ def test_memory_estimate_counts_masters_and_cpu_offload(tmp_path, monkeypatch):
     monkeypatch.setattr(probes, "transformer_engine_available", lambda: True)
     model = qwen3_dir(tmp_path / "qwen3")
     params, gib = dense_params(DENSE), 2**30
+    stage = end_stage(DENSE, 2, 4)  # an end stage's device: a quarter of the layers, a vocabulary matrix
     sizes = (f"{M}.tensor_model_parallel_size=2", f"{M}.pipeline_model_parallel_size=4")
     cpu = f"{M}.optimizer_cpu_offload=true"
     # the memory plan's figures (backends/megatron/memory.py): while another role runs, the CPU
     # optimizer's share of master, m and v is on the host, the gradient buffers are freed, and
     # precision-aware (auto with the CPU optimizer) keeps no fp32 main params on the device
     plan = estimate(model, *sizes, cpu)
-    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 2 / gib)
-    assert plan.offloaded_gib["train"] == pytest.approx(params / 8 * 16 / gib)
+    assert plan.memory_gib["train"] == pytest.approx(stage * 2 / gib)
+    assert plan.offloaded_gib["train"] == pytest.approx(stage * 16 / gib)
     plan = estimate(model, *sizes, cpu, f"{M}.use_precision_aware_optimizer=true")
-    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 2 / gib)
+    assert plan.memory_gib["train"] == pytest.approx(stage * 2 / gib)
     # precision-aware pinned off: the distributed optimizer's fp32 main params stay on the device
     plan = estimate(model, *sizes, cpu, f"{M}.use_precision_aware_optimizer=false")
-    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 6 / gib)
+    assert plan.memory_gib["train"] == pytest.approx(stage * 6 / gib)
     plan = estimate(model, *sizes, cpu, f"{M}.optimizer_offload_fraction=0.5")
-    assert plan.memory_gib["train"] == pytest.approx(params / 8 * 8 / gib)  # weights + half of 12
+    assert plan.memory_gib["train"] == pytest.approx(stage * 8 / gib)  # weights + half of 12
     # between phases: bf16 weights 2 + fp32 master, m, v 12 (the bf16 gradients live only inside the
     # update: the masters take and free them); with the step on the host, the weights alone
     for extra, per_param in (((), 14), ((f"{A}.optimizer_cpu_offload=true",), 2)):

@@ -509,3 +509,28 @@ def test_separate_sync_buffers_are_counted_on_both_sides(small, qwen3_4b):
     assert prepared.plan.memory_gib["rollout"] * GIB >= 2 * 128 * 2**20  # what it keeps between syncs
     colocated = dry(small, *SMALL_JOB).memory.groups[0].rows
     assert all("sync_buffers" not in r.parts for r in colocated)  # an in-process copy
+
+
+def test_each_pipeline_stage_is_planned_and_the_phase_holds_the_largest(small):
+    """megatron at PP=2 on two GPUs: the update's row is its larger stage's (the last here: its
+    logits over a 1,000-word vocabulary outweigh the first stage's second micro-batch in flight),
+    and the table prints every stage's total beside it; one GPU prints no stages."""
+    from dagrl.backends.memory import GIB
+    from dagrl.trainer.memory_plan import format_memory_plan
+
+    megatron = (*SMALL_JOB, f"{A}.strategy=megatron")
+    prepared = dry(
+        small, *megatron, "trainer.n_gpus_per_node=2", f"{A}.megatron.pipeline_model_parallel_size=2"
+    )
+    update = {r.phase: r for r in prepared.memory.groups[0].rows}["update"]
+    first, last = update.stages
+    assert update.total == last > first
+    # both end stages hold the tied vocabulary matrix and share the rest of the row (the engine's
+    # idle share, the context): the first keeps two micro-batches' activations, the last one and
+    # the logits with their gradient (a micro-batch of 4 rows of 16 + 8 tokens, bf16)
+    assert update.parts["logits"] == 2 * 2 * 4 * 24 * 1000
+    assert last - first == pytest.approx(update.parts["logits"] - update.parts["activations"])
+    text = format_memory_plan(prepared.memory)
+    assert f"train's pipeline stages, first to last: {first / GIB:.2f}, {last / GIB:.2f}" in text
+    one_gpu = dry(small, *megatron)
+    assert "pipeline stages" not in format_memory_plan(one_gpu.memory)

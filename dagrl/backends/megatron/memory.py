@@ -1,6 +1,9 @@
 """Memory of the megatron train backend per device, in bytes (pure: no megatron import).
 
-State: dense weights split over TP×PP, expert weights over expert-TP×EP×PP, in param_dtype; fp32
+State: dense weights split over TP×PP, expert weights over expert-TP×EP×PP, in param_dtype (under
+PP the layers split evenly and the first stage adds the embedding, the last the output layer, a copy
+of the embedding when they are tied: a vocabulary matrix on each end, the device planned is the
+end stage's); fp32
 gradient buffers (grad_reduce_in_fp32); Adam's m and v in fp32 plus fp32 master weights (unless
 the params are fp32), split over the data-parallel ranks by the distributed optimizer. With
 optimizer_cpu_offload a share (optimizer_offload_fraction) of that state and its step live on the
@@ -14,8 +17,9 @@ output, silu(gate) and their product 4w·i (fitted on an H100, docs/perf.md), an
 dropout masks 2h (one byte each; Qwen's dropout is 0 but the masks are made). Tensor parallel
 splits the attention and MLP parts, sequence parallel the rest too; context parallel splits the
 tokens. Full recompute keeps each recomputed layer's input (w·h) plus one layer at a time.
-1F1B keeps up to PP micro-batches in flight on the first stage: L/PP layers × min(PP, micro-batches).
-Logits are [S, B, V/TP] in param_dtype over every position; the update adds their gradient.
+1F1B keeps up to PP micro-batches in flight on the first stage: L/PP layers × min(PP, micro-batches);
+the last stage keeps one micro-batch's layers and makes the logits, [S, B, V/TP] in param_dtype over
+every position, whose gradient the update adds. A PP device is planned as the larger of the two.
 """
 
 from __future__ import annotations
@@ -69,15 +73,15 @@ def state_bytes(
     distributed_optimizer: bool,
     optimizer_host_fraction: float = 0.0,
     masters_on_host: bool = True,
+    stage: int | None = None,
 ) -> tuple[dict[str, float], float]:
     """(weights, grads, optimizer bytes on the device while the role runs; bytes the CPU
     optimizer keeps on the host: per offloaded parameter an fp32 copy, its pinned fp32 gradient and
     Adam's m and v, 16 bytes whatever the param dtype). Without `masters_on_host` (precision-aware
     off) the distributed optimizer keeps its fp32 main params on the device beside the CPU
-    optimizer's copy: 4 bytes per offloaded parameter more on the device."""
-    dense, experts = shape.params - shape.expert_params, shape.expert_params
-    local_dense = dense / (layout.tp * layout.pp)
-    local_experts = experts / (layout.etp * layout.ep * layout.pp)
+    optimizer's copy: 4 bytes per offloaded parameter more on the device. `stage`: that pipeline
+    stage's (None: the largest's)."""
+    local_dense, local_experts = stage_params(shape, layout, stage)
     width = param_width(param_dtype)
     parts = {"weights": (local_dense + local_experts) * width}
     if not trains:
@@ -92,6 +96,20 @@ def state_bytes(
     if optimizer_host_fraction and not masters_on_host and width != 4:
         parts["main_params"] = 4.0 * (local_dense + local_experts) * optimizer_host_fraction
     return parts, 16.0 * (local_dense + local_experts) * optimizer_host_fraction
+
+
+def stage_params(shape: ModelShape, layout: MegatronLayout, stage: int | None = None) -> tuple[float, float]:
+    """(dense, expert) parameters on one device of pipeline stage `stage` (None: the largest, an
+    end stage). Megatron splits the layers evenly over PP; the first stage also holds the embedding
+    and the last the output layer, which for a tied model is a copy of the embedding (megatron
+    keeps both ends in step by an all-reduce of their gradients): under PP each end stage holds one
+    vocabulary matrix, a middle stage none."""
+    dense, experts = shape.params - shape.expert_params, shape.expert_params
+    if layout.pp > 1:
+        vocab = shape.vocab * shape.hidden
+        ends = stage is None or stage in (0, layout.pp - 1)
+        dense = (dense - vocab * (1 if shape.tied else 2)) / layout.pp + (vocab if ends else 0)
+    return dense / layout.tp, experts / (layout.etp * layout.ep * layout.pp)
 
 
 def lora_state_bytes(
@@ -131,26 +149,29 @@ def layer_activation_bytes(shape: ModelShape, width: int, layout: MegatronLayout
     return (split + replicated) / layout.cp
 
 
-def update_bytes(
+def update_stages(
     shape: ModelShape,
     width: int,
     layout: MegatronLayout,
     work: Workload,
     recompute_layers: int = 0,
     logits: bool = True,
-) -> dict[str, float]:
-    """Activations and logits of the update's forward + backward; `recompute_layers`: layers per
-    stage under full recompute (0 = none); `logits` False: a value head's update, no vocabulary.
+) -> list[dict[str, float]]:
+    """Activations and logits of the update's forward + backward on each pipeline stage, first to
+    last (one stage without PP); `recompute_layers`: layers per stage under full recompute (0 =
+    none); `logits` False: a value head's update, no vocabulary.
 
+    1F1B runs PP - s - 1 warm-up forwards on stage s before its first backward: it keeps
+    min(PP - s, micro-batches) micro-batches of its layers; only the last stage makes the logits.
     The logits over every position and their gradient (the log-prob kernel's backward writes it
     beside the saved logits) exist at the start of the backward and are freed when the output
-    layer's backward ends, before the first layer is recomputed: under recompute the peak holds
-    every kept input plus the larger of the two, as the torch backend's update_bytes. Measured on
-    an H200 (Qwen3-8B shape, LoRA, one micro-batch of 64 rows, 33.4k tokens, expandable allocator
-    segments): the allocator's peak above the update's start was 28.3 GiB; the kept inputs plus
-    logits and gradient at those tokens make 28.1 (docs/gpu_acceptance.md, session 21)."""
+    layer's backward ends, before the first layer is recomputed: under recompute the last stage's
+    peak holds every kept input plus the larger of the two, as the torch backend's update_bytes
+    (an earlier stage's, one recomputed layer on top). Measured on an H200 (Qwen3-8B shape, LoRA,
+    one micro-batch of 64 rows, 33.4k tokens, expandable allocator segments): the allocator's peak
+    above the update's start was 28.3 GiB; the kept inputs plus logits and gradient at those tokens
+    make 28.1 (docs/gpu_acceptance.md, session 21)."""
     stage_layers = shape.layers / layout.pp
-    in_flight = min(layout.pp, work.micro_batches) if layout.pp > 1 else 1
     layer = layer_activation_bytes(shape, width, layout) * work.tokens
     recomputed = min(recompute_layers, stage_layers)
     kept_input = (
@@ -158,8 +179,24 @@ def update_bytes(
     )
     per_micro = (stage_layers - recomputed) * layer + recomputed * kept_input
     out = 2 * width * work.tokens / layout.cp * shape.vocab / layout.tp if logits else 0.0
-    activations = per_micro * in_flight + (max(0.0, layer - out) if recomputed else 0.0)
-    return {"activations": float(activations), "logits": float(out)}
+    last = {
+        "activations": float(per_micro + (max(0.0, layer - out) if recomputed else 0.0)),
+        "logits": float(out),
+    }
+    earlier = [
+        {
+            "activations": float(
+                per_micro * min(layout.pp - s, work.micro_batches) + (layer if recomputed else 0.0)
+            )
+        }
+        for s in range(layout.pp - 1)
+    ]
+    return [*earlier, last]
+
+
+def largest(stages: list[dict[str, float]]) -> dict[str, float]:
+    """The stage whose parts weigh the most: what every device of the role is planned for."""
+    return max(stages, key=parts_total)
 
 
 def forward_bytes(shape: ModelShape, width: int, layout: MegatronLayout, work: Workload) -> dict[str, float]:
@@ -208,7 +245,15 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
         mem.phases[phase] = forward_bytes(shape, width, mlayout, work)
     if spec.trains:
         work = update_workload(cfg, layout.dp)
-        mem.phases["update"] = update_bytes(shape, width, mlayout, work, recompute_layers(m, shape))
+        stages = update_stages(shape, width, mlayout, work, recompute_layers(m, shape))
+        mem.phases["update"] = largest(stages)
+        if mlayout.pp > 1 and spec.lora is None:  # the stages differ: the plan prints each
+            states = [
+                state_bytes(shape, mlayout, m.param_dtype, True, m.use_distributed_optimizer, fraction,
+                            precision_aware(m), stage=s)[0]
+                for s in range(mlayout.pp)
+            ]  # fmt: skip
+            mem.stages["update"] = [{**state, **own} for state, own in zip(states, stages)]
     return mem
 
 
@@ -266,6 +311,6 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
     budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
     work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
-    phase = update_bytes(shape, width, mlayout, work, recompute_layers(m, shape), logits=False)
+    (phase,) = update_stages(shape, width, mlayout, work, recompute_layers(m, shape), logits=False)
     mem.phases["critic_update"] = {"activations": phase["activations"]}
     return mem

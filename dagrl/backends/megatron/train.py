@@ -336,6 +336,8 @@ class MegatronTrainBackend:
         metrics.update(padding_stats(self._step_micros).metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
             metrics.update(device_memory.update_metrics(allocated))
+            pp = (mpu.get_pipeline_model_parallel_rank(), self.m.pipeline_model_parallel_size)
+            metrics.update(device_memory.stage_metrics(metrics, *pp))
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
         return Batch(), metrics
 
