@@ -26,6 +26,15 @@ GIB = 2**30
 _WIDTH = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
 
+def share_of_card(utilization: float, card_gib: float, device_gib: float) -> float:
+    """An engine's share of the whole device (vLLM's gpu_memory_utilization: it takes share x the
+    device's total) for `utilization` of the card the memory plan counted (trainer.gpu_memory_gib,
+    `card_gib`) on a device of `device_gib`: on a larger device (one shared with other work, or a
+    smaller card emulated) the share shrinks to the bytes the plan counted. A figure above the
+    device's leaves the share as set: that figure overrides the plan's check, not the device."""
+    return round(utilization * min(card_gib, device_gib) / device_gib, 4)
+
+
 def param_width(param_dtype) -> int:
     """Bytes per element of a dtype name (or its enum)."""
     return _WIDTH[getattr(param_dtype, "value", param_dtype)]

@@ -37,7 +37,8 @@ def role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:
     """The spec of role `name` (a `Role` member, a sampling role or a plugin role's name)."""
     d = cfg.data
     limits = SequenceLimits(d.max_prompt_length, d.max_response_length)
-    return replace(_role_spec(cfg, name), seed=cfg.trainer.seed, lengths=limits)
+    spec = _role_spec(cfg, name)
+    return replace(spec, seed=cfg.trainer.seed, lengths=limits, card_gib=cfg.trainer.gpu_memory_gib)
 
 
 def _role_spec(cfg: DagrlConfig, name: str) -> RoleSpec:

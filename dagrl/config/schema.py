@@ -237,7 +237,9 @@ class TrainerConfig:
     """Show a progress bar over the steps."""
     gpu_memory_gib: Optional[float] = ranged(None, gt=0, hint="or null = detected")
     """GPU memory per device the plan's estimate is checked against (a dry run warns, a run refuses
-    before Ray starts); None = the visible GPU's, or 80 in a dry run on a machine without one."""
+    before Ray starts); None = the visible GPU's, or 80 in a dry run on a machine without one.
+    Below the GPU's size it is also what the vLLM engines take their share of (a GPU shared with
+    other work): gpu_memory_utilization then applies to this figure, not to the whole device."""
     critic_warmup: int = ranged(0, ge=0)
     """Steps at the start in which only the critic updates (the actor waits for useful values);
     needs the critic (algorithm.adv_estimator=gae)."""

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dagrl.backends.memory import share_of_card
+
 
 def prepare_process(rank: int, world_size: int) -> None:
     """What vLLM's external launcher reads from the process before the engine starts."""
@@ -44,10 +46,16 @@ def rng_kept():
         torch.cuda.set_rng_state_all(state[3])
 
 
-def start_engine(kwargs: dict[str, Any], rank: int, world_size: int):
-    """(vllm.LLM, its model module, seconds to start) for this worker's shard."""
+def start_engine(kwargs: dict[str, Any], rank: int, world_size: int, card_gib: float | None = None):
+    """(vllm.LLM, its model module, seconds to start) for this worker's shard; `card_gib`: the
+    device size the memory plan counted where trainer.gpu_memory_gib set one (share_of_card)."""
     prepare_process(rank, world_size)
     from vllm import LLM
+
+    if card_gib is not None:
+        device_gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+        share = share_of_card(kwargs["gpu_memory_utilization"], card_gib, device_gib)
+        kwargs = {**kwargs, "gpu_memory_utilization": share}
 
     start = time.perf_counter()
     with rng_kept():

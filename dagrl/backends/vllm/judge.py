@@ -62,7 +62,7 @@ class VLLMJudgeBackend:
         config = AutoConfig.from_pretrained(path, trust_remote_code=spec.model.trust_remote_code)
         self.context = judge_context(spec, model_context(config))
         kwargs = judge_llm_kwargs(spec, path, self.context)
-        self.llm, _, self.start_s = start_engine(kwargs, ctx.rank, ctx.world_size)
+        self.llm, _, self.start_s = start_engine(kwargs, ctx.rank, ctx.world_size, spec.card_gib)
 
         try:
             gen = GenerationConfig.from_pretrained(path)

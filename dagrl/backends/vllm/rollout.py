@@ -72,7 +72,9 @@ class VLLMRolloutBackend:
         tok = load_tokenizer(path, trust)
         self.pad_id = tok.pad_token_id
         self.eos_ids = eos_token_ids(tok, load_generation_config(path, trust))
-        self.llm, self.model, self.start_s = start_engine(llm_kwargs(spec, path), ctx.rank, ctx.world_size)
+        self.llm, self.model, self.start_s = start_engine(
+            llm_kwargs(spec, path), ctx.rank, ctx.world_size, spec.card_gib
+        )
         mt = self.settings.multi_turn
         self.multi_turn = (
             MultiTurnRollout(mt, tok, spec.lengths.response, self.eos_ids, self.pad_id) if mt.enable else None

@@ -45,7 +45,7 @@ class VLLMTeacherBackend:
         self.tp = spec.parallel.tp
         path = resolve_model_path(spec.model.path)
         kwargs = teacher_llm_kwargs(spec, path)
-        self.llm, self.model, self.start_s = start_engine(kwargs, ctx.rank, ctx.world_size)
+        self.llm, self.model, self.start_s = start_engine(kwargs, ctx.rank, ctx.world_size, spec.card_gib)
         # vLLM's LogitsProcessor multiplies the logits by `scale` (1.0 for Qwen/Llama) before
         # any log-probs are taken, prompt log-probs included
         self.logits_layer = getattr(self.model, "logits_processor", None)

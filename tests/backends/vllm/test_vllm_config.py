@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dagrl.backends.memory import share_of_card
 from dagrl.backends.vllm.convert import prompt_token_lists, responses_to_tensors
 from dagrl.backends.vllm.engine_args import RESERVED_ENGINE_KWARGS, llm_kwargs, max_model_len, sampling_kwargs
 from dagrl.backends.vllm.rules import check_rollout_device
@@ -243,3 +244,17 @@ def test_context_past_the_models_positions_is_named_before_ray(monkeypatch):
             "actor_rollout_ref.rollout.name=vllm", "data.max_response_length=48", "trainer.dry_run=true"
         )
     )
+
+
+def test_the_engines_share_is_of_the_card_the_plan_counted():
+    """trainer.gpu_memory_gib below the GPU's size (a shared GPU, an 80 GiB card on a 141 GiB one):
+    vLLM takes its share of the whole device, so the share shrinks to the bytes the plan counted;
+    a figure above the device's (the plan's check overridden) leaves the share as set."""
+    share = share_of_card(0.5, 79.2, 139.8)
+    assert share == 0.2833
+    assert share * 139.8 == pytest.approx(0.5 * 79.2, rel=1e-3)
+    assert share_of_card(0.85, 139.8, 139.8) == 0.85
+    assert share_of_card(0.5, 4096, 79.2) == 0.5
+    cfg = checked(VLLM, "trainer.gpu_memory_gib=79.2", "trainer.dry_run=true")
+    assert rollout_spec(cfg).card_gib == 79.2  # what start_engine scales the share by, on the worker
+    assert rollout_spec(checked(VLLM)).card_gib is None  # the GPU's own size: the share as set
