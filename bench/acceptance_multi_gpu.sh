@@ -23,7 +23,7 @@
 #     2. dp2            ~9: 1g-0.6b-colocate (CUDA_VISIBLE_DEVICES=0), 2g-0.6b-dp2 at 64 prompts:
 #                           scaling = 1g step / 2g step; the colocated mismatch beside separate's
 #     3. tp             ~9: 1g-0.6b-megatron, 2g TP2+SP with vLLM TP2: step 1 side by side, MFU
-#     4. pp             ~9: 2g PP2 beside 1g-0.6b-megatron (from `tp`, same OUT); the 2-GPU megatron
+#     4. pp             ~9: 2g PP2 beside 1g-0.6b-megatron (`tp`'s, else run first); the 2-GPU megatron
 #                           tests (log-probs of a fixed batch at TP2, PP2, TP2+SP equal one GPU's)
 #     5. gkd3a          ~9: ms-swift's colocate/colocate (sized to 2) and separate YAMLs via run.sh
 #     6. gkd3b          ~7: ms-swift's standalone-teacher YAML (1 + 1): the teacher's tokens/s
@@ -46,8 +46,8 @@
 #
 # OUT is the call's own folder ($OUT of the device tool). Rows' JSON are also kept in
 # /tmp/dagrl_multi_gpu_rows on the machine: `dp2` reads `separate`'s mismatch, `pp` compares with
-# `tp`'s one-GPU run and `mega8b_resume` with `mega8b` (and from `mega8b_save`'s checkpoint), so run
-# those on the same warm machine.
+# `tp`'s one-GPU run (it runs that row itself where none is kept) and `mega8b_resume` with `mega8b`
+# (and from `mega8b_save`'s checkpoint), so run those on the same warm machine.
 # Every group's commands plan on the CPU in tests/bench/test_multi_gpu_rows.py.
 #
 # On card pairs beside other groups (bench/acceptance_slots.sh, which sets ACCEPTANCE_SLOT,
@@ -102,6 +102,8 @@ tp)
     pair 1g-0.6b-megatron 2g-0.6b-megatron-tp2-sp
     ;;
 pp)
+    # the one-GPU row it compares with, where no earlier call of this machine ran tp
+    [ -f "$KEEP/1g-0.6b-megatron.json" ] || rows 1g-0.6b-megatron
     ROW_TIMEOUT=${ROW_TIMEOUT:-300} rows 2g-0.6b-megatron-pp2
     pair 1g-0.6b-megatron 2g-0.6b-megatron-pp2
     # the fixed-batch checks (the same rows through one GPU and through two): megatron's log-probs at

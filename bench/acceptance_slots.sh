@@ -56,34 +56,24 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (session 24, 4x H200 at 4e3b7ee, `dagrl/` as e5cfe26: every real-size matrix row on prompts
-# of their full length within +-15 % of its plan, the README configuration's 20 hand-overs -0.3 %;
-# issue 30's tp, gkd3a, gkd3b pairs rc 0; pp's row rc 0 but its plan off by +-21 %; docs/gpu_acceptance.md).
-# What remains, by lease:
-#   1. Issue 29's last rows, on main's `dagrl/` (e5cfe26's; keep it so until they ran): 4b-megatron on
-#      an H100 (the plan takes megatron's CPU optimizer on 80 GiB: a path the 4B configuration has not
-#      run on a card since issue 29 was filed) and 8b-torch on a host of > 152 GiB (its optimizer on the
-#      host: 137 GiB; one H200's 128 GiB refuses it, tests/bench/test_real_size_rows.py). With them
-#      both, issue 29 closes. On nvidia-h100-x4 (H100 cards, 512 GiB host), one call after the 5
-#      installs, with the communicators' probe beside them; 8b-torch's row gets the call's whole
-#      deadline (its 8B build ~2 min, then 10 steps of the torch backend's host optimizer at 8B:
-#      ~25 s each if it scales as 4b-torch's 12-13 s on an H100, unmeasured):
-#        ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron" 1:"matrix 8b-torch" 2,3:comm
-#      On nvidia-h100-x1: `0:"matrix 4b-megatron"` (~250 s), then 8b-torch and comm on a later x2/x4.
-#   2. Then the branch plan-pp-stages (megatron's estimate under PP: a vocabulary matrix on each end
-#      stage, the larger of the first stage's in-flight micro-batches and the last one's logits; the
-#      pp2 row's plan 18.24 / 57.71 against its measured 20.81 / 55.79, -12.3 % / +3.4 %; every PP=1
-#      row's plan prints as before; the plan prints the update per stage and the run logs it, for
-#      issue 34's per-stage check) merges, with a per-process term for NCCL's communicators from the
-#      comm group's figures (two-GPU rows hold 2.5-4 GiB a card outside the allocator that the plan's
-#      1.0 GiB context does not count: TP2+SP +3.9 / +4.2 GiB). Then the multi-GPU rows on it, pp
-#      at the default deadline (its 2-GPU tests need ~220 s after its row), then separate, dp2, big
-#      and two_nodes, each alone:
-#        bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
-#        bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
-#        bash bench/acceptance_slots.sh $OUT 0,1:separate
-#      and issue 34's 4-GPU groups (below), with the one-GPU record (the CALL PLAN) on the merged
-#      `dagrl/` or, for rows whose dry-run plan prints the same on both, the argument that it does.
+# FIRST (session 25: the lent kinds are H200s, one, two or four; no H100). `dagrl/` changed after
+# the last record (4e3b7ee, as e5cfe26): megatron's plan per pipeline stage (the pp2 row's plan off
+# by +-21 % in session 24, -12.3 % / +3.4 % by the dry run now) and the engines' share of
+# trainer.gpu_memory_gib (vLLM took its share of the whole device, more than the plan counted,
+# whenever the figure was below the GPU's). So the whole one-GPU record (the CALL PLAN) runs again,
+# on nvidia-h200-x4 after the 5 installs, this call first (a defect it shows is fixed before the
+# record's two calls):
+#     ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:"matrix 4b-megatron-80gib" 2,3:pp
+#   - 4b-megatron-80gib: issue 29's 4B megatron row on an H100 80 GB, as an H200 held to 79.2 GiB
+#     (trainer.gpu_memory_gib=79.2 and a ballast process holding the rest: the plan takes megatron's
+#     CPU optimizer, a path the 4B configuration has not run on a card since issue 29 was filed);
+#   - 8b-torch: the torch backend at 8B, its optimizer on the host (137 GiB: a 4-GPU host's 512);
+#   - pp: issue 30's PP2 row on the per-stage plan (with the one-GPU row it compares with), then the
+#     2-GPU megatron tests (~220 s).
+#   Later leases: the comm group (2 cards, beside anything: the communicators' bytes the plan's 1 GiB
+#   context leaves out on two or more GPUs, 2.5-4 GiB a card in session 24), then issue 30's
+#   separate, dp2, big, two_nodes (each alone), tp and the gkd pairs again on the merged `dagrl/`,
+#   and issue 34's 4-GPU groups (below).
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
 # CALL PLAN for the whole one-GPU record on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2
 # calls of <= 590 s): docs/gpu_acceptance.md's rows but the side-by-sides, on one commit

@@ -13,11 +13,12 @@ to OUT/rows.md:
 - the hand-over samples (`memory/to_<role>/in_use_gib`): their spread over steps 2..N is the
   leak check (flat within 1 GiB).
 
-    python bench/gpu_matrix.py OUT 0.6b-32x8x256 4b-torch ...     (names: see ROWS)
+    python bench/gpu_matrix.py OUT 0.6b-32x8x256 4b-torch ...     (names: see ROWS, COMMAND_ROWS, CARD_ROWS)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -46,6 +47,13 @@ ROWS = {
     "8b-torch-lora": ("8b", "torch-lora", 16, 4, 160, 512, 10),
     "8b-megatron-lora": ("8b", "megatron-lora", 16, 4, 160, 512, 10),
 }
+# name -> (the row it runs, the card it stands for in GiB): that row with trainer.gpu_memory_gib
+# set to the smaller card's size (the plan chooses for it; the engines take their shares of it) and
+# a ballast process holding the rest of the device through the run, so the run has the smaller
+# card's memory: an H100 80 GB's 79.2 GiB on an H200 (both Hopper: the same kernels, so the same
+# memory; the step seconds are the H200's). The row's device figures are the card's in use less
+# the ballast's allocation (its CUDA context, ~0.5 GiB, stays in them: an H100 has none).
+CARD_ROWS = {"4b-megatron-80gib": ("4b-megatron", 79.2)}
 PHASE_LINE = re.compile(r"^\s{4}(\w+)\s+([\d.]+)(?:\s+OVER)?\s+=")
 STAGES_LINE = re.compile(r"^\s{6}\w+'s pipeline stages, first to last: ([\d., ]+)$", re.M)
 STAGE_KEY = re.compile(r"^update/stage(\d+)_device_memory_used_gib$")
@@ -135,10 +143,58 @@ def row_command(name: str, run_dir: str) -> tuple[list[str], dict, str]:
     if name in COMMAND_ROWS:
         cmd, metrics = COMMAND_ROWS[name](run_dir)
         return cmd, ENV, metrics
+    if name in CARD_ROWS:
+        base, card_gib = CARD_ROWS[name]
+        cmd, env, metrics = row_command(base, run_dir)
+        return cmd + [f"trainer.gpu_memory_gib={card_gib}"], env, metrics
     row = ROWS[name]
     model = build(MODELS, row[0])
     cmd, env = run_command(run_dir, lambda plugin: overrides(model, run_dir, plugin, row))
     return cmd, env, os.path.join(run_dir, "metrics.jsonl")
+
+
+# the ballast: holds all but `card` GiB of the device (GPU 0 of its CUDA_VISIBLE_DEVICES, the row's
+# card), prints what it holds, and lets go when its stdin closes
+BALLAST = """
+import json, sys, torch
+total = torch.cuda.get_device_properties(0).total_memory
+free = torch.cuda.mem_get_info()[0]
+held = torch.empty(max(0, int(total - float(sys.argv[1]) * 2**30)), dtype=torch.uint8, device="cuda")
+after = torch.cuda.mem_get_info()[0]
+print(json.dumps({"held_gib": (free - after) / 2**30, "context_gib": (total - free) / 2**30}), flush=True)
+sys.stdin.read()
+"""
+
+
+class Ballast:
+    """`with Ballast(card_gib) as held:` the device less `card_gib` held by another process for the
+    block; `held` = {"held_gib", "context_gib"} (the ballast's allocation; its context and the
+    driver's share before it)."""
+
+    def __init__(self, card_gib: float):
+        self.card_gib = card_gib
+
+    def __enter__(self) -> dict:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", BALLAST, str(self.card_gib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )  # fmt: skip
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise RuntimeError(
+                f"the ballast for a {self.card_gib} GiB card did not start (rc {self.proc.returncode})"
+            )
+        return json.loads(line)
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def less_held(rows: list[dict], held_gib: float) -> list[dict]:
+    """The runs' device figures (the card's in use: total - free) less what the ballast held."""
+    suffixes = ("device_memory_used_gib", "in_use_gib")
+    return [{k: round(v - held_gib, 4) if k.endswith(suffixes) else v for k, v in r.items()} for r in rows]
 
 
 USED_LINE = re.compile(r"^cluster: .*, (\d+) used$", re.M)
@@ -176,17 +232,19 @@ def run_row(out: str, name: str, timeout: int, command=None) -> dict:
     timeout, by_deadline = time_left(timeout)
     start = time.perf_counter()
     log = os.path.join(out, f"{name}.log")
-    try:
-        with open(log, "w") as f:
-            rc = subprocess.run(
-                cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=max(timeout, 1)
-            ).returncode
-    except subprocess.TimeoutExpired:
-        rc = 124
+    ballast = Ballast(CARD_ROWS[name][1]) if name in CARD_ROWS else contextlib.nullcontext({})
+    with ballast as held:
+        try:
+            with open(log, "w") as f:
+                rc = subprocess.run(
+                    cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=max(timeout, 1)
+                ).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
     rows = []
     if os.path.isfile(metrics):
         rows = [json.loads(ln) for ln in open(metrics) if ln.strip()]
-    rows = [r for r in rows if "timing_s/step" in r]
+    rows = less_held([r for r in rows if "timing_s/step" in r], held.get("held_gib", 0.0))
     steps = [r["timing_s/step"] for r in rows]
     later = steps[1:] or steps
     peaks = {
@@ -251,6 +309,9 @@ def run_row(out: str, name: str, timeout: int, command=None) -> dict:
         "cut_by_deadline": rc == 124 and by_deadline,
     }
     result["device"] = card_name()
+    if held:
+        result["ballast"] = {k: round(v, 2) for k, v in held.items()}
+        result["device"] += f" held to {CARD_ROWS[name][1]} GiB"
     if result["gpus"] and result["gpus"] > 1:  # the card count names a multi-GPU row's device
         result["device"] = f"{result['gpus']}× {result['device']}"
     return result

@@ -135,3 +135,35 @@ def test_8b_torch_needs_a_host_of_more_than_one_h200s_memory(shapes, tmp_path, m
         check_host_memory(one_card.cfg, one_card.memory)
     assert refused.value.key == "trainer.host_memory_gib" and "of its 128 GiB" in str(refused.value)
     assert planned(512).warnings == ()
+
+
+def test_a_card_row_plans_for_the_smaller_card(shapes, tmp_path, monkeypatch, capsys, isolated_plugins):
+    """CARD_ROWS: 4b-megatron as on an H100 80 GB, run on an H200 with trainer.gpu_memory_gib=79.2
+    and a ballast holding the rest: its command is the 4b-megatron row's with that figure, and the
+    plan chooses for 79.2 GiB what it does not for the H200's 139.8 (megatron's CPU optimizer:
+    the path this row exists to run on a card)."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    monkeypatch.setattr(gpu_matrix, "build", lambda root, shape: shapes[shape])  # the shape, weightless
+    cmd, _, _ = gpu_matrix.row_command("4b-megatron-80gib", run_dir)
+    base, _, _ = gpu_matrix.row_command("4b-megatron", run_dir)
+    assert cmd == base + ["trainer.gpu_memory_gib=79.2"]
+    keys = cmd[3:]  # after `python -m dagrl.main`
+    offload = "actor_rollout_ref.actor.megatron.optimizer_cpu_offload: auto -> "
+    for card, host in (("79.2", "true"), ("139.8", "false")):
+        code, out = main_in_process(capsys, *keys, "trainer.dry_run=true", f"trainer.gpu_memory_gib={card}")
+        assert code == 0 and "OVER" not in out, out
+        assert (offload + "true" in out) == (host == "true"), out
+
+
+def test_a_card_rows_device_figures_are_read_less_its_ballast():
+    """The run reads the whole device's use (total - free), the ballast's allocation included: the
+    row's figures leave it out; the allocator's own figures never held it."""
+    rows = [{"update/device_memory_used_gib": 80.5, "memory/to_rollout/in_use_gib": 70.0,
+             "memory/to_rollout/allocated_gib": 5.0, "update/stage0_device_memory_used_gib": 81.0,
+             "timing_s/step": 3.0}]  # fmt: skip
+    [row] = gpu_matrix.less_held(rows, 60.5)
+    assert row == {"update/device_memory_used_gib": 20.0, "memory/to_rollout/in_use_gib": 9.5,
+                   "memory/to_rollout/allocated_gib": 5.0, "update/stage0_device_memory_used_gib": 20.5,
+                   "timing_s/step": 3.0}  # fmt: skip
