@@ -161,7 +161,7 @@ class RoleSpec:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # a standalone engine's extra arguments
     reward_model: Any = None  # role rm's section (reward.model.*: a judge's template, tokens, engine share)
     lora: LoraSettings | None = None  # the policy's LoRA (train and rollout roles); None = full weights
-    card_gib: float | None = None  # trainer.gpu_memory_gib: the device size the plan counted; None = the GPU's
+    card_gib: float | None = None  # trainer.gpu_memory_gib: the card the plan counted; None = the GPU
 
     @property
     def builtin(self) -> bool:
