@@ -118,7 +118,9 @@ def test_default_vllm_job_at_0_6b_turns_recomputation_on_and_fits(tmp_path):
 def test_4b_torch_recomputed_update_holds_the_logits_or_a_layer_not_both(qwen3_4b):
     """bench/gpu_matrix.py's 4b-torch row (16 prompts x 4 x (160 + 512), the defaults): with
     recomputation the logits and their gradient are freed before the first layer is recomputed.
-    Counting both at once planned 49.26 GiB where the H100 held 37.7 (+31 %; docs/perf.md)."""
+    Counting both at once planned 49.26 GiB where the H100 held 37.7 (+31 %; docs/perf.md); counting
+    every gradient beside them too 42.45 (+12.6 %): one backward makes the gradients while it frees
+    the rest, so only the output layer's exists beside the logits (-5.4 %)."""
     prepared = dry(
         qwen3_4b,
         f"{M}.dtype=bfloat16",
@@ -134,10 +136,58 @@ def test_4b_torch_recomputed_update_holds_the_logits_or_a_layer_not_both(qwen3_4
     update = {r.phase: r for r in group.rows}["update"]
     # one micro-batch of 64 rows x 672 tokens: each of the 36 layers keeps its bf16 input
     # (2 B x 2560); the response's 513 positions' bf16 logits and their gradient over 151,936 words
-    # (18.6 GiB) outweigh one recomputed layer (169,984 B a token: 6.8 GiB)
+    # (18.6 GiB) outweigh one recomputed layer (169,984 B a token: 6.8 GiB); of the gradients only
+    # the output layer's (bf16, 151,936 x 2560) exists beside them, the rest (7.49 GiB in all, with
+    # one recomputed layer at the backward's end: 14.3 GiB) come as they go
     assert update.parts["activations"] == 36 * 2 * 2560 * 64 * 672
     assert update.parts["logits"] == 2 * 2 * 64 * 513 * 151_936
-    assert update.total / GIB == pytest.approx(42.45, abs=0.01)
+    assert update.parts["grads"] == 2 * 151_936 * 2560
+    assert update.total / GIB == pytest.approx(35.68, abs=0.01)
+
+
+def test_one_backward_holds_the_output_layers_gradient_beside_the_logits():
+    """bench/gpu_matrix.py's 8b-torch row (Qwen3-8B shape, 64 rows x 672 tokens in one micro-batch,
+    recomputed, the optimizer on the host): an H200 measured the update's allocator peak 31.65 GiB
+    above the weights (2026-11-28) where the plan counted 45.65 (every gradient beside the logits);
+    the backward's start counts 31.55. A short sequence peaks at the backward's end instead."""
+    from dagrl.backends.memory import Workload
+    from dagrl.backends.model_shape import ModelShape
+    from dagrl.backends.torch.memory import layer_activation_bytes, one_backward_update
+
+    shape = ModelShape(4096, 36, 32, 8, 128, 12288, 151936, False, 8_190_735_360)
+    grads = 2.0 * shape.params
+    start = one_backward_update(shape, 2, Workload(64, 672, 512), True, grads)
+    assert start == {
+        "activations": 36 * 2 * 4096 * 64 * 672,  # each layer's bf16 input
+        "logits": 2 * 2 * 64 * 513 * 151_936,  # and their gradient
+        "grads": 2 * 151_936 * 4096,  # the output layer's
+    }
+    assert sum(start.values()) / GIB == pytest.approx(31.55, abs=0.01)
+    end = one_backward_update(shape, 2, Workload(1, 32, 16), True, grads)
+    assert end == {"grads": grads, "activations": layer_activation_bytes(shape, 2) * 32}
+    assert one_backward_update(shape, 2, Workload(1, 32, 16), False, grads) == {
+        "grads": grads,
+        "activations": 0.0,
+    }
+
+
+def test_accumulated_bucketed_or_upcast_gradients_are_all_there_with_the_logits(small):
+    """With the step on the host, one micro-batch on one device: the output layer's gradient only
+    beside the logits. Every gradient with two micro-batches a step (the first one's wait through
+    the second's backward), DDP (its buckets hold a copy) or the step on the device (it upcasts
+    them into the fp32 masters' gradients)."""
+    params = 138_112  # test_small_colocated_job_by_hand's
+    host = f"{A}.optimizer_cpu_offload=true"
+
+    def update(*overrides):
+        prepared = dry(small, *SMALL_JOB, f"{R}.free_cache_engine=true", *overrides)
+        return next(r for r in prepared.memory.groups[0].rows if r.phase == "update").parts
+
+    one = f"{A}.ppo_micro_batch_size_per_gpu=8"  # the device's 8 rows at once
+    assert update(host, one)["grads"] == 2 * 1000 * 64  # the tied embedding's
+    assert update(host)["grads"] == 2 * params  # micro-batches of 4
+    assert update(host, "trainer.n_gpus_per_node=2")["grads"] == 2 * params  # 4 rows a device, DDP
+    assert update(f"{A}.optimizer_cpu_offload=false", one)["grads"] == 2 * params
 
 
 # GRPO on megatron with vLLM colocated, 16 prompts x 4 x (128 + 512) tokens: bench/real_size_gpu.py's run
