@@ -131,7 +131,7 @@ docs_a | docs_b)  # half the commands each, one process per command inside the f
     ;;
 matrix)
     shift 2
-    ROW_TIMEOUT=${ROW_TIMEOUT:-420} python3 bench/gpu_matrix.py "$OUT" "$@" 2>&1 | grep -E "^ROW|rror" | cut -c1-2000
+    ROW_TIMEOUT=${ROW_TIMEOUT:-420} python3 bench/gpu_matrix.py "$OUT" "$@" 2>&1 | grep -E "^ROW|rror" | cut -c1-6000
     ;;
 side)  # TRL, then dagrl's defaults (only the engine named), 32x8x256, STEPS each (10: the median is
     # over steps 2..N, so both get nine steps of steady state), same call: the first shape

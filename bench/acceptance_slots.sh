@@ -56,24 +56,27 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (session 25: the lent kinds are H200s, one, two or four; no H100). `dagrl/` changed after
-# the last record (4e3b7ee, as e5cfe26): megatron's plan per pipeline stage (the pp2 row's plan off
-# by +-21 % in session 24, -12.3 % / +3.4 % by the dry run now) and the engines' share of
-# trainer.gpu_memory_gib (vLLM took its share of the whole device, more than the plan counted,
-# whenever the figure was below the GPU's). So the whole one-GPU record (the CALL PLAN) runs again,
-# on nvidia-h200-x4 after the 5 installs, this call first (a defect it shows is fixed before the
-# record's two calls):
-#     ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:"matrix 4b-megatron-80gib" 2,3:pp
-#   - 4b-megatron-80gib: issue 29's 4B megatron row on an H100 80 GB, as an H200 held to 79.2 GiB
-#     (trainer.gpu_memory_gib=79.2 and a ballast process holding the rest: the plan takes megatron's
-#     CPU optimizer, a path the 4B configuration has not run on a card since issue 29 was filed);
-#   - 8b-torch: the torch backend at 8B, its optimizer on the host (137 GiB: a 4-GPU host's 512);
-#   - pp: issue 30's PP2 row on the per-stage plan (with the one-GPU row it compares with), then the
-#     2-GPU megatron tests (~220 s).
-#   Later leases: the comm group (2 cards, beside anything: the communicators' bytes the plan's 1 GiB
-#   context leaves out on two or more GPUs, 2.5-4 GiB a card in session 24), then issue 30's
-#   separate, dp2, big, two_nodes (each alone), tp and the gkd pairs again on the merged `dagrl/`,
-#   and issue 34's 4-GPU groups (below).
+# FIRST (after session 25: one H200 and 2x H200 lent, no H100, no 4-GPU host). Session 25 ran, on
+# 0cd1842: 4b-megatron-80gib (an H200 held to an H100's 79.2 GiB: +5.8 % / +6.6 %), 8b-torch (rc 0
+# but its update -19.0 % of the plan), the README configuration's 20 hand-overs (-0.3 %), the pp
+# pair (rollout +14.1 %; the update's figure was the last stage's only) and 6 files of tests_a.
+# `dagrl/` changed after it: the torch update's estimate with the step on the host (the larger of
+# the backward's start and end: 8b-torch's plan 48.31, +4.7 % by its measured figure) and the
+# update's device memory gathered over every pipeline stage. So, on the next lease:
+#   1. The whole one-GPU record (the CALL PLAN below: two calls on a 4-GPU host, else one group per
+#      card and call) on the merged `dagrl/`, with issue 29's last rows beside it, on a host of
+#      > 152 GiB (x2 or x4; 8b-torch's optimizer keeps 137 GiB there):
+#        ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:"matrix 4b-megatron-80gib"+handover
+#      With every row within +-15 % on one `dagrl/`, issue 29 closes.
+#   2. Issue 30 on the same `dagrl/`: pp again (now each stage's card against its plan; its 2-GPU
+#      tests need ~220 s after the two rows: the default deadline), the comm probe beside anything
+#      (2 cards: the communicators' bytes the plan's 1 GiB context leaves out on two or more GPUs,
+#      2.5-4 GiB a card in session 24), then tp and the gkd pairs, and separate, dp2, big, two_nodes
+#      (each alone):
+#        bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:comm
+#        bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
+#        bash bench/acceptance_slots.sh $OUT 0,1:separate
+#   3. Issue 34's 4-GPU groups (below) when a 4-GPU host is lent.
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
 # CALL PLAN for the whole one-GPU record on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2
 # calls of <= 590 s): docs/gpu_acceptance.md's rows but the side-by-sides, on one commit
