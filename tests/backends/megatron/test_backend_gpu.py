@@ -216,7 +216,7 @@ def test_tp2_sequence_parallel_matches_one_gpu(tmp_path):
 
 
 @two_gpus
-def test_pp2_update_reports_every_stage_from_the_kept_rank(tmp_path):
+def test_two_gpu_pp2_update_reports_every_stage_from_the_kept_rank(tmp_path):
     """The driver keeps the last stage's metrics alone: they hold the first stage's card too."""
     model = qwen3_model(str(tmp_path / "m"))
     cfg = gpu_config(model, f"{M}.pipeline_model_parallel_size=2")
