@@ -81,7 +81,8 @@ def plan_phases(stdout: str) -> dict[str, float]:
 def stage_figures(stdout: str, rows: list[dict]) -> dict | None:
     """Under PP: the plan's update per pipeline stage (the dry run's stages line, the largest
     group's) beside the run's (`update/stage<k>_device_memory_used_gib`, the largest over the
-    steps); None when the row has no pipeline."""
+    steps), both first stage to last; a stage the run did not log is None in its place (before
+    each stage's cards were gathered, only the last stage's was). None when the row has no pipeline."""
     planned = [[float(v) for v in m.split(",")] for m in STAGES_LINE.findall(stdout)]
     seen: dict[int, float] = {}
     for row in rows:
@@ -90,9 +91,11 @@ def stage_figures(stdout: str, rows: list[dict]) -> dict | None:
                 seen[int(m.group(1))] = max(seen.get(int(m.group(1)), 0.0), value)
     if not planned and not seen:
         return None
+    plan = max(planned, key=max) if planned else None
+    stages = max(len(plan or ()), max(seen, default=-1) + 1)
     return {
-        "plan": max(planned, key=max) if planned else None,
-        "peak": [round(seen[k], 2) for k in sorted(seen)] if seen else None,
+        "plan": plan,
+        "peak": [round(seen[k], 2) if k in seen else None for k in range(stages)] if seen else None,
     }
 
 

@@ -272,6 +272,7 @@ def _reset_parallel_state() -> None:
         sys.modules["megatron.core.parallel_state"].destroy_model_parallel()
     if "dagrl.backends.megatron.parallel" in sys.modules:
         sys.modules["dagrl.backends.megatron.parallel"]._initialised = None
+        sys.modules["dagrl.backends.megatron.parallel"]._replica_group = None
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # the default group and every group made from it
     gc.collect()  # groups still referenced from dead models keep gloo's threads alive until then

@@ -13,13 +13,22 @@ an 80 GiB card. Two figures replace it:
 - `<phase>/peak_added_gib`: the allocator's peak during the phase above what was allocated when it
   began: the phase's own activations, gradients and temporaries.
 
+Both describe one card. The driver keeps one rank's metrics per DP replica (under megatron TP rank 0
+of the last pipeline stage), so a backend that splits the model over cards gathers them first
+(`fullest_cards`): each figure becomes the fullest card's among the replica's ranks, and under
+pipeline parallelism every stage's device in use gets its own key
+(`<phase>/stage<k>_device_memory_used_gib`), beside the plan's figure per stage.
+
 And what the allocator asked of the driver during a phase (`rollout/...` around `generate`,
 `update/...` over the update): `alloc_retries`, requests that failed until it released its cached
 blocks (each release synchronizes the device), `device_mallocs` and `device_frees`, its calls to
 the driver. A step-to-step spread in a phase's time beside a spread in these is the allocator's.
+They are the counts of the rank whose metrics the driver keeps: under megatron, one card a replica.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -27,6 +36,7 @@ _peak_used_gib = 0.0  # largest phase-end sample since the last update reported 
 _COUNTS = ("alloc_retries", "device_mallocs", "device_frees")
 _STATS = ("num_alloc_retries", "num_device_alloc", "num_device_free")  # torch.cuda.memory_stats keys
 _phase_counts: tuple[int, ...] = (0, 0, 0)  # allocator_counts() at the last phase_start
+_CARD_FIGURES = ("device_memory_used_gib", "peak_added_gib")  # key endings of card_figures
 
 
 def used_gib() -> float:
@@ -83,13 +93,24 @@ def peak_added_gib(start_allocated: int) -> float:
     return max(0, torch.cuda.max_memory_allocated() - start_allocated) / 2**30
 
 
-def stage_metrics(metrics: dict[str, float], stage: int, stages: int) -> dict[str, float]:
-    """Under pipeline parallelism, the update's device in use again under its stage's own key
-    (`update/stage<k>_device_memory_used_gib`): the ranks' reduction keeps the fullest card of
-    each stage (core/metrics.py), beside the plan's figure per stage."""
-    if stages <= 1 or "update/device_memory_used_gib" not in metrics:
-        return {}
-    return {f"update/stage{stage}_device_memory_used_gib": metrics["update/device_memory_used_gib"]}
+def card_figures(metrics: dict[str, float]) -> dict[str, float]:
+    """The figures among `metrics` that describe one card (`*device_memory_used_gib`,
+    `*peak_added_gib`): across cards the fullest one's is kept."""
+    return {key: value for key, value in metrics.items() if key.endswith(_CARD_FIGURES)}
+
+
+def fullest_cards(cards: Sequence[tuple[int, dict[str, float]]], phase: str, stages: int) -> dict[str, float]:
+    """One DP replica's card figures from every card of it, each given as (its pipeline stage, its
+    `card_figures`): every figure the fullest card's, and with `stages` > 1 each stage's fullest
+    `<phase>/device_memory_used_gib` again under `<phase>/stage<k>_device_memory_used_gib`."""
+    used = f"{phase}/device_memory_used_gib"
+    out = {key: max(figures[key] for _, figures in cards) for key in cards[0][1]}
+    if stages > 1:
+        for stage in range(stages):
+            samples = [figures[used] for k, figures in cards if k == stage]
+            assert samples, f"no card of pipeline stage {stage} among {len(cards)}"
+            out[f"{phase}/stage{stage}_device_memory_used_gib"] = max(samples)
+    return out
 
 
 def update_metrics(start_allocated: int) -> dict[str, float]:

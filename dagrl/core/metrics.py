@@ -3,7 +3,9 @@
 Keys ending in `_max` / `_min` keep the extreme; every other key is a (weighted) mean. Backends
 fold device tensors (no sync per micro-batch) and convert once per mini-batch. Across ranks, a
 card's memory in use (`<phase>/device_memory_used_gib`) keeps the fullest card: that is what the
-memory plan's per-device figure must cover, and pipeline stages or uneven DP shards are not alike.
+memory plan's per-device figure must cover, and uneven DP shards are not alike. The ranks folded
+here are those the driver keeps, one per DP replica: a backend that splits a replica over cards
+(megatron's TP, CP, PP) folds that replica's cards first (backends/device_memory.py: fullest_cards).
 """
 
 from __future__ import annotations

@@ -65,21 +65,71 @@ def test_without_cuda_the_counts_are_zero(monkeypatch):
     assert set(device_memory.allocator_metrics("rollout", (0, 0, 0)).values()) == {0.0}
 
 
-def test_each_pipeline_stage_keeps_its_fullest_card():
-    """Under PP the update's device in use is reported again per stage; folding the ranks keeps the
-    fullest card of each stage (two stages of two TP ranks here), and the overall figure the
-    fullest of all: the plan prints one figure per stage beside them."""
-    from dagrl.core.metrics import reduce_all
-
-    ranks = []
-    for stage, used in ((0, 57.0), (0, 56.5), (1, 52.0), (1, 52.5)):
-        metrics = {"update/device_memory_used_gib": used}
-        metrics.update(device_memory.stage_metrics(metrics, stage, 2))
-        ranks.append(metrics)
-    assert reduce_all(ranks) == {
-        "update/device_memory_used_gib": 57.0,
-        "update/stage0_device_memory_used_gib": 57.0,
-        "update/stage1_device_memory_used_gib": 52.5,
+def _card(used: float, step_peak: float, added: float) -> dict[str, float]:
+    return {
+        "update/device_memory_used_gib": used,
+        "perf/device_memory_used_gib": step_peak,
+        "perf/peak_added_gib": added,
     }
-    assert device_memory.stage_metrics({"update/device_memory_used_gib": 57.0}, 0, 1) == {}  # no PP
-    assert device_memory.stage_metrics({}, 1, 2) == {}  # no CUDA: nothing measured
+
+
+def test_each_pipeline_stage_keeps_its_fullest_card():
+    """PP2 × TP2: the rank the driver keeps (TP 0 of the last stage) reports every card of its
+    replica: each stage's fullest under its own key, each figure the fullest card's."""
+    cards = [
+        (0, _card(57.0, 57.5, 9.0)),
+        (0, _card(57.7, 57.7, 9.5)),  # TP 1 of the first stage: the fullest card
+        (1, _card(55.8, 56.0, 4.0)),  # TP 0 of the last stage: the one the driver keeps
+        (1, _card(55.1, 58.2, 4.5)),  # the step's largest sample was on this card (a log-prob pass)
+    ]
+    assert device_memory.fullest_cards(cards, "update", stages=2) == {
+        "update/device_memory_used_gib": 57.7,
+        "update/stage0_device_memory_used_gib": 57.7,
+        "update/stage1_device_memory_used_gib": 55.8,
+        "perf/device_memory_used_gib": 58.2,
+        "perf/peak_added_gib": 9.5,
+    }
+
+
+def test_four_stages_each_get_a_key_and_the_fullest_may_be_in_the_middle():
+    """PP4 × TP2: each stage's two TP cards (GiB in use), first stage to last."""
+    used = [(40.0, 41.0), (44.0, 43.0), (45.5, 45.0), (39.0, 39.5)]
+    cards = [(stage, _card(gib, gib, 1.0 + stage)) for stage, pair in enumerate(used) for gib in pair]
+    figures = device_memory.fullest_cards(cards, "update", stages=4)
+    assert [figures[f"update/stage{k}_device_memory_used_gib"] for k in range(4)] == [41.0, 44.0, 45.5, 39.5]
+    assert figures["update/device_memory_used_gib"] == figures["perf/device_memory_used_gib"] == 45.5
+    assert figures["perf/peak_added_gib"] == 4.0
+
+
+def test_without_a_pipeline_the_fullest_tp_rank_and_no_stage_keys():
+    cards = [(0, _card(30.0, 30.0, 2.0)), (0, _card(31.5, 31.5, 2.5))]  # TP 0 (reported), TP 1
+    assert device_memory.fullest_cards(cards, "update", stages=1) == _card(31.5, 31.5, 2.5)
+
+
+def test_the_teacher_pass_per_stage():
+    cards = [
+        (0, {"teacher/device_memory_used_gib": 30.0, "teacher/peak_added_gib": 3.0}),
+        (1, {"teacher/device_memory_used_gib": 28.0, "teacher/peak_added_gib": 5.0}),
+    ]
+    assert device_memory.fullest_cards(cards, "teacher", stages=2) == {
+        "teacher/device_memory_used_gib": 30.0,
+        "teacher/stage0_device_memory_used_gib": 30.0,
+        "teacher/stage1_device_memory_used_gib": 28.0,
+        "teacher/peak_added_gib": 5.0,
+    }
+
+
+def test_the_card_figures_are_the_per_card_memory_keys(monkeypatch):
+    """What the ranks gather: not the allocator's counts, nor what an offload freed."""
+    FakeCuda().install(monkeypatch)
+    metrics = device_memory.update_metrics(device_memory.phase_start())
+    assert set(device_memory.card_figures(metrics)) == set(_card(0, 0, 0))
+    teacher = {
+        "teacher/device_memory_used_gib": 1.0,
+        "teacher/peak_added_gib": 1.0,
+        "teacher/offload_freed_gib": 1.0,
+    }
+    assert set(device_memory.card_figures(teacher)) == {
+        "teacher/device_memory_used_gib",
+        "teacher/peak_added_gib",
+    }

@@ -143,6 +143,11 @@ def test_the_pp_row_reads_each_stage_beside_the_plan(
     assert figures["peak"] == [55.79, 50.2]
     first, last = figures["plan"]
     assert first == gpu_matrix.plan_phases(out)["update"] > last  # two micro-batches in flight first
+    # a run that logged the last stage alone (before every stage's cards were gathered): the figure
+    # stays beside the last stage's plan, not the first's
+    last_only = [{"update/stage1_device_memory_used_gib": 55.79}]
+    assert gpu_matrix.stage_figures(out, last_only) == {"plan": [first, last], "peak": [None, 55.79]}
+    assert gpu_matrix.stage_figures("", last_only) == {"plan": None, "peak": [None, 55.79]}  # no dry run
     assert (
         gpu_matrix.stage_figures("    update  12.00  = ...", [{"update/device_memory_used_gib": 9.0}]) is None
     )

@@ -4,6 +4,7 @@ The worker has already joined the pool's default process group (NCCL on GPU). me
 parallel state is global to the process, so an actor and a reference model colocated in one
 worker share it: the second backend checks that it asks for the same layout instead of
 re-initialising (validate rejects a colocated ref with other sizes before anything starts).
+Beside megatron's groups: a gloo group of each DP replica's ranks, for the per-card memory figures.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ class MegatronLayout:
 
 
 _initialised: MegatronLayout | None = None
+_replica_group: torch.distributed.ProcessGroup | None = None
+# megatron's default rank order, named here because replica_group's ranks follow from it
+_ORDER = "tp-cp-ep-dp-pp"
 
 
 def init_parallel(m: MegatronConfig, seed: int) -> MegatronLayout:
     """Create TP/PP/CP/EP/DP groups over the default process group (idempotent per layout)."""
-    global _initialised
+    global _initialised, _replica_group
     layout = MegatronLayout.of(m)
     if _initialised is not None:
         assert _initialised == layout, (
@@ -62,7 +66,9 @@ def init_parallel(m: MegatronConfig, seed: int) -> MegatronLayout:
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp,
+        order=_ORDER,
     )
+    _replica_group = _make_replica_groups(layout)
     # TP ranks get different dropout/init streams, DP replicas the same ones, as megatron expects
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     _initialised = layout
@@ -77,3 +83,25 @@ def dp_info() -> tuple[int, int, bool]:
         and mpu.get_context_parallel_rank() == 0
     )
     return mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size(), returns
+
+
+def replica_group() -> torch.distributed.ProcessGroup:
+    """This rank's DP replica: its model-parallel ranks (TP × CP × PP), a gloo group. megatron has
+    none with CP, and a collective over a NCCL group that megatron never talks over (its
+    model-parallel one under the distributed optimizer) would make a communicator whose buffers
+    sit on the cards the memory figures measure (docs/memory.md); gloo holds no device memory."""
+    assert _replica_group is not None, "init_parallel has not run"
+    return _replica_group
+
+
+def _make_replica_groups(layout: MegatronLayout) -> torch.distributed.ProcessGroup:
+    """Every replica's group, made on every rank in one order (new_group is a collective of the
+    world); returns this rank's."""
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    dp = world // (layout.tp * layout.cp * layout.pp)
+    ranks = mpu.RankGenerator(layout.tp, 1, dp, layout.pp, layout.cp, _ORDER).get_ranks("tp-cp-pp")
+    groups = [(members, torch.distributed.new_group(members, backend="gloo")) for members in ranks]
+    members, group = next((members, group) for members, group in groups if rank in members)
+    for megatrons in (mpu.get_model_parallel_group(), mpu.get_context_parallel_group()):
+        assert set(torch.distributed.get_process_group_ranks(megatrons)) <= set(members), (members, _ORDER)
+    return group

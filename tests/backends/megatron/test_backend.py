@@ -1,4 +1,5 @@
-"""The megatron backend against the torch backend and against itself under TP2 / PP2 / DP2.
+"""The megatron backend against the torch backend and against itself under TP2 / PP2 / DP2, and
+the per-card memory figures each DP replica's ranks gather for the one rank the driver keeps.
 
 Everything runs megatron-core's real code on CPU under gloo (tests/megatron_cpu_patch.py) on the
 tiny model that ships with dagrl, in fp32, so parallel layouts must agree to fp32 rounding.
@@ -185,3 +186,53 @@ def test_param_offload_frees_storage_and_restores_exactly(reference, dist_opt):
     )
     for left, same in run_distributed(_offload_round_trip, 2, cfg, reference[0]):
         assert left == 0 and same
+
+
+# GiB on each rank's card, injected: there is no device memory to read on CPU
+CARDS = [
+    {"update/device_memory_used_gib": 57.71, "perf/device_memory_used_gib": 57.9, "perf/peak_added_gib": 6.0},
+    {"update/device_memory_used_gib": 55.79, "perf/device_memory_used_gib": 58.4, "perf/peak_added_gib": 2.0},
+]
+
+
+def _gather_cards(rank: int, world: int, layout: dict):
+    """megatron's groups at `layout` (init_parallel), then the update's card figures of the
+    replica gathered: (whether the driver keeps this rank's metrics, the figures it reports)."""
+    from dagrl.backends.megatron.parallel import dp_info, init_parallel
+    from dagrl.backends.megatron.train import fullest_cards
+    from dagrl.config.actor_schema import MegatronConfig
+
+    init_parallel(MegatronConfig(**layout), seed=0)
+    return dp_info()[2], fullest_cards(CARDS[rank], "update")
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"pipeline_model_parallel_size": 2},
+        {"tensor_model_parallel_size": 2},
+        {"context_parallel_size": 2},
+    ],
+    ids=["pp2", "tp2", "cp2"],
+)
+def test_the_kept_rank_reports_every_card_of_its_replica(layout):
+    """The driver keeps TP rank 0 of the last stage (CP rank 0): it reports the fullest card of
+    both ranks (rank 0's in use, rank 1's step peak), and under PP each stage's own."""
+    results = run_distributed(_gather_cards, 2, layout)
+    kept = [figures for returns, figures in results if returns]
+    assert len(kept) == 1
+    want = {
+        "update/device_memory_used_gib": 57.71,
+        "perf/device_memory_used_gib": 58.4,
+        "perf/peak_added_gib": 6.0,
+    }
+    if "pipeline_model_parallel_size" in layout:
+        want["update/stage0_device_memory_used_gib"] = 57.71
+        want["update/stage1_device_memory_used_gib"] = 55.79
+    assert kept[0] == want
+
+
+def test_dp_replicas_keep_their_own_cards():
+    """DP2: each replica is one card; the driver folds the replicas (core/metrics.py)."""
+    results = run_distributed(_gather_cards, 2, {})
+    assert [figures for _, figures in results] == CARDS

@@ -1,5 +1,6 @@
 """The megatron backend on GPUs (bf16, NCCL, the sdpa layer spec): log-probs against transformers,
-offload that frees and restores, and TP2 / PP2 against TP1. Run on the GPU machine:
+offload that frees and restores, TP2 / PP2 against TP1, and PP2's update memory per stage. Run on
+the GPU machine:
 
     python -m pytest -m gpu tests/backends/megatron/test_backend_gpu.py
 """
@@ -141,6 +142,20 @@ def _megatron_logprobs(rank, world, cfg, batch, offload_check=False):
     return result
 
 
+def _update_metrics(rank, world, cfg, batch):
+    """One update on the batch: (whether the driver keeps this rank's metrics, the metrics)."""
+    from dagrl.backends.megatron.train import MegatronTrainBackend
+    from dagrl.core.batch import Batch
+    from dagrl.core.worker import ParallelContext
+
+    backend = train_backend(
+        MegatronTrainBackend, cfg, ParallelContext(rank, world, torch.device("cuda", rank))
+    )
+    old = torch.zeros(batch["response_mask"].shape)  # any old log-probs: the memory is the question
+    _, metrics = backend.train_step(batch.union(Batch({"old_logprobs": old})))
+    return backend.dp_info()[2], metrics
+
+
 def _hf_logprobs(cfg, batch):
     from dagrl.backends.torch.train import TorchTrainBackend
     from dagrl.config.role_specs import role_spec
@@ -198,3 +213,20 @@ def test_tp2_sequence_parallel_matches_one_gpu(tmp_path):
     two = [r for r in run_on_gpus(_megatron_logprobs, 2, cfg, batch) if r["returns"]]
     diff = (two[0]["logprobs"] - one).abs()[batch["response_mask"].bool()]
     assert diff.mean() < 0.02 and diff.max() < 0.25, (diff.mean(), diff.max())
+
+
+@two_gpus
+def test_two_gpu_pp2_update_reports_every_stage_from_the_kept_rank(tmp_path):
+    """The driver keeps the last stage's metrics alone: they hold the first stage's card too."""
+    model = qwen3_model(str(tmp_path / "m"))
+    cfg = gpu_config(model, f"{M}.pipeline_model_parallel_size=2")
+    results = run_on_gpus(_update_metrics, 2, cfg, _batch())
+    kept = [metrics for returns, metrics in results if returns]
+    assert len(kept) == 1
+    stages = [kept[0][f"update/stage{k}_device_memory_used_gib"] for k in range(2)]
+    assert min(stages) > 0 and kept[0]["update/device_memory_used_gib"] == max(stages)
+    gathered = [
+        {k: v for k, v in m.items() if k.endswith(("device_memory_used_gib", "peak_added_gib"))}
+        for _, m in results
+    ]
+    assert gathered[0] == gathered[1]  # both ranks of the replica hold the same gathered figures
