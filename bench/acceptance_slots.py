@@ -105,6 +105,11 @@ def refusals(slots: list[Slot]) -> list[str]:
                     f"slot {slot.label}: unknown group {name!r}; groups: {sorted(ONE_GPU | set(MULTI_GPU))}"
                 )
                 continue
+            if name == "matrix":  # a misspelt row would cost a call of device time to find
+                rows = matrix_rows()
+                unknown = [w for w in words[1:] if w not in rows]
+                if unknown or len(words) == 1:
+                    out.append(f"slot {slot.label}: matrix rows {unknown or 'missing'}; rows: {sorted(rows)}")
             need = MULTI_GPU.get(name, 1)
             if len(slot.cards) < need:
                 out.append(f"slot {slot.label}: {name} needs {need} cards; give it {need}, e.g. 0,1:{name}")
@@ -116,6 +121,14 @@ def refusals(slots: list[Slot]) -> list[str]:
                 out.append(f"{name} is in slots {seen_groups[name]} and {slot.label}: once per call")
             seen_groups.setdefault(name, slot.label)
     return out
+
+
+def matrix_rows() -> set[str]:
+    """The rows bench/gpu_matrix.py runs (the `matrix` group's arguments)."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import gpu_matrix
+
+    return {*gpu_matrix.ROWS, *gpu_matrix.COMMAND_ROWS, *gpu_matrix.CARD_ROWS}
 
 
 def device_name() -> str:

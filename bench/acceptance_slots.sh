@@ -110,6 +110,16 @@
 #     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
 #     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
 #   A group that is cut or fails is named in its SLOT line; re-run it (alone or in a slot) next.
+# On nvidia-h200-x2 or h100-x2 (2 cards; the lease counts all of its held time): five calls of two
+#   slots, ~2,900 s with the installs, so two sessions with `dagrl/` unchanged between them (a record
+#   names one `dagrl/`); issue 29's last rows (a host of > 152 GiB: an x2 host's 251) in the fifth:
+#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora 4b-torch" 1:ray_probe+docs_a+tests_c
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 1:tests_b1+tests_d
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron"+tests_b2 1:"matrix 8b-torch-lora calculator-vllm"+handover
+#     bash bench/acceptance_slots.sh $OUT 0:tests_a+tests_ppo 1:"matrix 4b-megatron sample-vllm-rm"
+#     ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:"matrix 4b-megatron-80gib"
+#   (session 25 on 2x H200: 8b-torch 554 s with its 8B build, 4b-megatron-80gib 370 s with its 4B
+#   build; on a machine that built them already ~2 minutes less each).
 # Run alone (a one-GPU lease, or a call of one slot here): side (~7: TRL ~3.5 then dagrl's
 #   defaults ~3, 10 steps each at 32x8x256), side_64 (~9: TRL ~5 then dagrl's defaults ~4, 6 steps
 #   each at 64x8x512), side_lora (~7), side_ppo (~5); the 2-GPU separate and dp2

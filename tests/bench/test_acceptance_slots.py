@@ -54,6 +54,10 @@ def test_slots_that_cannot_share_a_host_are_refused():
     assert refused("0:tests_c", "1:tests_a") == []  # test_spec_gpu.py takes its slot's card and a free port
     (why,) = refused("0:tests_z")
     assert "unknown group 'tests_z'" in why
+    (why,) = refused("0:matrix 4b-torch 4b-megatron-80g")
+    assert "matrix rows ['4b-megatron-80g']" in why and "4b-megatron-80gib" in why
+    (why,) = refused("0:matrix")
+    assert "matrix rows missing" in why
 
 
 def test_the_documented_call_plan_is_accepted():
