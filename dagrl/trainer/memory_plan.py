@@ -56,9 +56,8 @@ class PhaseRow:
     others: dict[str, float]  # colocated role -> bytes it leaves on the device
     total: float
     resident: bool = False  # nothing is handed over: the others' bytes are their cached peaks
-    stages: list[float] = field(
-        default_factory=list
-    )  # per pipeline stage where they differ; total: the largest
+    # per pipeline stage where they differ; total holds the largest
+    stages: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -167,7 +166,7 @@ def _rows(roles: dict[str, RoleMemory]) -> list[PhaseRow]:
             parts["cached"] = mem.peak() - parts_total(parts)
         others = {r: m.peak() if resident else parts_total(m.idle) for r, m in roles.items() if r != role}
         total = CONTEXT_BYTES + parts_total(parts) + sum(others.values())
-        stages = [total - parts_total(parts) + parts_total(own) for own in mem.stages.get(own, [])]
+        stages = [total - parts_total(parts) + parts_total(stage) for stage in mem.stages.get(own, [])]
         rows.append(PhaseRow(phase, role, parts, others, total, resident, stages))
     return rows
 

@@ -308,7 +308,7 @@ class MegatronTrainBackend:
             outputs = self._run_schedule(micros, loss_fn, forward_only=True)
         metrics = teacher_metrics(start, self.ctx.device, self.offload_freed_gib)
         if self.ctx.device.type == "cuda":  # every rank calls it: the driver keeps one rank's metrics
-            metrics.update(fullest_cards(device_memory.card_figures(metrics), "teacher"))
+            metrics.update(gather_fullest_cards(device_memory.card_figures(metrics), "teacher"))
         if not outputs:  # not the last pipeline stage: nothing to return
             return Batch(), metrics
         return Batch({k: torch.cat([o[k] for o in outputs]).cpu() for k in outputs[0]}), metrics
@@ -339,7 +339,7 @@ class MegatronTrainBackend:
         if cuda:  # device_memory.py: figures that cannot exceed the card
             figures = device_memory.update_metrics(allocated)
             metrics.update(figures)
-            metrics.update(fullest_cards(device_memory.card_figures(figures), "update"))
+            metrics.update(gather_fullest_cards(device_memory.card_figures(figures), "update"))
             metrics["perf/offload_freed_gib"] = self.offload_freed_gib
         return Batch(), metrics
 
@@ -436,7 +436,7 @@ class MegatronTrainBackend:
             load_tokenizer(self.path).save_pretrained(path)
 
 
-def fullest_cards(figures: dict[str, float], phase: str) -> dict[str, float]:
+def gather_fullest_cards(figures: dict[str, float], phase: str) -> dict[str, float]:
     """This rank's card figures of `phase` (device_memory.card_figures) as the fullest card's among
     its DP replica's ranks, with each pipeline stage's own (device_memory.fullest_cards): the driver
     keeps the metrics of one rank per replica (dp_info). A collective: every rank of the replica

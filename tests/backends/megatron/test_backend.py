@@ -199,11 +199,11 @@ def _gather_cards(rank: int, world: int, layout: dict):
     """megatron's groups at `layout` (init_parallel), then the update's card figures of the
     replica gathered: (whether the driver keeps this rank's metrics, the figures it reports)."""
     from dagrl.backends.megatron.parallel import dp_info, init_parallel
-    from dagrl.backends.megatron.train import fullest_cards
+    from dagrl.backends.megatron.train import gather_fullest_cards
     from dagrl.config.actor_schema import MegatronConfig
 
     init_parallel(MegatronConfig(**layout), seed=0)
-    return dp_info()[2], fullest_cards(CARDS[rank], "update")
+    return dp_info()[2], gather_fullest_cards(CARDS[rank], "update")
 
 
 @pytest.mark.parametrize(
