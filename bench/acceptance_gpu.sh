@@ -31,6 +31,8 @@
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
 #   bash bench/acceptance_gpu.sh OUT side_64      # TRL at 64x8x512, then dagrl's defaults at that shape, same call
 #   bash bench/acceptance_gpu.sh OUT ray_probe [HOLD_S]  # this slot's own local Ray (bench/ray_probe.py)
+#   bash bench/acceptance_gpu.sh OUT files GROUP FILE..  # what a deadline left of a tests group: those
+#                                                 #   files of it, one row "GROUP: file, ..." (no other file)
 #
 # Each test file runs in a pytest process of its own: no test sees what an earlier one left on the
 # card (an in-process engine keeps its pool until its process exits).
@@ -41,7 +43,7 @@
 # before the deadline; a file or row cut by it says so in its row.
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, side_algos, memory, throughput or ray_probe}
+WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, side_algos, memory, throughput, ray_probe or files}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
@@ -57,7 +59,7 @@ tests() {  # tests NAME FILES...: one pytest process per file, one row for the g
     shift
     for file in "$@"; do
         short=${file#tests/}; short=${short%.py}; short=${short//\//_}  # both critic files are test_critic_gpu.py
-        log="$OUT/$name.$short.log"
+        log="$OUT/${name%%:*}.$short.log"  # a files group's name: "GROUP: file, ..."
         lim=$(limit "$want")
         if [ "$lim" -lt 20 ]; then  # no time left for a pytest process to start
             cut="$cut, $short not started (deadline)"; rc=124
@@ -96,15 +98,29 @@ side_row() {  # side_row NAME: the group's row from its SIDE lines (OUT/NAME.sid
     python3 bench/side_row.py "$1" "$DEVICE" "$OUT/$1.side.out" >>"$OUT/rows.md"
 }
 
+TESTS_A=(tests/backends/vllm/test_multi_turn_gpu.py tests/backends/test_contract.py
+    tests/backends/megatron/test_backend_gpu.py tests/backends/megatron/test_logprobs_gpu.py
+    tests/backends/megatron/test_spec_gpu.py)
 TESTS_B1=(tests/backends/torch/test_offload_gpu.py tests/backends/test_mixed_precision_gpu.py
     tests/reliability/test_engine_errors_gpu.py)
 TESTS_B2=(tests/backends/vllm/test_vllm_gpu.py tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py)
+TESTS_C=(tests/backends/vllm/test_lora_gpu.py tests/backends/vllm/test_lora_megatron_gpu.py)
+TESTS_PPO=(tests/backends/torch/test_critic_gpu.py tests/backends/megatron/test_critic_gpu.py)
+
+group_files() {  # group_files GROUP: the test files of a tests group, one a line
+    case $1 in
+    tests_a) printf '%s\n' "${TESTS_A[@]}" ;;
+    tests_b1) printf '%s\n' "${TESTS_B1[@]}" ;;
+    tests_b2) printf '%s\n' "${TESTS_B2[@]}" ;;
+    tests_c) printf '%s\n' "${TESTS_C[@]}" ;;
+    tests_d) echo tests/e2e/test_dapo_gpu.py ;;
+    tests_ppo) printf '%s\n' "${TESTS_PPO[@]}" ;;
+    esac
+}
 
 case $WHAT in
 tests_a)
-    tests tests_a tests/backends/vllm/test_multi_turn_gpu.py tests/backends/test_contract.py \
-        tests/backends/megatron/test_backend_gpu.py tests/backends/megatron/test_logprobs_gpu.py \
-        tests/backends/megatron/test_spec_gpu.py
+    tests tests_a "${TESTS_A[@]}"
     ;;
 tests_b)  # the two halves one after the other (a slot of bench/acceptance_slots.sh takes a half)
     tests tests_b1 "${TESTS_B1[@]}"
@@ -117,17 +133,27 @@ tests_b2)
     tests tests_b2 "${TESTS_B2[@]}"
     ;;
 tests_c)
-    tests tests_c tests/backends/vllm/test_lora_gpu.py tests/backends/vllm/test_lora_megatron_gpu.py
+    tests tests_c "${TESTS_C[@]}"
     ;;
 handover)  # the README's configuration, 20 steps: flat hand-overs asserted; also its matrix row
     GPU_MATRIX_ROWS=$OUT/rows.md FILE_TIMEOUT=580 tests handover tests/trainer/test_handover_gpu.py
     ;;
 tests_d)
-    tests tests_d tests/e2e/test_dapo_gpu.py
+    tests tests_d "$(group_files tests_d)"
     ;;
 docs_a | docs_b)  # half the commands each, one process per command inside the file (each up to 280 s)
     export DOCS_GPU_SHARD=$([ "$WHAT" = docs_a ] && echo 0/2 || echo 1/2)
     FILE_TIMEOUT=${FILE_TIMEOUT:-570} tests "$WHAT" tests/e2e/test_documented_gpu.py
+    ;;
+files)  # files GROUP FILE...: only these files of GROUP's (each must be one of its own), one row
+    shift 2
+    GROUP=${1:?files GROUP FILE...}
+    shift
+    [ $# -gt 0 ] || { echo "files $GROUP: name the files to run"; exit 2; }
+    for f in "$@"; do
+        group_files "$GROUP" | grep -qx "$f" || { echo "files $GROUP: $f is not one of $GROUP's: $(group_files "$GROUP" | tr '\n' ' ')"; exit 2; }
+    done
+    tests "$GROUP: $(printf '%s\n' "$@" | sed 's#.*/##; s#\.py$##' | paste -sd, | sed 's/,/, /g')" "$@"
     ;;
 matrix)
     shift 2
@@ -175,7 +201,7 @@ side_algos)  # side_dapo and side_ppo on one reference run (issue 32's two rows,
     side_row side_algos
     ;;
 tests_ppo)
-    tests tests_ppo tests/backends/torch/test_critic_gpu.py tests/backends/megatron/test_critic_gpu.py
+    tests tests_ppo "${TESTS_PPO[@]}"
     ;;
 memory)
     timeout "$(limit 560)" python3 bench/memory_plan_gpu.py --only 1.7b-megatron 0.6b-torch-teacher 0.6b-megatron-teacher \

@@ -35,8 +35,9 @@ MULTI_GPU = {
 ONE_GPU = {
     "tests_a", "tests_b", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo", "handover", "docs_a",
     "docs_b", "matrix", "side", "side_64", "side_dapo", "side_lora", "side_ppo", "side_algos", "side_awake",
-    "memory", "throughput", "ray_probe",
+    "memory", "throughput", "ray_probe", "files",
 }  # fmt: skip
+TESTS_GROUPS = ("tests_a", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo")  # `files GROUP FILE...`
 # groups that must own the host: run them in a call of one slot
 TIMING = (
     "its figure is a ratio of timings taken one after the other in the call, which neighbours in other"
@@ -110,6 +111,8 @@ def refusals(slots: list[Slot]) -> list[str]:
                 unknown = [w for w in words[1:] if w not in rows]
                 if unknown or len(words) == 1:
                     out.append(f"slot {slot.label}: matrix rows {unknown or 'missing'}; rows: {sorted(rows)}")
+            if name == "files":  # what a deadline left of a tests group: a typo costs a call too
+                out += files_refusals(slot.label, words[1:])
             need = MULTI_GPU.get(name, 1)
             if len(slot.cards) < need:
                 out.append(f"slot {slot.label}: {name} needs {need} cards; give it {need}, e.g. 0,1:{name}")
@@ -121,6 +124,20 @@ def refusals(slots: list[Slot]) -> list[str]:
                 out.append(f"{name} is in slots {seen_groups[name]} and {slot.label}: once per call")
             seen_groups.setdefault(name, slot.label)
     return out
+
+
+def files_refusals(label: str, words: list[str]) -> list[str]:
+    """Why `files GROUP FILE...` would not run (the script checks each file is GROUP's own)."""
+    if not words or words[0] not in TESTS_GROUPS:
+        return [f"slot {label}: files needs a tests group first ({', '.join(TESTS_GROUPS)}), then its files"]
+    if len(words) == 1:
+        return [f"slot {label}: files {words[0]}: name the files to run"]
+    named = open(os.path.join(REPO, "bench", "acceptance_gpu.sh")).read()
+    return [
+        f"slot {label}: files {words[0]}: {f} is not a test file bench/acceptance_gpu.sh runs"
+        for f in words[1:]
+        if not os.path.isfile(os.path.join(REPO, f)) or f not in named
+    ]
 
 
 def matrix_rows() -> set[str]:

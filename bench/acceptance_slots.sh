@@ -56,27 +56,34 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (after session 25: one H200 and 2x H200 lent, no H100, no 4-GPU host). Session 25 ran, on
-# 0cd1842: 4b-megatron-80gib (an H200 held to an H100's 79.2 GiB: +5.8 % / +6.6 %), 8b-torch (rc 0
-# but its update -19.0 % of the plan), the README configuration's 20 hand-overs (-0.3 %), the pp
-# pair (rollout +14.1 %; the update's figure was the last stage's only) and 6 files of tests_a.
-# `dagrl/` changed after it: the torch update's estimate with the step on the host (the larger of
-# the backward's start and end: 8b-torch's plan 48.31, +4.7 % by its measured figure) and the
-# update's device memory gathered over every pipeline stage. So, on the next lease:
-#   1. The whole one-GPU record (the CALL PLAN below: two calls on a 4-GPU host, else one group per
-#      card and call) on the merged `dagrl/`, with issue 29's last rows beside it, on a host of
-#      > 152 GiB (x2 or x4; 8b-torch's optimizer keeps 137 GiB there):
-#        ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:"matrix 4b-megatron-80gib"+handover
-#      With every row within +-15 % on one `dagrl/`, issue 29 closes.
-#   2. Issue 30 on the same `dagrl/`: pp again (now each stage's card against its plan; its 2-GPU
-#      tests need ~220 s after the two rows: the default deadline), the comm probe beside anything
-#      (2 cards: the communicators' bytes the plan's 1 GiB context leaves out on two or more GPUs,
-#      2.5-4 GiB a card in session 24), then tp and the gkd pairs, and separate, dp2, big, two_nodes
-#      (each alone):
-#        bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:comm
-#        bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
+# FIRST (after session 26: one H200 and 2x H200 lent, no H100, no 4-GPU host). Session 26 ran the
+# first half of the whole one-GPU record on 5c0f40a (docs/gpu_acceptance.md, "Session 26"):
+# 8b-torch (+0.4 % / +3.4 %: the host-step estimate holds), 8b-megatron, 8b-torch-lora,
+# calculator-vllm, the README configuration's 20 hand-overs, ray_probe, docs_a, docs_b, handover,
+# and the first files of tests_c (2 tests) and tests_b2 (6): the deadline left their other files.
+# The record is whole once the rest runs on the same `dagrl/` (`git diff --stat 5c0f40a HEAD --
+# dagrl` prints nothing): so change nothing under dagrl/ before it has. On the next lease:
+#   1. The rest of the record, on 2x H200 (5 installs, then three calls; the 4B model built in the
+#      first stays in /tmp/dagrl_models for the second while the machine stays warm; seconds as
+#      session 26's host ran them, builds included where a row builds):
+#        bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron-lora 4b-torch" 1:tests_b1+"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py"
+#        bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron-80gib"+tests_d 1:"matrix 4b-megatron sample-vllm-rm"+"files tests_b2 tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py"
+#        bash bench/acceptance_slots.sh $OUT 0:"matrix gkd-0.6b-1.7b 1.7b-torch" 1:tests_a+tests_ppo
+#      (host memory: one host-heavy row a call: 4b-megatron-80gib keeps 67 GiB there, 8b-megatron
+#      and 8b-torch 137 GiB each.) Then the side-by-sides, each a call of its own (side ~7 minutes,
+#      side_64 ~9): `bash bench/acceptance_slots.sh $OUT 0:side`. With every row within +-15 % on
+#      one `dagrl/` (calculator-vllm's 0.46 GiB update aside, as in every record since session 14),
+#      issue 29 closes.
+#   2. Issue 30 on the same `dagrl/`: pp (each stage's card against its plan; its 2-GPU tests need
+#      ~220 s after the two rows), the comm probe (the communicators' bytes the plan's 1 GiB context
+#      leaves out on two or more GPUs, 2.5-4 GiB a card in session 24), tp and the gkd pairs, then
+#      separate, dp2, big, two_nodes (each alone):
+#        bash bench/acceptance_slots.sh $OUT 0,1:pp
+#        bash bench/acceptance_slots.sh $OUT 0,1:tp
 #        bash bench/acceptance_slots.sh $OUT 0,1:separate
 #   3. Issue 34's 4-GPU groups (below) when a 4-GPU host is lent.
+# A group the deadline cuts: its rows say which files it did not start; run those with
+#   `files GROUP FILE...` (bench/acceptance_gpu.sh), e.g. 0:"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py".
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
 # CALL PLAN for the whole one-GPU record on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2
 # calls of <= 590 s): docs/gpu_acceptance.md's rows but the side-by-sides, on one commit
@@ -142,5 +149,15 @@ RC=$?
 # once, at the very end: whatever a cut run left of Ray (SLOTS_RAY_STOP=0 where other Rays of the
 # host are not this call's, as on a shared CPU machine)
 [ "${SLOTS_RAY_STOP:-1}" = 0 ] || python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
+# a process the deadline (or ray stop) just killed gives its card back a few seconds later (session
+# 26: 49 GiB read right after a cut 8B row, 0 at the next call): wait up to 30 s for every card to
+# read under 100 MiB, then print them, and name what still holds memory
+if command -v nvidia-smi >/dev/null; then
+    for _ in $(seq 30); do
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | awk '$1 >= 100 {busy=1} END {exit !busy}' || break
+        sleep 1
+    done
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+fi
 exit $RC

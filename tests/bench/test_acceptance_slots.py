@@ -58,6 +58,36 @@ def test_slots_that_cannot_share_a_host_are_refused():
     assert "matrix rows ['4b-megatron-80g']" in why and "4b-megatron-80gib" in why
     (why,) = refused("0:matrix")
     assert "matrix rows missing" in why
+    assert refused("0:files tests_c tests/backends/vllm/test_lora_megatron_gpu.py") == []
+    (why,) = refused("0:files tests_c")
+    assert "name the files to run" in why
+    (why,) = refused("0:files tests/backends/vllm/test_lora_megatron_gpu.py")
+    assert "files needs a tests group first" in why
+    (why,) = refused("0:files tests_c tests/backends/vllm/test_lora_megatron.py")
+    assert "test_lora_megatron.py is not a test file" in why
+
+
+def test_a_files_group_runs_only_the_files_named_and_only_its_groups(tmp_path):
+    """What a deadline left of a tests group runs as a row of its own, named by its files."""
+    # as in a slot: no `ray stop` (other Rays of this host are not the test's), no nvidia-smi
+    env = {**os.environ, "ACCEPTANCE_SLOT": "files"}
+    env.pop("ACCEPTANCE_DEADLINE", None)
+    script = os.path.join(BENCH, "acceptance_gpu.sh")
+    run = subprocess.run(
+        ["bash", script, str(tmp_path), "files", "tests_c", "tests/backends/vllm/test_lora_megatron_gpu.py"],
+        cwd=os.path.dirname(BENCH), env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "== tests/backends/vllm/test_lora_megatron_gpu.py" in run.stdout
+    assert "test_lora_gpu.py" not in run.stdout  # the group's other file
+    (row,) = open(tmp_path / "rows.md").read().splitlines()
+    assert row.startswith("| tests_c: test_lora_megatron_gpu | ")
+    assert (tmp_path / "tests_c.backends_vllm_test_lora_megatron_gpu.log").exists()
+    wrong = subprocess.run(
+        ["bash", script, str(tmp_path), "files", "tests_c", "tests/backends/vllm/test_vllm_gpu.py"],
+        cwd=os.path.dirname(BENCH), env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert wrong.returncode == 2 and "is not one of tests_c's" in wrong.stdout
 
 
 def test_the_documented_call_plan_is_accepted():
