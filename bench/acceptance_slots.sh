@@ -70,7 +70,9 @@
 #        bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron-80gib"+tests_d 1:"matrix 4b-megatron sample-vllm-rm"+"files tests_b2 tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py"
 #        bash bench/acceptance_slots.sh $OUT 0:"matrix gkd-0.6b-1.7b 1.7b-torch" 1:tests_a+tests_ppo
 #      (host memory: one host-heavy row a call: 4b-megatron-80gib keeps 67 GiB there, 8b-megatron
-#      and 8b-torch 137 GiB each.) Then the side-by-sides, each a call of its own (side ~7 minutes,
+#      and 8b-torch 137 GiB each.) Where only one H200 is lent: the same six slots one per call,
+#      in that order (`0:...`, the 4B and 8B builds kept between calls while the machine is warm):
+#      three calls a session, two sessions. Then the side-by-sides, each a call of its own (side ~7 minutes,
 #      side_64 ~9): `bash bench/acceptance_slots.sh $OUT 0:side`. With every row within +-15 % on
 #      one `dagrl/` (calculator-vllm's 0.46 GiB update aside, as in every record since session 14),
 #      issue 29 closes.
