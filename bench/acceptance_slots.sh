@@ -76,7 +76,11 @@
 #      side_64 ~9): `bash bench/acceptance_slots.sh $OUT 0:side`. With every row within +-15 % on
 #      one `dagrl/` (calculator-vllm's 0.46 GiB update aside, as in every record since session 14),
 #      issue 29 closes.
-#   2. Issue 30 on the same `dagrl/`: pp (each stage's card against its plan; its 2-GPU tests need
+#   Then (issue 29 closed) merge what waits on branches for the record (each CPU-tested, not yet run
+#   on a card): host-staging (the torch host step's host bytes count the bf16 staging copy: 8b-torch's
+#   host line 137.3 -> 152.6 GiB) and critic-mem (the critics' device figures); re-run tests_ppo and
+#   8b-torch on the merged `dagrl/` beside issue 30's first call.
+#   2. Issue 30 on that merged `dagrl/`: pp (each stage's card against its plan; its 2-GPU tests need
 #      ~220 s after the two rows), the comm probe (the communicators' bytes the plan's 1 GiB context
 #      leaves out on two or more GPUs, 2.5-4 GiB a card in session 24), tp and the gkd pairs, then
 #      separate, dp2, big, two_nodes (each alone):
