@@ -105,6 +105,7 @@ TESTS_B1=(tests/backends/torch/test_offload_gpu.py tests/backends/test_mixed_pre
     tests/reliability/test_engine_errors_gpu.py)
 TESTS_B2=(tests/backends/vllm/test_vllm_gpu.py tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py)
 TESTS_C=(tests/backends/vllm/test_lora_gpu.py tests/backends/vllm/test_lora_megatron_gpu.py)
+TESTS_D=(tests/e2e/test_dapo_gpu.py)
 TESTS_PPO=(tests/backends/torch/test_critic_gpu.py tests/backends/megatron/test_critic_gpu.py)
 
 group_files() {  # group_files GROUP: the test files of a tests group, one a line
@@ -113,7 +114,7 @@ group_files() {  # group_files GROUP: the test files of a tests group, one a lin
     tests_b1) printf '%s\n' "${TESTS_B1[@]}" ;;
     tests_b2) printf '%s\n' "${TESTS_B2[@]}" ;;
     tests_c) printf '%s\n' "${TESTS_C[@]}" ;;
-    tests_d) echo tests/e2e/test_dapo_gpu.py ;;
+    tests_d) printf '%s\n' "${TESTS_D[@]}" ;;
     tests_ppo) printf '%s\n' "${TESTS_PPO[@]}" ;;
     esac
 }
@@ -139,7 +140,7 @@ handover)  # the README's configuration, 20 steps: flat hand-overs asserted; als
     GPU_MATRIX_ROWS=$OUT/rows.md FILE_TIMEOUT=580 tests handover tests/trainer/test_handover_gpu.py
     ;;
 tests_d)
-    tests tests_d "$(group_files tests_d)"
+    tests tests_d "${TESTS_D[@]}"
     ;;
 docs_a | docs_b)  # half the commands each, one process per command inside the file (each up to 280 s)
     export DOCS_GPU_SHARD=$([ "$WHAT" = docs_a ] && echo 0/2 || echo 1/2)
