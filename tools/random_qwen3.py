@@ -16,6 +16,10 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -39,12 +43,17 @@ def build_random_qwen3(
     head_dim: int | None = None,
     config_only: bool = False,
     tied: bool | None = None,
+    own_process: bool | None = None,
 ) -> str:
     """The model directory `out`; config_only writes config.json and the tokenizer without weights
     (enough for a dry run's memory plan, which reads the shape only); tied: embeddings tied (None:
-    as Qwen3 does at that width)."""
+    as Qwen3 does at that width). The weights are initialised on the GPU where there is one (a 4B
+    shape takes minutes of CPU init otherwise), in a process of their own (own_process; None: where
+    there is a GPU): a CUDA context left in the caller holds ~0.6 GiB of the card beside every run it
+    then starts and measures (the matrix rows that built their model read 0.60-0.61 GiB more than
+    the same rows on a built one, 2026-11-28)."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import Qwen3Config
 
     from dagrl.data.builtin import tiny_model_path
 
@@ -64,17 +73,15 @@ def build_random_qwen3(
         pad_token_id=0,
     )
     os.makedirs(out, exist_ok=True)
-    if config_only:
-        config.save_pretrained(out)
-    else:
-        torch.manual_seed(seed)
-        # initialised on the GPU where there is one: a 4B shape takes minutes of CPU init otherwise
-        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-        model.save_pretrained(out)
-        del model
-        if torch.cuda.is_available():  # the caller's later runs get the whole card back
-            torch.cuda.empty_cache()
+    config.save_pretrained(out)
+    if not config_only:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if own_process if own_process is not None else device == "cuda":
+            code = f"import sys; sys.path.insert(0, {ROOT!r}); from tools.random_qwen3 import write_weights; "
+            code += f"write_weights({out!r}, {seed}, {device!r})"
+            subprocess.run([sys.executable, "-c", code], check=True)
+        else:
+            write_weights(out, seed, device)
     for name in TOKENIZER_FILES:
         shutil.copy(os.path.join(tiny_model_path(), name), os.path.join(out, name))
     # the tiny model's 64-position limit would not be this shape's: transformers warns of
@@ -86,6 +93,17 @@ def build_random_qwen3(
     with open(path, "w") as f:
         json.dump(tokenizer_config, f, indent=2)
     return out
+
+
+def write_weights(out: str, seed: int, device: str) -> None:
+    """Random bf16 weights for the config in `out`, initialised on `device`, saved beside it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
+    model.save_pretrained(out)
 
 
 def add_shape_args(ap: argparse.ArgumentParser) -> None:
