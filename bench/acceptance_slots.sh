@@ -78,8 +78,11 @@
 #      issue 29 closes.
 #   Then (issue 29 closed) merge what waits on branches for the record (each CPU-tested, not yet run
 #   on a card): host-staging (the torch host step's host bytes count the bf16 staging copy: 8b-torch's
-#   host line 137.3 -> 152.6 GiB) and critic-mem (the critics' device figures); re-run tests_ppo and
-#   8b-torch on the merged `dagrl/` beside issue 30's first call.
+#   host line 137.3 -> 152.6 GiB), critic-mem (the critics' device figures) and engine-residue (a
+#   sleeping engine's CUDA graphs per layer, not 0.5 GiB: calculator-vllm's update 1.90 -> 1.48 GiB
+#   against 1.44 measured; the 4B/8B rows' +0.22); they merge cleanly together. The next whole record
+#   then runs on the merged `dagrl/` (the 0.6B-8B rows' plans move by 0.06-0.22 GiB), beside issue
+#   30's calls.
 #   2. Issue 30 on that merged `dagrl/`: pp (each stage's card against its plan; its 2-GPU tests need
 #      ~220 s after the two rows), the comm probe (the communicators' bytes the plan's 1 GiB context
 #      leaves out on two or more GPUs, 2.5-4 GiB a card in session 24), tp and the gkd pairs, then
