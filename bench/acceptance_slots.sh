@@ -56,41 +56,37 @@
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
 #
-# FIRST (after session 26: one H200 and 2x H200 lent, no H100, no 4-GPU host). Session 26 ran the
-# first half of the whole one-GPU record on 5c0f40a (docs/gpu_acceptance.md, "Session 26"):
-# 8b-torch (+0.4 % / +3.4 %: the host-step estimate holds), 8b-megatron, 8b-torch-lora,
-# calculator-vllm, the README configuration's 20 hand-overs, ray_probe, docs_a, docs_b, handover,
-# and the first files of tests_c (2 tests) and tests_b2 (6): the deadline left their other files.
-# The record is whole once the rest runs on the same `dagrl/` (`git diff --stat 5c0f40a HEAD --
-# dagrl` prints nothing): so change nothing under dagrl/ before it has. On the next lease:
-#   1. The rest of the record, on 2x H200 (5 installs, then three calls; the 4B model built in the
-#      first stays in /tmp/dagrl_models for the second while the machine stays warm; seconds as
-#      session 26's host ran them, builds included where a row builds):
-#        bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron-lora 4b-torch" 1:tests_b1+"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py"
-#        bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron-80gib"+tests_d 1:"matrix 4b-megatron sample-vllm-rm"+"files tests_b2 tests/backends/vllm/test_teacher_gpu.py tests/rewards/test_judge_gpu.py"
-#        bash bench/acceptance_slots.sh $OUT 0:"matrix gkd-0.6b-1.7b 1.7b-torch" 1:tests_a+tests_ppo
-#      (host memory: one host-heavy row a call: 4b-megatron-80gib keeps 67 GiB there, 8b-megatron
-#      and 8b-torch 137 GiB each.) Where only one H200 is lent: the same six slots one per call,
-#      in that order (`0:...`, the 4B and 8B builds kept between calls while the machine is warm):
-#      three calls a session, two sessions. Then the side-by-sides, each a call of its own (side ~7 minutes,
-#      side_64 ~9): `bash bench/acceptance_slots.sh $OUT 0:side`. With every row within +-15 % on
-#      one `dagrl/` (calculator-vllm's 0.46 GiB update aside, as in every record since session 14),
-#      issue 29 closes.
-#   Then (issue 29 closed) merge what waits on branches for the record (each CPU-tested, not yet run
-#   on a card): host-staging (the torch host step's host bytes count the bf16 staging copy: 8b-torch's
-#   host line 137.3 -> 152.6 GiB), critic-mem (the critics' device figures) and engine-residue (a
-#   sleeping engine's CUDA graphs per layer, not 0.5 GiB: calculator-vllm's update 1.90 -> 1.48 GiB
-#   against 1.44 measured; the 4B/8B rows' +0.22); they merge cleanly together. The next whole record
-#   then runs on the merged `dagrl/` (the 0.6B-8B rows' plans move by 0.06-0.22 GiB), beside issue
-#   30's calls.
-#   2. Issue 30 on that merged `dagrl/`: pp (each stage's card against its plan; its 2-GPU tests need
-#      ~220 s after the two rows), the comm probe (the communicators' bytes the plan's 1 GiB context
-#      leaves out on two or more GPUs, 2.5-4 GiB a card in session 24), tp and the gkd pairs, then
-#      separate, dp2, big, two_nodes (each alone):
+# FIRST (after session 27: one H200, 2x H200 and, late in the session, 4x H200 lent). Sessions 26
+# and 27 ran every one-GPU row and test group of the record on one `dagrl/` (5c0f40a, as 5766ddd
+# and this commit: `git diff --stat 5c0f40a HEAD -- dagrl` prints nothing; docs/gpu_acceptance.md
+# "Session 27"): every row within +-6 % of its plan but calculator-vllm's update (the plan's fixed
+# residue beside a sleeping engine, explained), every test passed. On the next lease, with dagrl/
+# still unchanged:
+#   1. The side-by-sides against TRL (issue 29's last figures), each a call with the host alone
+#      (carry [".anchors"]; side ~7 minutes, side_64 ~9):
+#        bash bench/acceptance_slots.sh $OUT 0:side
+#        bash bench/acceptance_slots.sh $OUT 0:side_64
+#      Each median <= 0.6x TRL's and the last three steps within 10 % of the median: issue 29 closes.
+#   2. Then merge branch `next` into main (CPU-tested, never run on a card; its tests pass):
+#      host-staging, critic-mem, engine-residue (session 26), and from session 27 teacher-plan (the
+#      teacher's pass plans a layer's no-grad transients or a chunk of its output layer: GKD's
+#      teacher phase 9.36 -> 5.80 GiB against 5.66 measured), comm-plan (NCCL's communicators on
+#      two or more GPUs: 2g-0.6b-megatron-tp2-sp +5.3/+12.6 % -> +1.7/+4.2 %, pp2 +14.1/+6.1 % ->
+#      -2.8/+0.1 %; 2g-8b-megatron-tp2's auto choice moves its optimizer to the host) and startup
+#      (the torch host step: Adam's moments made as zeros, not by an lr-0 step; the masters
+#      pageable; the gradient and staging buffers one pinned allocation each: 8B host 163 -> 139.5
+#      GiB, now planned with the pinned allocator's rounding; `python bench/torch_startup.py
+#      --hidden 4096 --layers 36 --heads 32 --intermediate 12288 --repeat 1` times it on a card).
+#      Then the whole record on the merged `dagrl/`: on a 4-GPU host the CALL PLAN below (two calls
+#      and one for what a deadline cut, ~25 minutes with the installs); on 2x H200 the five calls
+#      below it (two sessions, `dagrl/` unchanged between them).
+#   3. Issue 30 on that merged `dagrl/` (the plan now counts the communicators; its rows are to read
+#      within +-15 % of it): pp, tp, the gkd pairs, then separate, dp2, big, two_nodes (each alone):
 #        bash bench/acceptance_slots.sh $OUT 0,1:pp
 #        bash bench/acceptance_slots.sh $OUT 0,1:tp
 #        bash bench/acceptance_slots.sh $OUT 0,1:separate
-#   3. Issue 34's 4-GPU groups (below) when a 4-GPU host is lent.
+#      (on a 4-GPU host two pairs a call: 0,1:tp 2,3:gkd3a, then 0,1:pp 2,3:gkd3b).
+#   4. Issue 34's 4-GPU groups (below) when a 4-GPU host is lent.
 # A group the deadline cuts: its rows say which files it did not start; run those with
 #   `files GROUP FILE...` (bench/acceptance_gpu.sh), e.g. 0:"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py".
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
