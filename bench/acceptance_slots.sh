@@ -72,11 +72,13 @@
 #      teacher's pass plans a layer's no-grad transients or a chunk of its output layer: GKD's
 #      teacher phase 9.36 -> 5.80 GiB against 5.66 measured), comm-plan (NCCL's communicators on
 #      two or more GPUs: 2g-0.6b-megatron-tp2-sp +5.3/+12.6 % -> +1.7/+4.2 %, pp2 +14.1/+6.1 % ->
-#      -2.8/+0.1 %; 2g-8b-megatron-tp2's auto choice moves its optimizer to the host) and startup
+#      -2.8/+0.1 %; 2g-8b-megatron-tp2's auto choice moves its optimizer to the host), startup
 #      (the torch host step: Adam's moments made as zeros, not by an lr-0 step; the masters
-#      pageable; the gradient and staging buffers one pinned allocation each: 8B host 163 -> 139.5
-#      GiB, now planned with the pinned allocator's rounding; `python bench/torch_startup.py
-#      --hidden 4096 --layers 36 --heads 32 --intermediate 12288 --repeat 1` times it on a card).
+#      pageable; `python bench/torch_startup.py --hidden 4096 --layers 36 --heads 32
+#      --intermediate 12288 --repeat 1` times it on a card) and pinned-slabs (every pinned host
+#      buffer, HostStore's offload and the host step's gradient and staging copies, carved from
+#      power-of-two slabs: torch's pinned allocator rounded each block up to a power of two, 1.33-
+#      1.41x the bytes a tensor; the plan counts the same packing: 8B host step ~163 -> 137.3 GiB).
 #      Then the whole record on the merged `dagrl/`: on a 4-GPU host the CALL PLAN below (two calls
 #      and one for what a deadline cut, ~25 minutes with the installs); on 2x H200 the five calls
 #      below it (two sessions, `dagrl/` unchanged between them).
