@@ -4,6 +4,7 @@ chooses, and refusals that name the phase and the keys (dry runs on a machine wi
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dagrl.backends.memory import GIB
 from dagrl.backends.model_shape import read_model_shape
@@ -169,6 +170,26 @@ def test_one_backward_holds_the_output_layers_gradient_beside_the_logits():
         "grads": grads,
         "activations": 0.0,
     }
+
+
+def test_the_host_step_counts_what_its_optimizer_allocates_there(small):
+    """With the step on the host the torch optimizer keeps, per trained parameter, the fp32
+    master, its gradient, m and v (16 B) and a staging copy in the model's dtype the rounded
+    weights cross the bus from (2 B in bf16): the plan's host bytes are those of the real
+    optimizer over the same model. The plan counted 16 B before: 15.3 GiB short at 8B."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
+
+    prepared = dry(small, *SMALL_JOB, f"{A}.optimizer_cpu_offload=true")
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(small), dtype=torch.bfloat16)
+    opt = MasterWeightsAdamW(
+        list(model.parameters()), prepared.cfg.actor_rollout_ref.actor.optim, torch.device("cpu")
+    )
+    moments = [v for state in opt.state.values() for k, v in state.items() if k != "step"]
+    held = {t.data_ptr(): t.nbytes for t in (*opt.masters, *opt._grads, *opt._staging, *moments)}
+    assert prepared.memory.host[0]["train"] == sum(held.values())
+    assert sum(held.values()) == 18 * sum(p.numel() for p in model.parameters())
 
 
 def test_accumulated_bucketed_or_upcast_gradients_are_all_there_with_the_logits(small):

@@ -6,7 +6,8 @@ bf16, as megatron's mixed precision. With LoRA (model.lora_rank > 0) the base is
 weights only, no gradient, master or moments) and the adapters are what trains, held as every
 trained weight is: w of weights, w of gradients (during the update only, for bf16), fp32 master
 (bf16) and moments (lora.py). With the optimizer step on the host (actor.optimizer_cpu_offload)
-the device keeps weights and gradients only. `actor.offload` moves weights and optimizer state to
+the device keeps weights and gradients only; the host 16 B a trained parameter and a staging copy
+of it in the model's dtype (w). `actor.offload` moves weights and optimizer state to
 host memory while a colocated role has the device; gradients stay (they live until the next
 update's zero_grad).
 
@@ -136,8 +137,9 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     state = state_bytes(shape, width, spec.trains, on_host, lora)
     kept = between_updates(state, width, on_host)
     mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params), stays=not spec.offload.params)
-    if on_host:  # fp32 master, its gradient, m, v of what trains
-        mem.host = (adapter_params(shape, lora) if lora is not None else shape.params) * 16.0
+    if on_host:  # fp32 master, its gradient, m, v of what trains, and the staging copy in the model's
+        # dtype the rounded weights cross the bus from (mixed_precision.MasterWeightsAdamW)
+        mem.host = (adapter_params(shape, lora) if lora is not None else shape.params) * (16.0 + width)
     elif spec.offload.params:
         mem.host = parts_total(kept) - kept.get("grads", 0.0)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():

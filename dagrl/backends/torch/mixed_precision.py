@@ -14,7 +14,8 @@ fp32 models get no copy: AdamW runs on the parameters themselves, as it always d
 pinned host memory and runs the step there (torch's fused CPU AdamW): the device keeps only the
 compute weights and their gradients, at the price of one gradient copy to the host and one weight
 copy back per step. Bytes per parameter (bf16): device 2 + 2 grads + 12 (master, m, v) = 16
-resident, or 4 with the step on the host (which then holds 16: master, grad, m, v).
+resident, or 4 with the step on the host (which then holds 18: master, grad, m, v and the bf16
+staging copy).
 
 fp16 is refused for training (it needs loss scaling, which this backend does not do): see
 dagrl/config/validate.py.
