@@ -18,11 +18,14 @@ an 80 GiB card. Two figures replace it:
 The phases are the memory plan's (trainer/memory_plan.py), so each figure sits beside the plan's
 row of the same name: `rollout`, `teacher`, the critic's `values` and `critic_update`, `update`.
 
-Both describe one card. The driver keeps one rank's metrics per DP replica (under megatron TP rank 0
-of the last pipeline stage), so a backend that splits the model over cards gathers them first
-(`fullest_cards`): each figure becomes the fullest card's among the replica's ranks, and under
-pipeline parallelism every stage's device in use gets its own key
-(`<phase>/stage<k>_device_memory_used_gib`), beside the plan's figure per stage.
+These describe one card, and so does `*/offload_freed_gib` (`perf/` for the megatron actor,
+`teacher/`), what a role's last offload freed on its card: the largest is the card that held the
+most state, the one the plan's per-device figure counts (under PP its largest stage). The driver
+keeps one rank's metrics per DP replica (under megatron TP rank 0 of the last pipeline stage), so a
+backend that splits the model over cards gathers them first (`fullest_cards`): each figure becomes
+the fullest card's among the replica's ranks, and under pipeline parallelism every stage's device
+in use gets its own key (`<phase>/stage<k>_device_memory_used_gib`), beside the plan's figure per
+stage.
 
 And what the allocator asked of the driver during a phase (`rollout/...` around `generate`,
 `update/...`, `values/...` and `critic_update/...` over those phases): `alloc_retries`, requests
@@ -42,7 +45,8 @@ _peak_used_gib = 0.0  # largest phase-end sample since the last update reported 
 _COUNTS = ("alloc_retries", "device_mallocs", "device_frees")
 _STATS = ("num_alloc_retries", "num_device_alloc", "num_device_free")  # torch.cuda.memory_stats keys
 _phase_counts: tuple[int, ...] = (0, 0, 0)  # allocator_counts() at the last phase_start
-_CARD_FIGURES = ("device_memory_used_gib", "peak_added_gib")  # key endings of card_figures
+# the key endings of card_figures
+_CARD_FIGURES = ("device_memory_used_gib", "peak_added_gib", "offload_freed_gib")
 
 
 def used_gib() -> float:
@@ -101,7 +105,7 @@ def peak_added_gib(start_allocated: int) -> float:
 
 def card_figures(metrics: dict[str, float]) -> dict[str, float]:
     """The figures among `metrics` that describe one card (`*device_memory_used_gib`,
-    `*peak_added_gib`): across cards the fullest one's is kept."""
+    `*peak_added_gib`, `*offload_freed_gib`): across cards the fullest one's is kept."""
     return {key: value for key, value in metrics.items() if key.endswith(_CARD_FIGURES)}
 
 

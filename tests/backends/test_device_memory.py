@@ -144,7 +144,8 @@ def test_the_teacher_pass_per_stage():
 
 
 def test_the_card_figures_are_the_per_card_memory_keys(monkeypatch):
-    """What the ranks gather: not the allocator's counts, nor what an offload freed."""
+    """What the ranks gather: the device in use, the phase's peak and what the last offload freed
+    on the card (under PP the largest stage's, the one the plan counts), not the allocator's counts."""
     FakeCuda().install(monkeypatch)
     metrics = device_memory.update_metrics(device_memory.phase_start())
     assert set(device_memory.card_figures(metrics)) == set(_card(0, 0, 0))
@@ -153,7 +154,4 @@ def test_the_card_figures_are_the_per_card_memory_keys(monkeypatch):
         "teacher/peak_added_gib": 1.0,
         "teacher/offload_freed_gib": 1.0,
     }
-    assert set(device_memory.card_figures(teacher)) == {
-        "teacher/device_memory_used_gib",
-        "teacher/peak_added_gib",
-    }
+    assert set(device_memory.card_figures(teacher)) == set(teacher)

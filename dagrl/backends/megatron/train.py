@@ -337,8 +337,9 @@ class MegatronTrainBackend:
         metrics.update(self._throughput("update", self._step_micros, time.perf_counter() - start, 3))
         metrics.update(padding_stats(self._step_micros).metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
-            metrics.update(replica_figures(device_memory.update_metrics(allocated), "update"))
-            metrics["perf/offload_freed_gib"] = self.offload_freed_gib
+            figures = device_memory.update_metrics(allocated)
+            figures["perf/offload_freed_gib"] = self.offload_freed_gib
+            metrics.update(replica_figures(figures, "update"))
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:

@@ -266,3 +266,16 @@ def test_a_critic_phase_reports_the_fullest_card_of_its_tp_ranks():
         "critic_update/peak_added_gib": 1.5,
         "critic_update/device_mallocs": 12.0,
     }
+
+
+def test_what_the_offload_freed_is_the_fullest_cards_of_the_replica():
+    """PP2: the stages hold different layers and vocabulary matrices, so their offloads free
+    different amounts; the driver keeps the last stage's metrics, the plan counts the larger stage,
+    and so does the figure. The allocator's counts stay the kept rank's."""
+    ranks = [
+        {**CARDS[0], "perf/offload_freed_gib": 4.5, "update/device_mallocs": 7.0},  # stage 0
+        {**CARDS[1], "perf/offload_freed_gib": 4.0, "update/device_mallocs": 5.0},  # stage 1: kept
+    ]
+    kept = _kept(run_distributed(_replica_figures, 2, {"pipeline_model_parallel_size": 2}, "update", ranks))
+    assert kept["perf/offload_freed_gib"] == 4.5 and kept["update/device_mallocs"] == 5.0
+    assert kept["update/stage0_device_memory_used_gib"] == 57.71
