@@ -23,6 +23,11 @@ from dagrl.config.schema import DagrlConfig
 
 GIB = 2**30
 
+# the critic's phases (role critic): the rows of its estimates (torch/memory.py, megatron/memory.py)
+# and the prefixes of the device figures its backends report (torch/critic.py, megatron/critic.py),
+# one name for both so that the run's figure sits beside the plan's
+VALUES_PHASE, CRITIC_UPDATE_PHASE = "values", "critic_update"
+
 _WIDTH = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
 

@@ -468,6 +468,29 @@ def test_critic_on_devices_of_its_own(small):
     assert [r.phase for r in critic.rows] == ["values", "critic_update"]
 
 
+@pytest.mark.parametrize("strategy", ["torch", "megatron"])
+def test_the_critics_device_figures_are_named_after_its_plan_rows(small, monkeypatch, strategy):
+    """The critic backends report each phase's card (device_memory.phase_metrics) under the phase
+    names its estimates give the plan's rows (backends/memory.py), so a run's figure sits beside the
+    plan's (bench/gpu_matrix.py reads `<phase>/device_memory_used_gib` for every planned phase);
+    the critic's renaming of the update loop's figures (actor/ -> critic/) leaves them alone."""
+    from dagrl.backends import device_memory
+    from dagrl.backends.memory import CRITIC_UPDATE_PHASE, VALUES_PHASE
+    from dagrl.objectives.value import critic_metric_names
+    from tests.backends.test_device_memory import FakeCuda
+
+    groups = "placement.colocate_groups=[[train,rollout,ref],[critic]]"
+    prepared = dry(
+        small, *SMALL_JOB, "algorithm=ppo", "trainer.n_gpus_per_node=2", groups, f"critic.strategy={strategy}"
+    )
+    planned = [r.phase for r in prepared.memory.groups[1].rows]
+    assert planned == [VALUES_PHASE, CRITIC_UPDATE_PHASE]
+    FakeCuda().install(monkeypatch)  # no GPU here: the figures' names, not their values
+    for phase in planned:
+        logged = critic_metric_names(device_memory.phase_metrics(phase, device_memory.phase_start()))
+        assert {f"{phase}/device_memory_used_gib", f"{phase}/peak_added_gib"} <= set(logged)
+
+
 def test_critic_phase_over_the_card_names_its_own_levers(small):
     from dagrl.trainer.capacity import phase_levers
 

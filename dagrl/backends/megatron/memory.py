@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dagrl.backends.memory import (
+    CRITIC_UPDATE_PHASE,
+    VALUES_PHASE,
     RoleMemory,
     Workload,
     forward_phases,
@@ -305,12 +307,12 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
     width = param_width(m.param_dtype)
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
-    mem.phases["values"] = {
+    mem.phases[VALUES_PHASE] = {
         "activations": float(layer_activation_bytes(shape, width, mlayout) * forward.tokens)
     }
     mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
     budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
     work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
     (phase,) = update_stages(shape, width, mlayout, work, recompute_layers(m, shape), logits=False)
-    mem.phases["critic_update"] = {"activations": phase["activations"]}
+    mem.phases[CRITIC_UPDATE_PHASE] = {"activations": phase["activations"]}
     return mem

@@ -24,6 +24,8 @@ dtype exist only during the update when fp32 masters (or the host step) take the
 from __future__ import annotations
 
 from dagrl.backends.memory import (
+    CRITIC_UPDATE_PHASE,
+    VALUES_PHASE,
     RoleMemory,
     Workload,
     forward_phases,
@@ -173,13 +175,13 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     if spec.offload.params:
         mem.host = parts_total(kept) - kept.get("grads", 0.0)
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
-    mem.phases["values"] = {"activations": float(layer_activation_bytes(shape, width) * forward.tokens)}
+    mem.phases[VALUES_PHASE] = {"activations": float(layer_activation_bytes(shape, width) * forward.tokens)}
     mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
     budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
     work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
     recompute = update.model.gradient_checkpointing
     activations = update_bytes(shape, width, work, recompute, logits=False)["activations"]
-    mem.phases["critic_update"] = {k: v for k, v in state.items() if k not in kept} | {
+    mem.phases[CRITIC_UPDATE_PHASE] = {k: v for k, v in state.items() if k not in kept} | {
         "activations": activations
     }
     return mem
