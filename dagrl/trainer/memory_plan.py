@@ -26,7 +26,10 @@ from dagrl.config.roles import Role, RoleSpec
 from dagrl.config.schema import DagrlConfig
 from dagrl.registry import BACKENDS
 
-CONTEXT_BYTES = 1.0 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers: outside the allocator
+# CUDA context, cuBLAS workspace, NCCL buffers: outside the allocator. A one-GPU worker held 0.51 GiB
+# at vLLM's start (H200, 2026-11-28); a sleeping engine's non-torch memory (0.22) and buffers are
+# inside this too, its CUDA graphs are its own (backends/vllm/memory.py: asleep_bytes)
+CONTEXT_BYTES = 1.0 * GIB
 
 # (phase, the role that has the device, the phase of the role's estimate), in the order a step runs
 # them; a sampling job's sampler samples as a rollout does, reward models score in a phase each
