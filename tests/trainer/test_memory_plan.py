@@ -634,3 +634,34 @@ def test_each_pipeline_stage_is_planned_and_the_phase_holds_the_largest(small):
     assert f"train's pipeline stages, first to last: {first / GIB:.2f}, {last / GIB:.2f}" in text
     one_gpu = dry(small, *megatron)
     assert "pipeline stages" not in format_memory_plan(one_gpu.memory)
+
+
+@pytest.mark.parametrize("strategy", ["torch", "megatron"])
+def test_the_teacher_pass_holds_a_layer_or_a_chunk_of_logits_never_the_whole(small, qwen3_4b, strategy):
+    # the teacher's top-K pass runs its output layer a chunk of tokens at a time (its allocator peak
+    # on an H200 was one layer's MLP: 0.85 GiB for a 1.7B teacher, where the whole logits planned 4.65)
+    def teacher_row(model: str, *extra: str):
+        prepared = dry(  # the student as the teacher: distillation needs one vocabulary
+            model, *SMALL_JOB, "algorithm=gkd", f"teacher.model={model}", f"{A}.strategy={strategy}", *extra
+        )
+        [group] = prepared.memory.groups
+        return next(r for r in group.rows if r.phase == "teacher").parts
+
+    # the small teacher: 8 rows × 24 tokens (8 scored); the chunk holds all 64 response positions,
+    # their logits in bf16 beside three fp32 copies (14 B × 1000 words), with the final hidden states
+    # (2 B × 64 × 192 tokens): more than a layer's MLP and residual (2 B × 192 × (3·128 + 2·64))
+    parts = teacher_row(small)
+    assert parts["logits"] == 2 * 64 * 192 + 64 * 1000 * 14
+    assert "activations" not in parts
+    # a 4B-shape teacher on 2 rows × 24 tokens: 16 scored positions' logits (14 B × 151,936 words
+    # each: 34 MB) outweigh a layer's transients (2 B × 48 tokens × (3·9728 + 2·2560): 3.3 MB)
+    parts = teacher_row(qwen3_4b, "teacher.log_prob_micro_batch_size_per_gpu=2")
+    assert parts["logits"] == 2 * 48 * 2560 + 16 * 151_936 * 14
+    # a whole micro-batch of 64 rows of 2,048 + 512 tokens: the layer's transients (the chunk is 110
+    # tokens), not every tensor a layer saves for a backward (a log-prob pass's count: 169,984 B a token)
+    long = ("data.max_prompt_length=2048", "data.max_response_length=512", "data.train_batch_size=16")
+    long += ("trainer.gpu_memory_gib=140",)
+    parts = teacher_row(qwen3_4b, *long)
+    tokens = 64 * 2560
+    assert parts == {"weights": parts["weights"], "activations": 2 * tokens * (3 * 9728 + 2 * 2560)}
+    assert parts["activations"] < 169_984 * tokens

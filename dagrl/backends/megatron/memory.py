@@ -34,6 +34,7 @@ from dagrl.backends.memory import (
     forward_phases,
     param_width,
     parts_total,
+    teacher_forward_bytes,
     update_workload,
     workload,
 )
@@ -244,7 +245,10 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
     width = param_width(m.param_dtype)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
-        mem.phases[phase] = forward_bytes(shape, width, mlayout, work)
+        if phase == "teacher":  # chunked over the vocabulary shard: no whole logits
+            mem.phases[phase] = teacher_forward_bytes(shape, width, work, mlayout.tp, mlayout.cp)
+        else:
+            mem.phases[phase] = forward_bytes(shape, width, mlayout, work)
     if spec.trains:
         work = update_workload(cfg, layout.dp)
         stages = update_stages(shape, width, mlayout, work, recompute_layers(m, shape))

@@ -31,6 +31,7 @@ from dagrl.backends.memory import (
     forward_phases,
     param_width,
     parts_total,
+    teacher_forward_bytes,
     update_workload,
     workload,
 )
@@ -145,7 +146,10 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     elif spec.offload.params:
         mem.host = parts_total(kept) - kept.get("grads", 0.0)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
-        mem.phases[phase] = forward_bytes(shape, width, work)
+        if phase == "teacher":  # chunked over the vocabulary: no whole logits
+            mem.phases[phase] = teacher_forward_bytes(shape, width, work)
+        else:
+            mem.phases[phase] = forward_bytes(shape, width, work)
     if lora is not None and lora.sync == LoraSync.merged:  # the sync's merged weights
         bucket = arr.rollout.weight_sync_bucket_mb * 2.0**20
         mem.phases["weight_sync"] = {"merged": merged_sync_bytes(shape, lora, width, bucket)}
