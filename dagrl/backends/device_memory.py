@@ -19,7 +19,7 @@ The phases are the memory plan's (trainer/memory_plan.py), so each figure sits b
 row of the same name: `rollout`, `teacher`, the critic's `values` and `critic_update`, `update`.
 
 These describe one card, and so does `*/offload_freed_gib` (`perf/` for the megatron actor,
-`teacher/`), what a role's last offload freed on its card: the largest is the card that held the
+`teacher/`, `critic_update/` for the megatron critic), what a role's last offload freed on its card: the largest is the card that held the
 most state, the one the plan's per-device figure counts (under PP its largest stage). The driver
 keeps one rank's metrics per DP replica (under megatron TP rank 0 of the last pipeline stage), so a
 backend that splits the model over cards gathers them first (`fullest_cards`): each figure becomes
@@ -28,7 +28,7 @@ in use gets its own key (`<phase>/stage<k>_device_memory_used_gib`), beside the 
 stage.
 
 And what the allocator asked of the driver during a phase (`rollout/...` around `generate`,
-`update/...`, `values/...` and `critic_update/...` over those phases): `alloc_retries`, requests
+`update/...`, `teacher/...`, `values/...` and `critic_update/...` over those phases): `alloc_retries`, requests
 that failed until it released its cached blocks (each release synchronizes the device),
 `device_mallocs` and `device_frees`, its calls to the driver. A step-to-step spread in a phase's
 time beside a spread in these is the allocator's. They are the counts of the rank whose metrics the

@@ -209,10 +209,16 @@ class MegatronCriticBackend:
         metrics = self._figures(VALUES_PHASE, allocated) if cuda else {}
         return Batch({"values": torch.cat([o["values"] for o in outputs]).cpu()}), metrics
 
-    def _figures(self, phase: str, allocated: int) -> dict[str, float]:
+    def _figures(
+        self, phase: str, allocated: int, offload_freed_gib: float | None = None
+    ) -> dict[str, float]:
         """A phase's device figures (device_memory.py), the fullest card's of the DP replica: every
-        rank runs the phase, the driver keeps one rank's metrics."""
-        return replica_figures(device_memory.phase_metrics(phase, allocated), phase)
+        rank runs the phase, the driver keeps one rank's metrics. `offload_freed_gib`: what the
+        critic's last offload freed on this card (the update's, where it offloads)."""
+        figures = device_memory.phase_metrics(phase, allocated)
+        if offload_freed_gib is not None:
+            figures[f"{phase}/offload_freed_gib"] = offload_freed_gib
+        return replica_figures(figures, phase)
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
@@ -226,7 +232,7 @@ class MegatronCriticBackend:
         metrics["perf/critic_update_s"] = time.perf_counter() - start
         metrics = critic_metric_names(metrics)
         if cuda:
-            metrics.update(self._figures(CRITIC_UPDATE_PHASE, allocated))
+            metrics.update(self._figures(CRITIC_UPDATE_PHASE, allocated, self.offload_freed_gib))
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:

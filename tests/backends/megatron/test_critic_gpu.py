@@ -70,6 +70,9 @@ def test_megatron_critic_and_actor_take_turns_on_the_device():
         losses.append(update_metrics["critic/vf_loss"])
     assert losses[-1] < losses[0], losses
     assert_device_figures({"values": values_metrics, "critic_update": update_metrics})
+    # what the critic's last offload freed (its weights and optimizer state), beside its update's figures
+    assert update_metrics["critic_update/offload_freed_gib"] == pytest.approx(critic.offload_freed_gib)
+    assert critic.offload_freed_gib > 0
     w.shutdown()
 
 
