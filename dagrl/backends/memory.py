@@ -62,6 +62,9 @@ class RoleMemory:
     # phase -> one dict per pipeline stage of the role's bytes while it has the device (state and
     # the phase's parts), where its stages differ; `active` and `phases` hold the largest stage's
     stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    # the NCCL communicators its processes make, name -> bytes (backends/communicators.py): a name
+    # another role of the same process gives is the same communicator
+    communicators: dict[str, float] = field(default_factory=dict)
 
     def peak(self) -> float:
         """The most it holds in any phase (what torch's cache keeps where nothing empties it)."""

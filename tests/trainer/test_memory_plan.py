@@ -665,3 +665,107 @@ def test_the_teacher_pass_holds_a_layer_or_a_chunk_of_logits_never_the_whole(sma
     tokens = 64 * 2560
     assert parts == {"weights": parts["weights"], "activations": 2 * tokens * (3 * 9728 + 2 * 2560)}
     assert parts["activations"] < 169_984 * tokens
+
+
+MEGATRON_TP2 = (
+    f"{A}.strategy=megatron",
+    "trainer.n_gpus_per_node=2",
+    f"{A}.megatron.tensor_model_parallel_size=2",
+    f"{A}.megatron.sequence_parallel=true",
+    f"{R}.tensor_model_parallel_size=2",
+)
+
+
+def test_a_tp2_megatron_layout_counts_each_processes_nccl_communicators(small):
+    """Megatron TP2 + SP beside vLLM at TP2 on two GPUs (the 2g-0.6b-megatron-tp2-sp row's layout):
+    each process holds NCCL's communicators outside torch's allocator (backends/communicators.py),
+    the same in every phase: the default group's (the optimizer's build), megatron's data-parallel
+    group of one rank, its gradient norm's and TP groups, vLLM's own TP group. That row read
+    +3.9 / +4.2 GiB over a plan that counted none (docs/gpu_acceptance.md, session 24)."""
+    from dagrl.backends.communicators import FIRST_EXTRA_BYTES, GROUP_BYTES, ONE_RANK_BYTES
+
+    prepared = dry(small, *SMALL_JOB, *MEGATRON_TP2)
+    [group] = prepared.memory.groups
+    assert group.communicators == {
+        "world": GROUP_BYTES,
+        "megatron dp": ONE_RANK_BYTES,
+        "megatron grad norm": GROUP_BYTES,
+        "megatron tp": GROUP_BYTES,
+        "vllm tp": GROUP_BYTES,
+    }
+    # the first communicator's 0.82 GiB, three more of two ranks at 0.47, one of one rank at 0.38
+    nccl = FIRST_EXTRA_BYTES + 4 * GROUP_BYTES + ONE_RANK_BYTES
+    assert nccl / GIB == pytest.approx(2.61)
+    assert {r.phase for r in group.rows} >= {"rollout", "update"}
+    for row in group.rows:
+        assert row.nccl == nccl
+        others = sum(row.others.values())
+        assert row.total == pytest.approx(CONTEXT_BYTES + nccl + sum(row.parts.values()) + others)
+    text = format_memory_plan(prepared.memory)
+    assert "; context 1.00; nccl 2.61" in text
+    assert (
+        "nccl: 2.61 in each process, its communicators world, megatron dp, megatron grad norm, megatron tp"
+        in text
+    )
+
+
+def test_one_gpu_counts_no_communicator(small):
+    """On one GPU every group is of one rank: CONTEXT_BYTES holds them, as the one-GPU rows
+    measured, and the table reads as it did before communicators were counted."""
+    prepared = dry(small, *SMALL_JOB, f"{A}.strategy=megatron")
+    [group] = prepared.memory.groups
+    assert group.communicators == {}
+    for row in group.rows:
+        assert row.nccl == 0.0
+        others = sum(row.others.values())
+        assert row.total == pytest.approx(CONTEXT_BYTES + sum(row.parts.values()) + others)
+    assert "nccl" not in format_memory_plan(prepared.memory)
+
+
+@pytest.mark.parametrize(
+    "layout, made",
+    [
+        # the stages' sends and receives, the export's collectives, the tied embedding's group
+        (
+            (f"{A}.strategy=megatron", f"{A}.megatron.pipeline_model_parallel_size=2"),
+            {
+                "world",
+                "megatron dp",
+                "megatron grad norm",
+                "megatron pp send/recv",
+                "megatron pp",
+                "megatron embedding",
+            },
+        ),
+        # DDP's default group; the reference (forward only, torch) talks over none of its own
+        ((f"{A}.use_kl_loss=true",), {"world"}),
+        # the engine at TP2 beside a torch trainer
+        ((f"{R}.tensor_model_parallel_size=2",), {"world", "vllm tp"}),
+    ],
+)
+def test_two_gpu_layouts_name_the_communicators_their_processes_make(small, layout, made):
+    prepared = dry(small, *SMALL_JOB, "trainer.n_gpus_per_node=2", *layout)
+    [group] = prepared.memory.groups
+    assert set(group.communicators) == made
+
+
+def test_separate_pools_count_the_weight_sync_group_on_both_sides(small):
+    """The trainer's rank 0 and every engine worker join the sync's own broadcast group
+    (backends/weight_broadcast.py): its communicator is the only one of a one-GPU trainer and
+    engine, the first of each process (0.82 GiB); a DDP trainer on two GPUs adds the default group's."""
+    from dagrl.backends.communicators import FIRST_EXTRA_BYTES, GROUP_BYTES
+
+    train, rollout = dry(small, *SMALL_JOB, "placement=separate", "trainer.n_gpus_per_node=2").memory.groups
+    for group in (train, rollout):
+        assert group.communicators == {"weight sync": GROUP_BYTES}
+        assert {r.nccl for r in group.rows} == {FIRST_EXTRA_BYTES + GROUP_BYTES}
+    two = (
+        "placement=separate",
+        "placement.gpus.train=2",
+        "placement.gpus.rollout=1",
+        "trainer.n_gpus_per_node=3",
+    )
+    train, rollout = dry(small, *SMALL_JOB, *two).memory.groups
+    assert set(train.communicators) == {"world", "weight sync"} and set(rollout.communicators) == {
+        "weight sync"
+    }

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from dagrl.backends.communicators import GROUP_BYTES, PAIR_BYTES, group_bytes
 from dagrl.backends.memory import (
     CRITIC_UPDATE_PHASE,
     VALUES_PHASE,
@@ -216,6 +217,53 @@ def stays(spec) -> bool:
     return not (o.params or (spec.trains and (o.grads or o.optimizer)))
 
 
+def communicators(
+    layout: MegatronLayout, trains: bool, tied: bool, distributed_optimizer: bool
+) -> dict[str, float]:
+    """The NCCL communicators a megatron role's process makes (backends/communicators.py): those of
+    the groups megatron-core 0.16.1 talks over in a step, as traced on the CPU under gloo (TP2,
+    TP2+SP, PP2, DP2 in tests/backends/megatron/test_comm_groups.py; TP2xPP2 and TP2xDP2 on four
+    ranks once, by hand):
+    - training: the default group (the optimizer's build gathers its parameter keys over it), the
+      data-parallel group (its gradients and, with the distributed optimizer, the parameters'
+      all-gather: a group of one rank at DP 1), the gradient norm's group (with the distributed
+      optimizer every rank of the instance, a group of its own; without it the model-parallel ranks);
+    - TP: the tensor-parallel group (layers, sequence parallel, log-probs, the weight export);
+    - PP: the stages' sends and receives, the pipeline group's collectives (the weight export, when
+      training) and, for a tied model, the embedding group (both ends' copies kept in step).
+    A forward-only role (the reference, a teacher) makes only its TP and PP ones; colocated with the
+    actor it shares megatron's groups, so the names agree. Read, not traced (no CPU path runs
+    them): CP's group (TransformerEngine's attention), EP's token exchange and the experts'
+    data-parallel group; the other expert groups are not counted. One worker: none (the groups are
+    all of one rank: backends/communicators.py)."""
+    if layout.workers == 1:
+        return {}
+    made = {}
+    if trains:
+        made["world"] = GROUP_BYTES
+        made["megatron dp"] = group_bytes(layout.dp * layout.cp)
+        norm_ranks = layout.workers if distributed_optimizer else layout.tp * layout.pp
+        made["megatron grad norm"] = group_bytes(norm_ranks)
+    if layout.tp > 1:
+        made["megatron tp"] = GROUP_BYTES
+    if layout.pp > 1:
+        # megatron batches a step's sends and receives (batch_p2p_comm), which torch runs on the
+        # pipeline group's communicator, adding NCCL's point-to-point buffers to it; counted as the
+        # probe's send/recv pair (its own communicator there: high by a communicator's base, if
+        # anything); a middle stage talks to two neighbours
+        made["megatron pp send/recv"] = PAIR_BYTES * (1 if layout.pp == 2 else 2)
+        if trains:
+            made["megatron pp"] = GROUP_BYTES
+        if tied:
+            made["megatron embedding"] = GROUP_BYTES
+    if layout.cp > 1:
+        made["megatron cp"] = GROUP_BYTES
+    if layout.ep > 1:
+        made["megatron ep"] = GROUP_BYTES
+        made["megatron expert dp"] = group_bytes(layout.workers // (layout.etp * layout.ep * layout.pp))
+    return made
+
+
 def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The megatron backend's registered estimate: a role's footprint per device, per phase."""
     m = spec.megatron
@@ -243,6 +291,7 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     # gradient buffers are freed, not copied: the next update zeroes them)
     moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
     mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
+    mem.communicators = communicators(mlayout, spec.trains, shape.tied, m.use_distributed_optimizer)
     width = param_width(m.param_dtype)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
         if phase == "teacher":  # chunked over the vocabulary shard: no whole logits
@@ -309,6 +358,7 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     # host, as the actor's: what offload copies there (freed gradient buffers are copied nowhere)
     moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
     mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
+    mem.communicators = communicators(mlayout, True, shape.tied, m.use_distributed_optimizer)
     width = param_width(m.param_dtype)
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
     mem.phases[VALUES_PHASE] = {

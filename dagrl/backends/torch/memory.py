@@ -23,6 +23,7 @@ dtype exist only during the update when fp32 masters (or the host step) take the
 
 from __future__ import annotations
 
+from dagrl.backends.communicators import GROUP_BYTES
 from dagrl.backends.memory import (
     CRITIC_UPDATE_PHASE,
     VALUES_PHASE,
@@ -132,6 +133,13 @@ def forward_bytes(shape: ModelShape, width: int, work: Workload) -> dict[str, fl
     return {"logits": logits} if logits >= layer else {"activations": layer}
 
 
+def communicators(trains: bool, workers: int) -> dict[str, float]:
+    """The NCCL communicators a torch role's process makes (backends/communicators.py): a trained
+    model on more than one worker is wrapped in DDP, which broadcasts it and all-reduces its
+    gradients over the pool's default group; a forward-only one talks over none."""
+    return {"world": GROUP_BYTES} if trains and workers > 1 else {}
+
+
 def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The torch backend's registered estimate: a role's footprint per device, per phase."""
     arr, width = cfg.actor_rollout_ref, param_width(spec.model.dtype)
@@ -140,6 +148,7 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     state = state_bytes(shape, width, spec.trains, on_host, lora)
     kept = between_updates(state, width, on_host)
     mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params), stays=not spec.offload.params)
+    mem.communicators = communicators(spec.trains, layout.workers)
     if on_host:  # fp32 master, its gradient, m, v of what trains, and the staging copy in the model's
         # dtype the rounded weights cross the bus from (mixed_precision.MasterWeightsAdamW)
         mem.host = (adapter_params(shape, lora) if lora is not None else shape.params) * (16.0 + width)
@@ -176,6 +185,7 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     state = state_bytes(shape, width, trains=True)
     kept = between_updates(state, width, optimizer_on_host=False)
     mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params), stays=not spec.offload.params)
+    mem.communicators = communicators(True, layout.workers)
     if spec.offload.params:
         mem.host = parts_total(kept) - kept.get("grads", 0.0)
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)

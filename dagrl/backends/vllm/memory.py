@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from dagrl.backends.communicators import GROUP_BYTES
 from dagrl.backends.memory import GIB, RoleMemory, param_width
 from dagrl.backends.model_shape import ModelShape
 from dagrl.backends.vllm.engine_args import SLEEPING_SHARE, TEACHER_GPU_MEMORY_UTILIZATION, serves_adapter
@@ -116,6 +117,15 @@ def awake_share(shape: ModelShape, width: int, tp: int, rows: int, context: int,
     return min(SLEEPING_SHARE, math.ceil(100 * need / card) / 100)
 
 
+def communicators(tp: int) -> dict[str, float]:
+    """The NCCL communicator an engine's process makes (backends/communicators.py): at TP > 1 vLLM's
+    own over its TP group (PyNcclCommunicator, vllm/distributed/device_communicators/pynccl.py),
+    made at start before vLLM measures the memory it takes its share from, so it sits beside that
+    share. The torch groups vLLM makes beside it do not talk here: its all-reduces and all-gathers go
+    through that communicator (custom all-reduce is off), and it runs no pipeline or data parallel."""
+    return {"vllm tp": GROUP_BYTES} if tp > 1 else {}
+
+
 def rollout_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The vllm rollout's registered estimate: its pool while it samples; asleep (colocated, with
     free_cache_engine) its CUDA graphs on the device and, at level 1, its weight shard on the host; awake
@@ -129,11 +139,13 @@ def rollout_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated:
     if not sleeps and colocated > 1:  # awake beside other roles: the sampling transient stays cached
         rows = math.ceil(cfg.data.train_batch_size * r.n / layout.dp)
         idle["sampling"] = active["sampling"] = rows * shape.vocab * SAMPLING_BYTES_PER_ROW_WORD
-    return RoleMemory({}, idle, {"rollout": active}, host, stays=not sleeps)
+    mem = RoleMemory({}, idle, {"rollout": active}, host, stays=not sleeps)
+    mem.communicators = communicators(spec.parallel.tp)
+    return mem
 
 
 def teacher_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The standalone teacher's registered estimate: its own devices, never asleep."""
     util = spec.engine_kwargs.get("gpu_memory_utilization", TEACHER_GPU_MEMORY_UTILIZATION)
     pool = pool_bytes(util, card)
-    return RoleMemory({}, pool, {"teacher": pool}, stays=True)
+    return RoleMemory({}, pool, {"teacher": pool}, stays=True, communicators=communicators(spec.parallel.tp))
