@@ -62,31 +62,29 @@ class MasterWeightsAdamW:
         self.inner = torch.optim.AdamW(self.masters, **kwargs)
         self._create_moments()
 
-    @torch.no_grad()
     def _create_moments(self) -> None:
-        """Have AdamW create its state now, before any forward. Left to the first step, the
-        moments (8 B per parameter, for the whole run) are carved out of cached blocks that the
-        step's transient gradients and activations also use, and pin those segments in torch's
-        cache: the hand-over's empty_cache cannot return them. On a GPU (4B torch, 2026-11-27)
-        13.7 GiB stayed reserved but unallocated at every hand-over, the rollout 14 GiB above the
-        plan. A step at lr 0 on zero gradients writes zeros into m and v and leaves every weight
-        as it is (AdamW's decay is lr x weight_decay); its step count is set back to 0, so the
-        first real step is exactly the one a lazily created state would take."""
-        lrs = [group["lr"] for group in self.inner.param_groups]
+        """Have AdamW's state exist now, before any forward. Left to the first step, the moments
+        (8 B per parameter, for the whole run) are carved out of cached blocks that the step's
+        transient gradients and activations also use, and pin those segments in torch's cache:
+        the hand-over's empty_cache cannot return them. On a GPU (4B torch, 2026-11-27) 13.7 GiB
+        stayed reserved but unallocated at every hand-over, the rollout 14 GiB above the plan.
+
+        The state is the one AdamW's first step creates (torch/optim/adam.py, Adam._init_group):
+        m and v zeros like each master, a step count of 0 (float32, on the master's device for the
+        fused kernel, on the CPU otherwise), so the first real step is exactly a lazy state's. It
+        used to come from a step at lr 0 on zero gradients, which also allocated a zero gradient
+        per master (4 B a parameter, at the peak) and ran a full AdamW pass: for a 0.4B model on
+        the host that took 1.64 s and the process peaked at 7.3 GiB; the zeros alone take 0.61 s,
+        with a 5.8 GiB peak (2 CPU cores, bench/torch_startup.py)."""
         for group in self.inner.param_groups:
-            group["lr"] = 0.0
-        for m in self.masters:
-            m.grad = torch.zeros_like(m)
-        self.inner.step()
-        for m in self.masters:
-            m.grad = None
-        for group, lr in zip(self.inner.param_groups, lrs):
-            group["lr"] = lr
-        for state in self.inner.state.values():
-            if isinstance(state.get("step"), torch.Tensor):
-                state["step"].zero_()
-            else:
-                state["step"] = 0
+            assert not group["amsgrad"], "AdamW's max_exp_avg_sq is not made here"
+            on_param = group["fused"] or group["capturable"]
+            for m in group["params"]:
+                self.inner.state[m] = {
+                    "step": torch.zeros((), dtype=torch.float32, device=m.device if on_param else "cpu"),
+                    "exp_avg": torch.zeros_like(m, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(m, memory_format=torch.preserve_format),
+                }
 
     @property
     def param_groups(self) -> list[dict]:
@@ -176,7 +174,7 @@ class MasterWeightsAdamW:
             m.copy_(source)
 
 
-def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
+def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool = False) -> torch.Tensor:
     return torch.empty(p.shape, dtype=dtype, device=device, pin_memory=pin)
 
 
