@@ -11,11 +11,14 @@ by AdamW in fp32; the result is rounded once into the compute weights the next f
 fp32 models get no copy: AdamW runs on the parameters themselves, as it always did.
 
 `host` (actor.optimizer_cpu_offload) puts the masters, their gradients and Adam's moments in
-pinned host memory and runs the step there (torch's fused CPU AdamW): the device keeps only the
-compute weights and their gradients, at the price of one gradient copy to the host and one weight
-copy back per step. Bytes per parameter (bf16): device 2 + 2 grads + 12 (master, m, v) = 16
-resident, or 4 with the step on the host (which then holds 18: master, grad, m, v and the bf16
-staging copy).
+host memory and runs the step there (torch's fused CPU AdamW): the device keeps only the compute
+weights and their gradients, at the price of one gradient copy to the host and one weight copy
+back per step. Only the buffers those copies go through are pinned (page-locked): the masters and
+moments are read and written by the host step (and checkpoints) where they are, and pinning is
+dear: cudaHostAlloc locks every page, under a driver-wide lock, and torch's pinned allocator rounds
+each block up to a power of two (Qwen3-8B's fp32 masters, 30.5 GiB, would lock 40.6). Bytes per
+parameter (bf16): device 2 + 2 grads + 12 (master, m, v) = 16 resident, or 4 with the step on the
+host (which then holds 18: master, grad, m, v and the bf16 staging copy).
 
 fp16 is refused for training (it needs loss scaling, which this backend does not do): see
 dagrl/config/validate.py.
@@ -46,12 +49,13 @@ class MasterWeightsAdamW:
         master_device = host or device
         self.copies = host is not None or any(p.dtype != torch.float32 for p in self.params)
         self.masters = self.params
-        pin = master_device.type == "cpu" and device.type == "cuda"  # async copies need pinned pages
-        if self.copies:
-            self.masters = [
-                _empty(p, torch.float32, master_device, pin).copy_(p.detach()) for p in self.params
-            ]
-        if host is not None:  # gradients and rounded weights cross the bus through reusable buffers
+        if self.copies:  # host masters never cross the bus asynchronously: pageable (module docstring)
+            self.masters = [_empty(p, torch.float32, master_device).copy_(p.detach()) for p in self.params]
+        if host is not None:
+            # what crosses the bus each step, through reusable buffers: the gradients (upcast on the
+            # device by the asynchronous copy, so fp32 crosses) and the rounded weights. Pinned,
+            # as asynchronous copies need: from pageable memory they are staged by the driver
+            pin = host.type == "cpu" and device.type == "cuda"
             self._grads = [_empty(p, torch.float32, host, pin) for p in self.params]
             self._staging = [_empty(p, p.dtype, host, pin) for p in self.params]
         kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
