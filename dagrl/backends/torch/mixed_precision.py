@@ -18,7 +18,8 @@ moments are read and written by the host step (and checkpoints) where they are, 
 dear: cudaHostAlloc locks every page, under a driver-wide lock, and torch's pinned allocator rounds
 each block up to a power of two (Qwen3-8B's fp32 masters, 30.5 GiB, would lock 40.6). Bytes per
 parameter (bf16): device 2 + 2 grads + 12 (master, m, v) = 16 resident, or 4 with the step on the
-host (which then holds 18: master, grad, m, v and the bf16 staging copy).
+host, which then holds 12 pageable (master, m, v) and 6 pinned (the fp32 gradient and the bf16
+staging copy, each kind one allocation rounded up to a power of two: `pinned_bytes`).
 
 fp16 is refused for training (it needs loss scaling, which this backend does not do): see
 dagrl/config/validate.py.
@@ -56,8 +57,8 @@ class MasterWeightsAdamW:
             # device by the asynchronous copy, so fp32 crosses) and the rounded weights. Pinned,
             # as asynchronous copies need: from pageable memory they are staged by the driver
             pin = host.type == "cpu" and device.type == "cuda"
-            self._grads = [_empty(p, torch.float32, host, pin) for p in self.params]
-            self._staging = [_empty(p, p.dtype, host, pin) for p in self.params]
+            self._grads = _flat_views(self.params, torch.float32, host, pin)
+            self._staging = _flat_views(self.params, None, host, pin)
         kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
         if (self.copies and master_device.type == "cpu") or master_device.type == "cuda":
             # one fused kernel over p, g, m, v: on the GPU also no foreach temporaries (the
@@ -180,6 +181,43 @@ class MasterWeightsAdamW:
 
 def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool = False) -> torch.Tensor:
     return torch.empty(p.shape, dtype=dtype, device=device, pin_memory=pin)
+
+
+_ALIGN = 64  # elements: every view starts 256-byte aligned in fp32 (128 in bf16)
+
+
+def flat_numel(params: list[torch.Tensor]) -> int:
+    """Elements of one buffer that holds a view shaped like each of `params`, each view aligned."""
+    return sum(-(-p.numel() // _ALIGN) * _ALIGN for p in params)
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """What torch's pinned host allocator takes for a request of `nbytes`: the next power of two
+    (it rounds every block up so that freed blocks are reused by size)."""
+    return 1 << max(0, nbytes - 1).bit_length()
+
+
+def _flat_views(
+    params: list[torch.Tensor], dtype: torch.dtype | None, device: torch.device, pin: bool
+) -> list[torch.Tensor]:
+    """A buffer on `device` for every parameter, in `dtype` (None: the parameter's own), as views of
+    one allocation per dtype. Pinned, one buffer per parameter cost up to twice its bytes (torch
+    rounds each pinned block up to a power of two: 61 GiB for the 45.8 GiB of Qwen3-8B's gradient
+    and staging buffers); one buffer is rounded once (pinned_bytes: 32 + 16 GiB there) and pinned
+    in one call."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, p in enumerate(params):
+        by_dtype.setdefault(dtype or p.dtype, []).append(i)
+    views: list[torch.Tensor] = [torch.empty(0)] * len(params)
+    for kind, members in by_dtype.items():
+        flat = torch.empty(
+            flat_numel([params[i] for i in members]), dtype=kind, device=device, pin_memory=pin
+        )
+        offset = 0
+        for i in members:
+            views[i] = flat[offset : offset + params[i].numel()].view(params[i].shape)
+            offset += -(-params[i].numel() // _ALIGN) * _ALIGN
+    return views
 
 
 def device_bytes_per_param(compute_bytes: int, cpu_offload: bool) -> int:
