@@ -180,12 +180,13 @@ def test_one_backward_holds_the_output_layers_gradient_beside_the_logits():
 
 def test_the_host_step_counts_what_its_optimizer_allocates_there(small):
     """With the step on the host the torch optimizer keeps, per trained parameter, the fp32
-    master, its gradient, m and v (16 B) and a staging copy in the model's dtype the rounded
-    weights cross the bus from (2 B in bf16): the plan's host bytes are those of the real
-    optimizer over the same model. The plan counted 16 B before: 15.3 GiB short at 8B."""
+    master, m and v (12 B, pageable), and the pinned buffers the copies cross: the fp32 gradient
+    and a staging copy in the model's dtype the rounded weights cross the bus from (2 B in bf16):
+    the plan's host bytes are those of the real optimizer over the same model, with the pinned
+    allocator's rounding. The plan counted 16 B before: 15.3 GiB short at 8B."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
+    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW, flat_numel, pinned_bytes
 
     prepared = dry(small, *SMALL_JOB, f"{A}.optimizer_cpu_offload=true")
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(small), dtype=torch.bfloat16)
@@ -193,9 +194,21 @@ def test_the_host_step_counts_what_its_optimizer_allocates_there(small):
         list(model.parameters()), prepared.cfg.actor_rollout_ref.actor.optim, torch.device("cpu")
     )
     moments = [v for state in opt.state.values() for k, v in state.items() if k != "step"]
-    held = {t.data_ptr(): t.nbytes for t in (*opt.masters, *opt._grads, *opt._staging, *moments)}
-    assert prepared.memory.host[0]["train"] == sum(held.values())
-    assert sum(held.values()) == 18 * sum(p.numel() for p in model.parameters())
+    held = {t.data_ptr(): t.nbytes for t in (*opt.masters, *moments)}
+    params = sum(p.numel() for p in model.parameters())
+    assert sum(held.values()) == 12 * params
+    # the buffers the copies cross: one allocation each (views of it), pinned on a GPU host, where
+    # torch rounds a block up to a power of two; one per parameter would round each (~1.3x at 8B)
+    flats = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (*opt._grads, *opt._staging)
+    }
+    assert len(flats) == 2 and sorted(flats.values()) == [
+        2 * flat_numel(opt.params),
+        4 * flat_numel(opt.params),
+    ]
+    pinned = sum(pinned_bytes(n) for n in flats.values())
+    assert pinned == pinned_bytes(4 * params) + pinned_bytes(2 * params)  # 1 MiB + 512 KiB here
+    assert prepared.memory.host[0]["train"] == sum(held.values()) + pinned
 
 
 def test_accumulated_bucketed_or_upcast_gradients_are_all_there_with_the_logits(small):

@@ -6,8 +6,9 @@ bf16, as megatron's mixed precision. With LoRA (model.lora_rank > 0) the base is
 weights only, no gradient, master or moments) and the adapters are what trains, held as every
 trained weight is: w of weights, w of gradients (during the update only, for bf16), fp32 master
 (bf16) and moments (lora.py). With the optimizer step on the host (actor.optimizer_cpu_offload)
-the device keeps weights and gradients only; the host 16 B a trained parameter and a staging copy
-of it in the model's dtype (w). `actor.offload` moves weights and optimizer state to
+the device keeps weights and gradients only; the host 12 B a trained parameter (fp32 master, m,
+v) and two pinned buffers, one allocation each, rounded up to a power of two: the fp32 gradients
+and a staging copy in the model's dtype (w). `actor.offload` moves weights and optimizer state to
 host memory while a colocated role has the device; gradients stay (they live until the next
 update's zero_grad).
 
@@ -38,6 +39,7 @@ from dagrl.backends.memory import (
 )
 from dagrl.backends.model_shape import ModelShape
 from dagrl.backends.torch.lora import adapter_params, merged_sync_bytes
+from dagrl.backends.torch.mixed_precision import pinned_bytes
 from dagrl.config.schema import LoraSync
 
 
@@ -151,7 +153,10 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     mem.communicators = communicators(spec.trains, layout.workers)
     if on_host:  # fp32 master, its gradient, m, v of what trains, and the staging copy in the model's
         # dtype the rounded weights cross the bus from (mixed_precision.MasterWeightsAdamW)
-        mem.host = (adapter_params(shape, lora) if lora is not None else shape.params) * (16.0 + width)
+        trained = adapter_params(shape, lora) if lora is not None else shape.params
+        # pageable fp32 master, m, v; the pinned buffers the copies cross, each one block rounded
+        # up to a power of two by torch's pinned allocator: the fp32 gradients, the staging weights
+        mem.host = float(12 * trained + pinned_bytes(4 * trained) + pinned_bytes(width * trained))
     elif spec.offload.params:
         mem.host = parts_total(kept) - kept.get("grads", 0.0)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():

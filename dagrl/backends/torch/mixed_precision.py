@@ -11,11 +11,15 @@ by AdamW in fp32; the result is rounded once into the compute weights the next f
 fp32 models get no copy: AdamW runs on the parameters themselves, as it always did.
 
 `host` (actor.optimizer_cpu_offload) puts the masters, their gradients and Adam's moments in
-pinned host memory and runs the step there (torch's fused CPU AdamW): the device keeps only the
-compute weights and their gradients, at the price of one gradient copy to the host and one weight
-copy back per step. Bytes per parameter (bf16): device 2 + 2 grads + 12 (master, m, v) = 16
-resident, or 4 with the step on the host (which then holds 18: master, grad, m, v and the bf16
-staging copy).
+host memory and runs the step there (torch's fused CPU AdamW): the device keeps only the compute
+weights and their gradients, at the price of one gradient copy to the host and one weight copy
+back per step. Only the buffers those copies go through are pinned (page-locked): the masters and
+moments are read and written by the host step (and checkpoints) where they are, and pinning is
+dear: cudaHostAlloc locks every page, under a driver-wide lock, and torch's pinned allocator rounds
+each block up to a power of two (Qwen3-8B's fp32 masters, 30.5 GiB, would lock 40.6). Bytes per
+parameter (bf16): device 2 + 2 grads + 12 (master, m, v) = 16 resident, or 4 with the step on the
+host, which then holds 12 pageable (master, m, v) and 6 pinned (the fp32 gradient and the bf16
+staging copy, each kind one allocation rounded up to a power of two: `pinned_bytes`).
 
 fp16 is refused for training (it needs loss scaling, which this backend does not do): see
 dagrl/config/validate.py.
@@ -46,14 +50,15 @@ class MasterWeightsAdamW:
         master_device = host or device
         self.copies = host is not None or any(p.dtype != torch.float32 for p in self.params)
         self.masters = self.params
-        pin = master_device.type == "cpu" and device.type == "cuda"  # async copies need pinned pages
-        if self.copies:
-            self.masters = [
-                _empty(p, torch.float32, master_device, pin).copy_(p.detach()) for p in self.params
-            ]
-        if host is not None:  # gradients and rounded weights cross the bus through reusable buffers
-            self._grads = [_empty(p, torch.float32, host, pin) for p in self.params]
-            self._staging = [_empty(p, p.dtype, host, pin) for p in self.params]
+        if self.copies:  # host masters never cross the bus asynchronously: pageable (module docstring)
+            self.masters = [_empty(p, torch.float32, master_device).copy_(p.detach()) for p in self.params]
+        if host is not None:
+            # what crosses the bus each step, through reusable buffers: the gradients (upcast on the
+            # device by the asynchronous copy, so fp32 crosses) and the rounded weights. Pinned,
+            # as asynchronous copies need: from pageable memory they are staged by the driver
+            pin = host.type == "cpu" and device.type == "cuda"
+            self._grads = _flat_views(self.params, torch.float32, host, pin)
+            self._staging = _flat_views(self.params, None, host, pin)
         kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
         if (self.copies and master_device.type == "cpu") or master_device.type == "cuda":
             # one fused kernel over p, g, m, v: on the GPU also no foreach temporaries (the
@@ -62,31 +67,29 @@ class MasterWeightsAdamW:
         self.inner = torch.optim.AdamW(self.masters, **kwargs)
         self._create_moments()
 
-    @torch.no_grad()
     def _create_moments(self) -> None:
-        """Have AdamW create its state now, before any forward. Left to the first step, the
-        moments (8 B per parameter, for the whole run) are carved out of cached blocks that the
-        step's transient gradients and activations also use, and pin those segments in torch's
-        cache: the hand-over's empty_cache cannot return them. On a GPU (4B torch, 2026-11-27)
-        13.7 GiB stayed reserved but unallocated at every hand-over, the rollout 14 GiB above the
-        plan. A step at lr 0 on zero gradients writes zeros into m and v and leaves every weight
-        as it is (AdamW's decay is lr x weight_decay); its step count is set back to 0, so the
-        first real step is exactly the one a lazily created state would take."""
-        lrs = [group["lr"] for group in self.inner.param_groups]
+        """Have AdamW's state exist now, before any forward. Left to the first step, the moments
+        (8 B per parameter, for the whole run) are carved out of cached blocks that the step's
+        transient gradients and activations also use, and pin those segments in torch's cache:
+        the hand-over's empty_cache cannot return them. On a GPU (4B torch, 2026-11-27) 13.7 GiB
+        stayed reserved but unallocated at every hand-over, the rollout 14 GiB above the plan.
+
+        The state is the one AdamW's first step creates (torch/optim/adam.py, Adam._init_group):
+        m and v zeros like each master, a step count of 0 (float32, on the master's device for the
+        fused kernel, on the CPU otherwise), so the first real step is exactly a lazy state's. It
+        used to come from a step at lr 0 on zero gradients, which also allocated a zero gradient
+        per master (4 B a parameter, at the peak) and ran a full AdamW pass: for a 0.4B model on
+        the host that took 1.64 s and the process peaked at 7.3 GiB; the zeros alone take 0.61 s,
+        with a 5.8 GiB peak (2 CPU cores, bench/torch_startup.py)."""
         for group in self.inner.param_groups:
-            group["lr"] = 0.0
-        for m in self.masters:
-            m.grad = torch.zeros_like(m)
-        self.inner.step()
-        for m in self.masters:
-            m.grad = None
-        for group, lr in zip(self.inner.param_groups, lrs):
-            group["lr"] = lr
-        for state in self.inner.state.values():
-            if isinstance(state.get("step"), torch.Tensor):
-                state["step"].zero_()
-            else:
-                state["step"] = 0
+            assert not group["amsgrad"], "AdamW's max_exp_avg_sq is not made here"
+            on_param = group["fused"] or group["capturable"]
+            for m in group["params"]:
+                self.inner.state[m] = {
+                    "step": torch.zeros((), dtype=torch.float32, device=m.device if on_param else "cpu"),
+                    "exp_avg": torch.zeros_like(m, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(m, memory_format=torch.preserve_format),
+                }
 
     @property
     def param_groups(self) -> list[dict]:
@@ -176,8 +179,45 @@ class MasterWeightsAdamW:
             m.copy_(source)
 
 
-def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
+def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool = False) -> torch.Tensor:
     return torch.empty(p.shape, dtype=dtype, device=device, pin_memory=pin)
+
+
+_ALIGN = 64  # elements: every view starts 256-byte aligned in fp32 (128 in bf16)
+
+
+def flat_numel(params: list[torch.Tensor]) -> int:
+    """Elements of one buffer that holds a view shaped like each of `params`, each view aligned."""
+    return sum(-(-p.numel() // _ALIGN) * _ALIGN for p in params)
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """What torch's pinned host allocator takes for a request of `nbytes`: the next power of two
+    (it rounds every block up so that freed blocks are reused by size)."""
+    return 1 << max(0, nbytes - 1).bit_length()
+
+
+def _flat_views(
+    params: list[torch.Tensor], dtype: torch.dtype | None, device: torch.device, pin: bool
+) -> list[torch.Tensor]:
+    """A buffer on `device` for every parameter, in `dtype` (None: the parameter's own), as views of
+    one allocation per dtype. Pinned, one buffer per parameter cost up to twice its bytes (torch
+    rounds each pinned block up to a power of two: 61 GiB for the 45.8 GiB of Qwen3-8B's gradient
+    and staging buffers); one buffer is rounded once (pinned_bytes: 32 + 16 GiB there) and pinned
+    in one call."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, p in enumerate(params):
+        by_dtype.setdefault(dtype or p.dtype, []).append(i)
+    views: list[torch.Tensor] = [torch.empty(0)] * len(params)
+    for kind, members in by_dtype.items():
+        flat = torch.empty(
+            flat_numel([params[i] for i in members]), dtype=kind, device=device, pin_memory=pin
+        )
+        offset = 0
+        for i in members:
+            views[i] = flat[offset : offset + params[i].numel()].view(params[i].shape)
+            offset += -(-params[i].numel() // _ALIGN) * _ALIGN
+    return views
 
 
 def device_bytes_per_param(compute_bytes: int, cpu_offload: bool) -> int:
