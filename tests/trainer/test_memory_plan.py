@@ -8,6 +8,7 @@ import torch
 
 from dagrl.backends.memory import GIB
 from dagrl.backends.model_shape import read_model_shape
+from dagrl.backends.pinned import pinned_bytes
 from dagrl.errors import ConfigError
 from dagrl.trainer.capacity import check_memory
 from dagrl.trainer.memory_plan import CONTEXT_BYTES, format_memory_plan
@@ -181,12 +182,14 @@ def test_one_backward_holds_the_output_layers_gradient_beside_the_logits():
 def test_the_host_step_counts_what_its_optimizer_allocates_there(small):
     """With the step on the host the torch optimizer keeps, per trained parameter, the fp32
     master, m and v (12 B, pageable), and the pinned buffers the copies cross: the fp32 gradient
-    and a staging copy in the model's dtype the rounded weights cross the bus from (2 B in bf16):
-    the plan's host bytes are those of the real optimizer over the same model, with the pinned
-    allocator's rounding. The plan counted 16 B before: 15.3 GiB short at 8B."""
+    and a staging copy in the model's dtype the rounded weights cross the bus from (2 B in bf16),
+    views into power-of-two slabs (backends/pinned.py): the plan's host bytes are those of the real
+    optimizer over the same model, its slabs exactly. The plan counted 16 B before: 15.3 GiB short
+    at 8B; then one allocation per kind, each rounded up to a power of two (1.5 MiB here)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW, flat_numel, pinned_bytes
+    from dagrl.backends.pinned import aligned
+    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
 
     prepared = dry(small, *SMALL_JOB, f"{A}.optimizer_cpu_offload=true")
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(small), dtype=torch.bfloat16)
@@ -197,18 +200,34 @@ def test_the_host_step_counts_what_its_optimizer_allocates_there(small):
     held = {t.data_ptr(): t.nbytes for t in (*opt.masters, *moments)}
     params = sum(p.numel() for p in model.parameters())
     assert sum(held.values()) == 12 * params
-    # the buffers the copies cross: one allocation each (views of it), pinned on a GPU host, where
-    # torch rounds a block up to a power of two; one per parameter would round each (~1.3x at 8B)
-    flats = {
-        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (*opt._grads, *opt._staging)
-    }
-    assert len(flats) == 2 and sorted(flats.values()) == [
-        2 * flat_numel(opt.params),
-        4 * flat_numel(opt.params),
-    ]
-    pinned = sum(pinned_bytes(n) for n in flats.values())
-    assert pinned == pinned_bytes(4 * params) + pinned_bytes(2 * params)  # 1 MiB + 512 KiB here
+    # the buffers the copies cross: views of the slabs, which are all that is allocated for them
+    slabs = {s.untyped_storage().data_ptr(): s.numel() for s in opt._slabs}
+    assert {t.untyped_storage().data_ptr() for t in (*opt._grads, *opt._staging)} <= set(slabs)
+    pinned = sum(slabs.values())
+    buffers = sum(aligned(4 * p.numel()) + aligned(2 * p.numel()) for p in model.parameters())
+    assert buffers <= pinned < buffers + (1 << 20)  # 0.79 + 0.29 MiB here
     assert prepared.memory.host[0]["train"] == sum(held.values()) + pinned
+
+
+def test_the_offload_counts_the_slabs_its_host_store_pins(small):
+    """actor.offload moves the weights, the fp32 masters and Adam's moments into HostStore's
+    slabs: the plan's host bytes are the slabs the store allocates for the real model's storages
+    (the exact bytes before: 12 % short of what torch's pinned allocator takes per storage, from
+    1.33x at these sizes to 1.41x at 8B)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dagrl.backends.host_store import HostStore
+    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
+
+    prepared = dry(small, *SMALL_JOB, f"{A}.offload=true", f"{A}.optimizer_cpu_offload=false")
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(small), dtype=torch.bfloat16)
+    opt = MasterWeightsAdamW(list(model.parameters()), prepared.cfg.actor_rollout_ref.actor.optim)
+    store = HostStore()
+    store.offload([*model.parameters(), *opt.state_tensors()], cpu_too=True)
+    params = sum(p.numel() for p in model.parameters())
+    assert 14 * params <= store.pinned_bytes < 14 * params + (1 << 20)
+    assert prepared.memory.host[0]["train"] == store.pinned_bytes
+    store.onload()
 
 
 def test_accumulated_bucketed_or_upcast_gradients_are_all_there_with_the_logits(small):
@@ -555,7 +574,10 @@ def test_megatron_critic_is_counted_by_hand(small):
         "critic.strategy=megatron",
         "critic.megatron.param_offload=true",
     )
-    assert offloaded.memory.host[0]["critic"] == 2 * params
+    # the weights in HostStore's pinned slabs: their bytes bounded by an alignment and a bucket's
+    # padding per tensor (72 here, 768 B each), in one last slab of a power of two below 1 MiB
+    assert offloaded.memory.host[0]["critic"] == pinned_bytes([2 * params + 72 * 768], split=True)
+    assert 2 * params < offloaded.memory.host[0]["critic"] < 2 * params + (1 << 20)
 
 
 def test_megatron_critic_checkpoint_counts_its_own_dtype():

@@ -24,6 +24,7 @@ every position, whose gradient the update adds. A PP device is planned as the la
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from dagrl.backends.communicators import GROUP_BYTES, PAIR_BYTES, group_bytes
@@ -39,7 +40,8 @@ from dagrl.backends.memory import (
     update_workload,
     workload,
 )
-from dagrl.backends.model_shape import ModelShape
+from dagrl.backends.model_shape import ModelShape, tensor_count_bound
+from dagrl.backends.pinned import ALIGN, pinned_bytes
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,27 @@ def communicators(
     return made
 
 
+def host_bytes(
+    state: dict[str, float], idle: dict[str, float], shape: ModelShape, layout: MegatronLayout, width: int
+) -> float:
+    """What offload keeps in host memory of `state` (`idle`: what stays on the device): the
+    optimizer state as megatron's offload_to_cpu copies it, and the weights in HostStore's pinned
+    slabs (backends/pinned.py, storages split at slab ends: their aligned bytes and less than one
+    last small slab). Their storages follow megatron-core 0.16.1's _ParamAndGradBuffer
+    (distributed/param_and_grad_buffer.py): under the distributed optimizer one contiguous buffer
+    per dtype and kind (dense, expert) of a model chunk, each parameter starting on 64 elements
+    and the bucket padded to lcm(DP·CP, 128) elements; otherwise (and for frozen weights) one
+    storage per tensor. Exact sizes need megatron's parameter list: bounded by one alignment and
+    one bucket's padding per tensor the stage may have (tensor_count_bound; a few MiB at 8B). The
+    gradient buffers are freed, not copied: the next update zeroes them."""
+    moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
+    if "weights" not in moved:
+        return parts_total(moved)
+    padding = ALIGN + math.lcm(layout.dp * layout.cp, 128) * width
+    weights = pinned_bytes([int(moved.pop("weights")) + padding * tensor_count_bound(shape)], split=True)
+    return parts_total(moved) + weights
+
+
 def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The megatron backend's registered estimate: a role's footprint per device, per phase."""
     m = spec.megatron
@@ -287,12 +310,15 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
             0.0,
         )
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
-    # host: the CPU optimizer's state, and what offload copies there while another role runs (the
-    # gradient buffers are freed, not copied: the next update zeroes them)
-    moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
-    mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
-    mem.communicators = communicators(mlayout, spec.trains, shape.tied, m.use_distributed_optimizer)
     width = param_width(m.param_dtype)
+    # host: the CPU optimizer's state, and what offload copies there while another role runs
+    mem = RoleMemory(
+        state,
+        idle,
+        host=host + host_bytes(state, idle, shape, mlayout, width),
+        stays=stays(spec),
+    )
+    mem.communicators = communicators(mlayout, spec.trains, shape.tied, m.use_distributed_optimizer)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
         if phase == "teacher":  # chunked over the vocabulary shard: no whole logits
             mem.phases[phase] = teacher_forward_bytes(shape, width, work, mlayout.tp, mlayout.cp)
@@ -355,11 +381,15 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
         shape, mlayout, m.param_dtype, True, m.use_distributed_optimizer, fraction, precision_aware(m)
     )
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
-    # host, as the actor's: what offload copies there (freed gradient buffers are copied nowhere)
-    moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
-    mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
-    mem.communicators = communicators(mlayout, True, shape.tied, m.use_distributed_optimizer)
     width = param_width(m.param_dtype)
+    # host, as the actor's: what offload copies there
+    mem = RoleMemory(
+        state,
+        idle,
+        host=host + host_bytes(state, idle, shape, mlayout, width),
+        stays=stays(spec),
+    )
+    mem.communicators = communicators(mlayout, True, shape.tied, m.use_distributed_optimizer)
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
     mem.phases[VALUES_PHASE] = {
         "activations": float(layer_activation_bytes(shape, width, mlayout) * forward.tokens)

@@ -18,8 +18,9 @@ moments are read and written by the host step (and checkpoints) where they are, 
 dear: cudaHostAlloc locks every page, under a driver-wide lock, and torch's pinned allocator rounds
 each block up to a power of two (Qwen3-8B's fp32 masters, 30.5 GiB, would lock 40.6). Bytes per
 parameter (bf16): device 2 + 2 grads + 12 (master, m, v) = 16 resident, or 4 with the step on the
-host, which then holds 12 pageable (master, m, v) and 6 pinned (the fp32 gradient and the bf16
-staging copy, each kind one allocation rounded up to a power of two: `pinned_bytes`).
+host, which then holds 12 pageable (master, m, v) and 6 pinned: the fp32 gradient and the bf16
+staging copy, views into a few power-of-two slabs (backends/pinned.py: within a few MiB of the
+bytes, where one allocation per kind, each rounded up, took 48 GiB for Qwen3-8B's 45.8).
 
 fp16 is refused for training (it needs loss scaling, which this backend does not do): see
 dagrl/config/validate.py.
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 
 import torch
 
+from dagrl.backends.pinned import carve
 from dagrl.config.schema import OptimConfig
 
 
@@ -56,9 +58,10 @@ class MasterWeightsAdamW:
             # what crosses the bus each step, through reusable buffers: the gradients (upcast on the
             # device by the asynchronous copy, so fp32 crosses) and the rounded weights. Pinned,
             # as asynchronous copies need: from pageable memory they are staged by the driver
-            pin = host.type == "cpu" and device.type == "cuda"
-            self._grads = _flat_views(self.params, torch.float32, host, pin)
-            self._staging = _flat_views(self.params, None, host, pin)
+            assert host.type == "cpu", host
+            like = [(p.shape, torch.float32) for p in self.params] + [(p.shape, p.dtype) for p in self.params]
+            self._slabs, views = carve(like, pin=device.type == "cuda")
+            self._grads, self._staging = views[: len(self.params)], views[len(self.params) :]
         kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
         if (self.copies and master_device.type == "cpu") or master_device.type == "cuda":
             # one fused kernel over p, g, m, v: on the GPU also no foreach temporaries (the
@@ -179,45 +182,15 @@ class MasterWeightsAdamW:
             m.copy_(source)
 
 
-def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool = False) -> torch.Tensor:
-    return torch.empty(p.shape, dtype=dtype, device=device, pin_memory=pin)
+def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(p.shape, dtype=dtype, device=device)
 
 
-_ALIGN = 64  # elements: every view starts 256-byte aligned in fp32 (128 in bf16)
-
-
-def flat_numel(params: list[torch.Tensor]) -> int:
-    """Elements of one buffer that holds a view shaped like each of `params`, each view aligned."""
-    return sum(-(-p.numel() // _ALIGN) * _ALIGN for p in params)
-
-
-def pinned_bytes(nbytes: int) -> int:
-    """What torch's pinned host allocator takes for a request of `nbytes`: the next power of two
-    (it rounds every block up so that freed blocks are reused by size)."""
-    return 1 << max(0, nbytes - 1).bit_length()
-
-
-def _flat_views(
-    params: list[torch.Tensor], dtype: torch.dtype | None, device: torch.device, pin: bool
-) -> list[torch.Tensor]:
-    """A buffer on `device` for every parameter, in `dtype` (None: the parameter's own), as views of
-    one allocation per dtype. Pinned, one buffer per parameter cost up to twice its bytes (torch
-    rounds each pinned block up to a power of two: 61 GiB for the 45.8 GiB of Qwen3-8B's gradient
-    and staging buffers); one buffer is rounded once (pinned_bytes: 32 + 16 GiB there) and pinned
-    in one call."""
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, p in enumerate(params):
-        by_dtype.setdefault(dtype or p.dtype, []).append(i)
-    views: list[torch.Tensor] = [torch.empty(0)] * len(params)
-    for kind, members in by_dtype.items():
-        flat = torch.empty(
-            flat_numel([params[i] for i in members]), dtype=kind, device=device, pin_memory=pin
-        )
-        offset = 0
-        for i in members:
-            views[i] = flat[offset : offset + params[i].numel()].view(params[i].shape)
-            offset += -(-params[i].numel() // _ALIGN) * _ALIGN
-    return views
+def host_buffer_sizes(numels: list[int], width: int) -> list[int]:
+    """Bytes of the host step's pinned buffers for trained tensors of `numels` elements: an fp32
+    gradient and a staging copy in the model's dtype (`width` bytes) each, as MasterWeightsAdamW
+    carves them (the memory plan packs the same list: pinned.pinned_bytes)."""
+    return [4 * n for n in numels] + [width * n for n in numels]
 
 
 def device_bytes_per_param(compute_bytes: int, cpu_offload: bool) -> int:
