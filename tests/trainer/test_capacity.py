@@ -111,8 +111,8 @@ def test_batch_larger_than_dataset_fails_the_dry_run(tmp_path):
 
 def test_host_memory_of_the_plan_is_checked_against_the_node(big_model):
     """1.5B fp32 on a 16 GiB card: auto puts the optimizer on the host (1.78B parameters: master,
-    m and v, 12 bytes each, and two pinned buffers, the gradients and the fp32 staging copy, each
-    6.6 GiB rounded up to 8 by the pinned allocator: 35.9 GiB). A 24 GiB node cannot
+    m and v, 12 bytes each, and two pinned buffers, the gradients and the fp32 staging copy, 6.6
+    GiB each) and offloads the weights between turns (6.6 GiB more, pinned): 39.7 GiB. A 24 GiB node cannot
     hold it within 90 %: the dry run warns naming the node and the
     roles, a real run refuses under trainer.host_memory_gib; a 64 GiB node holds it."""
     from dagrl.trainer.capacity import check_host_memory
@@ -127,10 +127,10 @@ def test_host_memory_of_the_plan_is_checked_against_the_node(big_model):
     prepared = dry(*model, "trainer.host_memory_gib=24")
     [warning] = prepared.warnings
     assert (
-        "GiB in host memory on node 0 (train 35.86)" in warning
+        "GiB in host memory on node 0 (train 39.73)" in warning
         and "of its 24 GiB (trainer.host_memory_gib)" in warning
     )
-    assert "host memory of node 0: 35.86 GiB = train 35.86" in format_memory_plan(prepared.memory)
+    assert "host memory of node 0: 39.73 GiB = train 39.73" in format_memory_plan(prepared.memory)
     prepared.cfg.trainer.dry_run = False
     with pytest.raises(ConfigError) as info:
         check_host_memory(prepared.cfg, prepared.memory)
