@@ -55,7 +55,10 @@ def _traced_step(rank: int, world: int, cfg, batch, forward_only: bool) -> dict[
     """The plan's name -> ranks of each group this rank talked over (send/recv apart, under
     '<name> send/recv'); a group the plan has no name for under its own group_name."""
     calls: list[tuple[str, str, int]] = []
-    originals = {op: getattr(dist.ProcessGroup, op) for op in TALKS}
+    # the class's own attributes (pybind's instancemethod descriptors): getattr gives the unbound
+    # builtin, which set back on the class no longer binds self, and the workers live on to run
+    # the next test's collectives
+    originals = {op: vars(dist.ProcessGroup)[op] for op in TALKS}
 
     def recorded(op, original):
         def call(self, *args, **kwargs):
