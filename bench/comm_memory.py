@@ -43,7 +43,8 @@ MODES = ("lazy", "split", "split_share", "max_ctas_2")
 # megatron's names for its groups' NCCL options (parallel_state.get_nccl_options)
 MEGATRON_GROUP_NAMES = (
     "dp", "dp_cp", "intra_dp_cp", "cp", "hcp", "mp", "tp", "pp", "embd", "pos_embd", "tp_dp_cp", "tp_dp",
-    "tp_cp", "ep", "ep_tp", "tp_ep_mp", "tp_ep_pp", "ep_dp", "intra_ep_dp",
+    "tp_cp", "ep", "ep_tp", "tp_ep_mp", "tp_ep_pp", "ep_dp", "intra_ep_dp", "inter_ep_dp",
+    "intra_dist_opt_instance",
 )  # fmt: skip
 
 

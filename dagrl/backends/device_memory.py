@@ -9,21 +9,30 @@ an 80 GiB card. Two figures replace it:
   i.e. everything physically held on the device (this process's tensors and allocator cache, an
   awake engine's pool, other processes). Sampled at the end of every phase (the allocator keeps
   its cached blocks until an offload empties them, so a phase's reserved peak is still held
-  there); the update reports the largest sample of the step (rollout, log-prob, teacher, update ends).
+  there); the update reports the largest sample of the step (rollout, log-prob, teacher, values,
+  critic_update, update ends) as `perf/device_memory_used_gib`.
 - `<phase>/peak_added_gib`: the allocator's peak during the phase above what was allocated when it
-  began: the phase's own activations, gradients and temporaries.
+  began: the phase's own activations, gradients and temporaries (the actor update's is
+  `perf/peak_added_gib`).
 
-Both describe one card. The driver keeps one rank's metrics per DP replica (under megatron TP rank 0
-of the last pipeline stage), so a backend that splits the model over cards gathers them first
-(`fullest_cards`): each figure becomes the fullest card's among the replica's ranks, and under
-pipeline parallelism every stage's device in use gets its own key
-(`<phase>/stage<k>_device_memory_used_gib`), beside the plan's figure per stage.
+The phases are the memory plan's (trainer/memory_plan.py), so each figure sits beside the plan's
+row of the same name: `rollout`, `teacher`, the critic's `values` and `critic_update`, `update`.
+
+These describe one card, and so does `*/offload_freed_gib` (`perf/` for the megatron actor,
+`teacher/`, `critic_update/` for the megatron critic), what a role's last offload freed on its card: the largest is the card that held the
+most state, the one the plan's per-device figure counts (under PP its largest stage). The driver
+keeps one rank's metrics per DP replica (under megatron TP rank 0 of the last pipeline stage), so a
+backend that splits the model over cards gathers them first (`fullest_cards`): each figure becomes
+the fullest card's among the replica's ranks, and under pipeline parallelism every stage's device
+in use gets its own key (`<phase>/stage<k>_device_memory_used_gib`), beside the plan's figure per
+stage.
 
 And what the allocator asked of the driver during a phase (`rollout/...` around `generate`,
-`update/...` over the update): `alloc_retries`, requests that failed until it released its cached
-blocks (each release synchronizes the device), `device_mallocs` and `device_frees`, its calls to
-the driver. A step-to-step spread in a phase's time beside a spread in these is the allocator's.
-They are the counts of the rank whose metrics the driver keeps: under megatron, one card a replica.
+`update/...`, `teacher/...`, `values/...` and `critic_update/...` over those phases): `alloc_retries`, requests
+that failed until it released its cached blocks (each release synchronizes the device),
+`device_mallocs` and `device_frees`, its calls to the driver. A step-to-step spread in a phase's
+time beside a spread in these is the allocator's. They are the counts of the rank whose metrics the
+driver keeps: under megatron, one card a replica.
 """
 
 from __future__ import annotations
@@ -36,7 +45,8 @@ _peak_used_gib = 0.0  # largest phase-end sample since the last update reported 
 _COUNTS = ("alloc_retries", "device_mallocs", "device_frees")
 _STATS = ("num_alloc_retries", "num_device_alloc", "num_device_free")  # torch.cuda.memory_stats keys
 _phase_counts: tuple[int, ...] = (0, 0, 0)  # allocator_counts() at the last phase_start
-_CARD_FIGURES = ("device_memory_used_gib", "peak_added_gib")  # key endings of card_figures
+# the key endings of card_figures
+_CARD_FIGURES = ("device_memory_used_gib", "peak_added_gib", "offload_freed_gib")
 
 
 def used_gib() -> float:
@@ -95,7 +105,7 @@ def peak_added_gib(start_allocated: int) -> float:
 
 def card_figures(metrics: dict[str, float]) -> dict[str, float]:
     """The figures among `metrics` that describe one card (`*device_memory_used_gib`,
-    `*peak_added_gib`): across cards the fullest one's is kept."""
+    `*peak_added_gib`, `*offload_freed_gib`): across cards the fullest one's is kept."""
     return {key: value for key, value in metrics.items() if key.endswith(_CARD_FIGURES)}
 
 
@@ -113,12 +123,23 @@ def fullest_cards(cards: Sequence[tuple[int, dict[str, float]]], phase: str, sta
     return out
 
 
-def update_metrics(start_allocated: int) -> dict[str, float]:
-    """The update's figures, from `phase_start`'s bytes: its allocator peak above them, the device
-    in use at its end (its cache still holds its reserved peak), and the step's largest sample."""
+def phase_metrics(phase: str, start_allocated: int) -> dict[str, float]:
+    """A phase's figures, from `phase_start`'s bytes: its allocator peak above them
+    (`<phase>/peak_added_gib`), the device in use at its end (`<phase>/device_memory_used_gib`: its
+    cache still holds its reserved peak; the sample counts toward the step's largest) and its calls
+    to the driver."""
     return {
-        "perf/peak_added_gib": peak_added_gib(start_allocated),
-        "update/device_memory_used_gib": note_phase_end(),
-        "perf/device_memory_used_gib": take_peak_used_gib(),
-        **allocator_metrics("update", _phase_counts),
+        f"{phase}/peak_added_gib": peak_added_gib(start_allocated),
+        f"{phase}/device_memory_used_gib": note_phase_end(),
+        **allocator_metrics(phase, _phase_counts),
     }
+
+
+def update_metrics(start_allocated: int) -> dict[str, float]:
+    """The actor update's figures: `phase_metrics`, its allocator peak under the name runs have
+    logged it by (`perf/peak_added_gib`), and the step's largest sample, which only the update
+    takes (a colocated critic's phases add their samples to it)."""
+    metrics = phase_metrics("update", start_allocated)
+    metrics["perf/peak_added_gib"] = metrics.pop("update/peak_added_gib")
+    metrics["perf/device_memory_used_gib"] = take_peak_used_gib()
+    return metrics

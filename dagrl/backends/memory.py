@@ -18,10 +18,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dagrl.algos.distillation import chunk_tokens_for
 from dagrl.config.roles import Role, RoleSpec
 from dagrl.config.schema import DagrlConfig
 
 GIB = 2**30
+
+# the critic's phases (role critic): the rows of its estimates (torch/memory.py, megatron/memory.py)
+# and the prefixes of the device figures its backends report (torch/critic.py, megatron/critic.py),
+# one name for both so that the run's figure sits beside the plan's
+VALUES_PHASE, CRITIC_UPDATE_PHASE = "values", "critic_update"
 
 _WIDTH = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
@@ -56,6 +62,9 @@ class RoleMemory:
     # phase -> one dict per pipeline stage of the role's bytes while it has the device (state and
     # the phase's parts), where its stages differ; `active` and `phases` hold the largest stage's
     stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    # the NCCL communicators its processes make, name -> bytes (backends/communicators.py): a name
+    # another role of the same process gives is the same communicator
+    communicators: dict[str, float] = field(default_factory=dict)
 
     def peak(self) -> float:
         """The most it holds in any phase (what torch's cache keeps where nothing empties it)."""
@@ -124,3 +133,24 @@ def forward_phases(cfg: DagrlConfig, spec: RoleSpec, dp: int) -> dict[str, Workl
     if spec.kind == Role.teacher:
         return {"teacher": workload(cfg, cfg.teacher.log_prob_micro_batch_size_per_gpu, None, dp)}
     return {}
+
+
+def teacher_forward_bytes(shape, width: int, work: Workload, tp: int = 1, cp: int = 1) -> dict[str, float]:
+    """A teacher's pass (its top-K ids and log-probs, or its final hidden states: both backends'
+    teacher_topk / teacher_hidden), the transient part: a forward without grad ends at the final
+    hidden states, and the output layer then runs over the response positions a chunk of tokens at
+    a time (algos/distillation.py chunk_tokens_for), never over every position at once. The peak is
+    the larger of
+    - a layer's transients, per token: its MLP's gate, up and their product (3 i / TP, model
+      dtype) beside the residual stream and its normed copy (2 h);
+    - the final hidden states (h per token) and one chunk's logits: the product in the model dtype,
+      its fp32 copy, scaled copy and log-softmax (w + 12 B an element).
+    On an H200 (session 27's gkd-0.6b-1.7b: a 1.7B teacher, 64 rows x 384 tokens) the allocator's
+    peak above the phase's start read 0.85 GiB; this counts 1.03 (the whole logits, as a log-prob
+    pass makes them, would be 4.65)."""
+    tokens = work.tokens / cp
+    layer = width * tokens * (3 * shape.intermediate / tp + 2 * shape.hidden)
+    vocab = math.ceil(shape.vocab / tp)
+    chunk = min(chunk_tokens_for(vocab), work.rows * work.response)
+    head = width * tokens * shape.hidden + chunk * vocab * (width + 12)
+    return {"activations": float(layer)} if layer >= head else {"logits": float(head)}

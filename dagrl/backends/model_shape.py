@@ -34,6 +34,30 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
 
+def tensor_numels(shape: ModelShape) -> list[int] | None:
+    """The elements of each parameter tensor of a dense Qwen/Llama-style HF decoder of `shape`
+    (embedding; per layer q/k/v/o, the q/k norms (Qwen3), gate/up/down, two norms; the final norm;
+    the output layer unless tied), with q/k/v biases (Qwen2) when only they make up the count;
+    None when the list does not add up to `shape.params` (MoE, other layouts): a caller then
+    bounds what it needs with tensor_count_bound."""
+    h, q, kv, i, d = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate, shape.head_dim
+    layer = [h * q, h * kv, h * kv, q * h, *([d, d] if shape.qk_norm else []), h * i, h * i, i * h, h, h]
+    ends = [shape.vocab * h, h, *([] if shape.tied else [shape.vocab * h])]
+    for biases in ([], [q, kv, kv]):
+        numels = ends[:1] + (layer + biases) * shape.layers + ends[1:]
+        if sum(numels) == shape.params and not shape.expert_params:
+            return numels
+    return None
+
+
+def tensor_count_bound(shape: ModelShape) -> int:
+    """At least as many parameter tensors as an HF or megatron decoder of `shape` has on any of
+    its devices, LoRA adapters included: 32 a layer (a dense layer has 7-13, adapters add 2 per
+    adapted linear), 8 for the ends, and one per `hidden` elements of routed experts (each expert
+    tensor holds at least hidden × its width)."""
+    return 32 * shape.layers + 8 + shape.expert_params // shape.hidden
+
+
 def shape_from_config(hf_cfg, params: int, expert_params: int = 0, qk_norm: bool = False) -> ModelShape:
     """The shape of a transformers config (Qwen/Llama-style keys); `params` counted elsewhere."""
     heads = hf_cfg.num_attention_heads

@@ -35,9 +35,8 @@ def teacher_metrics(phase: tuple[float, float], device: torch.device, offload_fr
     memory figures that cannot exceed the card (backends/device_memory.py)."""
     start, allocated = phase
     metrics = {"timing_s/teacher_forward": time.perf_counter() - start}
-    if device.type == "cuda":
-        metrics["teacher/peak_added_gib"] = device_memory.peak_added_gib(allocated)
-        metrics["teacher/device_memory_used_gib"] = device_memory.note_phase_end()
+    if device.type == "cuda":  # its peak, the device in use at its end, its calls to the driver
+        metrics.update(device_memory.phase_metrics("teacher", allocated))
         metrics["teacher/offload_freed_gib"] = offload_freed_gib  # at its last offload
     return metrics
 

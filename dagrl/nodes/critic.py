@@ -30,8 +30,8 @@ class ValuesNode:
         return critic_runs(cfg)
 
     def run(self, runtime, batch):
-        out, _ = critic_role(runtime, self.spec.role).compute_values(batch)
-        return NodeResult(out)
+        out, per_rank = critic_role(runtime, self.spec.role).compute_values(batch)
+        return NodeResult(out, reduce_all(per_rank))  # on a GPU, the pass's device figures
 
 
 @register_node_kind("critic_update")

@@ -5,7 +5,8 @@ and update, the actor's update); in each, one
 role of a colocate group has the device (its weights, gradients, optimizer state and the phase's
 activations and logits, or an engine's pool) while the others keep what their offload policy
 leaves there (each backend's registered `estimate`, backends/*/memory.py). A phase's total adds those, plus the CUDA
-context every process pays outside the allocator. The dry run prints the table; a real run
+context every process pays outside the allocator and, on more than one GPU, the NCCL communicators
+its roles make (backends/communicators.py). The dry run prints the table; a real run
 refuses, before Ray starts, a phase whose total exceeds the card (dagrl/trainer/capacity.py),
 naming the phase and the keys that lower it.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from dagrl.backends.communicators import GROUP_BYTES, nccl_bytes
 from dagrl.backends.memory import GIB, RoleMemory, param_width, parts_total
 from dagrl.backends.model_shape import ModelShape, read_model_shape
 from dagrl.backends.weight_pipeline import sync_buffer_bytes
@@ -26,7 +28,11 @@ from dagrl.config.roles import Role, RoleSpec
 from dagrl.config.schema import DagrlConfig
 from dagrl.registry import BACKENDS
 
-CONTEXT_BYTES = 1.0 * GIB  # CUDA context, cuBLAS workspace, NCCL buffers: outside the allocator
+# CUDA context, cuBLAS workspace, NCCL buffers: outside the allocator. A one-GPU worker held 0.51 GiB
+# at vLLM's start (H200, 2026-11-28); a sleeping engine's non-torch memory (0.22) and buffers are
+# inside this too, its CUDA graphs are its own (backends/vllm/memory.py: asleep_bytes). The NCCL
+# communicators of a worker in a pool of several are not: they count on their own (`nccl`)
+CONTEXT_BYTES = 1.0 * GIB
 
 # (phase, the role that has the device, the phase of the role's estimate), in the order a step runs
 # them; a sampling job's sampler samples as a rollout does, reward models score in a phase each
@@ -58,6 +64,7 @@ class PhaseRow:
     resident: bool = False  # nothing is handed over: the others' bytes are their cached peaks
     # per pipeline stage where they differ; total holds the largest
     stages: list[float] = field(default_factory=list)
+    nccl: float = 0.0  # the device's process's NCCL communicators, in every phase alike
 
 
 @dataclass
@@ -67,6 +74,8 @@ class GroupMemory:
     group: int
     roles: list[str]
     rows: list[PhaseRow]
+    # the NCCL communicators of the process on each device, name -> bytes (none on one GPU)
+    communicators: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,16 +154,18 @@ def plan_memory(
                 if mem.host:
                     on_node = out.host.setdefault(node, {})
                     on_node[role] = on_node.get(role, 0.0) + mem.host * len(devices)
-        rows = [r for r in _rows(roles) if phases is None or r.phase in phases]
-        out.groups.append(GroupMemory(gi, list(group.roles), rows))
+        made = process_communicators(roles)
+        rows = [r for r in _rows(roles, nccl_bytes(made)) if phases is None or r.phase in phases]
+        out.groups.append(GroupMemory(gi, list(group.roles), rows, made))
     return out
 
 
-def _rows(roles: dict[str, RoleMemory]) -> list[PhaseRow]:
-    """Each phase's row. Where no role of the device hands anything over (a role alone, or every
-    one `stays`: an engine kept awake beside a trainer that offloads nothing), the worker never
-    empties torch's cache, so what a role held at its largest stays reserved in every phase:
-    the active role's row gains it as `cached`, the others count their peak."""
+def _rows(roles: dict[str, RoleMemory], nccl: float) -> list[PhaseRow]:
+    """Each phase's row, with `nccl` (the device's communicators) in each. Where no role of the
+    device hands anything over (a role alone, or every one `stays`: an engine kept awake beside a
+    trainer that offloads nothing), the worker never empties torch's cache, so what a role held at
+    its largest stays reserved in every phase: the active role's row gains it as `cached`, the
+    others count their peak."""
     rows = []
     resident = len(roles) == 1 or all(m.stays for m in roles.values())
     for phase, role, own in PHASES:
@@ -165,10 +176,15 @@ def _rows(roles: dict[str, RoleMemory]) -> list[PhaseRow]:
         if resident and mem.peak() > parts_total(parts):
             parts["cached"] = mem.peak() - parts_total(parts)
         others = {r: m.peak() if resident else parts_total(m.idle) for r, m in roles.items() if r != role}
-        total = CONTEXT_BYTES + parts_total(parts) + sum(others.values())
+        total = CONTEXT_BYTES + nccl + parts_total(parts) + sum(others.values())
         stages = [total - parts_total(parts) + parts_total(stage) for stage in mem.stages.get(own, [])]
-        rows.append(PhaseRow(phase, role, parts, others, total, resident, stages))
+        rows.append(PhaseRow(phase, role, parts, others, total, resident, stages, nccl))
     return rows
+
+
+def process_communicators(roles: dict[str, RoleMemory]) -> dict[str, float]:
+    """The communicators of the process the group's roles share on each device: each name once."""
+    return {name: size for mem in roles.values() for name, size in mem.communicators.items()}
 
 
 def _shapes(cfg: DagrlConfig, plan: Plan, model_path: str) -> dict[str | None, ModelShape]:
@@ -229,7 +245,9 @@ def add_sync_buffers(
     """Where the trainer and the rollout engine have devices of their own, the weight sync's
     broadcast buffers (backends/weight_pipeline.py: two buckets per side): kept by the engine's
     devices between syncs, made on the trainer's for each sync (its rank 0's; every device of
-    the group is planned alike)."""
+    the group is planned alike); and the broadcast group's NCCL communicator on both sides
+    (backends/weight_broadcast.py: the trainer's rank 0 and every engine worker, made at the first
+    sync)."""
     if Role.train not in plan.roles or Role.rollout not in plan.roles:
         return
     if plan.group_of(Role.train) is plan.group_of(Role.rollout):
@@ -243,9 +261,11 @@ def add_sync_buffers(
     if Role.rollout in roles:
         roles[Role.rollout].active["sync_buffers"] = size
         roles[Role.rollout].idle["sync_buffers"] = size
+        roles[Role.rollout].communicators["weight sync"] = GROUP_BYTES
     if Role.train in roles:
         own = roles[Role.train].phases
         own["weight_sync"] = {**own.get("weight_sync", {}), "sync_buffers": size}
+        roles[Role.train].communicators["weight sync"] = GROUP_BYTES
 
 
 # ---- the table -----------------------------------------------------------------------------------
@@ -262,6 +282,11 @@ def format_memory_plan(mp: MemoryPlan) -> str:
             if row.stages:  # the figure above is the largest stage's
                 each = ", ".join(f"{t / GIB:.2f}" for t in row.stages)
                 lines.append(f"      {row.role}'s pipeline stages, first to last: {each}")
+        if g.communicators:
+            lines.append(
+                f"    nccl: {nccl_bytes(g.communicators) / GIB:.2f} in each process, its communicators "
+                f"{', '.join(g.communicators)} (the first's set-up included)"
+            )
     for node, roles in sorted(mp.host.items()):
         lines.append(
             f"  host memory of node {node}: {sum(roles.values()) / GIB:.2f} GiB = {describe_host(roles)}"
@@ -275,9 +300,11 @@ def describe_host(roles: dict[str, float]) -> str:
 
 
 def describe(row: PhaseRow) -> str:
-    """One line of what is resident in a phase: the active role's parts, the others, the context."""
+    """One line of what is resident in a phase: the active role's parts, the others, the context
+    and the NCCL communicators (none on one GPU)."""
     own = " + ".join(f"{k} {v / GIB:.2f}" for k, v in row.parts.items())
     text = f"{row.role}: {own}"
     for role, size in row.others.items():
         text += f"; {role} {'cached' if row.resident else 'idle'} {size / GIB:.2f}"
-    return text + f"; context {CONTEXT_BYTES / GIB:.2f}"
+    text += f"; context {CONTEXT_BYTES / GIB:.2f}"
+    return text + (f"; nccl {row.nccl / GIB:.2f}" if row.nccl else "")

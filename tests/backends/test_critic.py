@@ -1,12 +1,13 @@
 """The torch critic on the shipped tiny model (CPU, in process): its values sit on the [B, R] grid
 of the responses (the position predicting each token), its update fits the returns, and a save
-restores weights, head, optimizer and RNG exactly."""
+restores weights, head, optimizer and RNG exactly. The GPU tests of both critics
+(tests/backends/*/test_critic_gpu.py) take their batch and their device-figure checks from here."""
 
 from __future__ import annotations
 
 import torch
 
-from dagrl.backends import build_backend
+from dagrl.backends import build_backend, device_memory
 from dagrl.config.role_specs import role_spec
 from dagrl.config.validate import resolve_defaults
 from dagrl.core.batch import Batch
@@ -36,6 +37,26 @@ def batch(rows: int = 4, prompt: int = 3, response: int = 4) -> Batch:
     )
 
 
+def assert_device_figures(phases: dict[str, dict]) -> None:
+    """Each critic phase's figures (backends/device_memory.py) under the plan's name for it: the
+    card in use at its end (within the card), the phase's own allocator peak (within that) and its
+    calls to the driver."""
+    card = torch.cuda.mem_get_info()[1] / 2**30
+    for phase, metrics in phases.items():
+        used = metrics[f"{phase}/device_memory_used_gib"]
+        assert 0 < used <= card, (phase, metrics)
+        assert 0 < metrics[f"{phase}/peak_added_gib"] <= used, (phase, metrics)
+        counts = ("alloc_retries", "device_mallocs", "device_frees")
+        assert all(metrics[f"{phase}/{count}"] >= 0 for count in counts), (phase, metrics)
+
+
+def assert_logged_device_figures(steps: list[dict]) -> None:
+    """A run's steps log both critic phases' card in use, within the card."""
+    card = torch.cuda.mem_get_info()[1] / 2**30
+    for phase in ("values", "critic_update"):
+        assert all(0 < r[f"{phase}/device_memory_used_gib"] <= card for r in steps), phase
+
+
 def having(b: Batch, **tensors) -> Batch:
     return Batch({**b.tensors, **tensors})
 
@@ -60,9 +81,11 @@ def test_update_fits_the_returns():
     b = having(b, returns=torch.ones(4, 4) * b["response_mask"])
     losses = []
     for _ in range(4):
-        values = backend.compute_values(b)[0]["values"]
-        losses.append(backend.train_step(having(b, values=values))[1]["critic/vf_loss"])
+        values, values_metrics = backend.compute_values(b)
+        metrics = backend.train_step(having(b, values=values["values"]))[1]
+        losses.append(metrics["critic/vf_loss"])
     assert losses[-1] < 0.5 * losses[0], losses
+    assert values_metrics == {} and not device_memory.card_figures(metrics)  # none on a CPU device
 
 
 def test_save_and_load_restore_the_critic_exactly(tmp_path):

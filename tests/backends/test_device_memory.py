@@ -13,6 +13,7 @@ class FakeCuda:
 
     def __init__(self):
         self.stats = {"num_alloc_retries": 2, "num_device_alloc": 40, "num_device_free": 7}
+        self.used_gib = 20  # of an 80 GiB card
 
     def install(self, monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -20,7 +21,7 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
         monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 2**30)
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**30)
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (60 * 2**30, 80 * 2**30))
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: ((80 - self.used_gib) * 2**30, 80 * 2**30))
 
     def phase(self, retries: int, mallocs: int, frees: int):
         self.stats["num_alloc_retries"] += retries
@@ -57,6 +58,29 @@ def test_the_update_counts_from_its_start(monkeypatch):
         2.0,
         0.0,
     )
+
+
+def test_a_critic_phase_reports_under_its_own_name_and_leaves_the_step_peak_to_the_update(monkeypatch):
+    """The critic's values pass ends with 70 GiB in use, the actor's update later with 60: each
+    phase's figures under its name, and the update's step figure still the critic's 70 (a critic
+    phase samples the step's peak, only the update takes it)."""
+    cuda = FakeCuda()
+    cuda.install(monkeypatch)
+    device_memory.take_peak_used_gib()  # a step of its own: no earlier test's samples
+    allocated = device_memory.phase_start()
+    cuda.phase(retries=0, mallocs=3, frees=1)
+    cuda.used_gib = 70
+    assert device_memory.phase_metrics("values", allocated) == {
+        "values/peak_added_gib": 2.0,
+        "values/device_memory_used_gib": 70.0,
+        "values/alloc_retries": 0.0,
+        "values/device_mallocs": 3.0,
+        "values/device_frees": 1.0,
+    }
+    cuda.used_gib = 60
+    update = device_memory.update_metrics(device_memory.phase_start())
+    assert update["update/device_memory_used_gib"] == 60.0 and update["perf/device_memory_used_gib"] == 70.0
+    assert update["perf/peak_added_gib"] == 2.0 and "update/peak_added_gib" not in update
 
 
 def test_without_cuda_the_counts_are_zero(monkeypatch):
@@ -120,7 +144,8 @@ def test_the_teacher_pass_per_stage():
 
 
 def test_the_card_figures_are_the_per_card_memory_keys(monkeypatch):
-    """What the ranks gather: not the allocator's counts, nor what an offload freed."""
+    """What the ranks gather: the device in use, the phase's peak and what the last offload freed
+    on the card (under PP the largest stage's, the one the plan counts), not the allocator's counts."""
     FakeCuda().install(monkeypatch)
     metrics = device_memory.update_metrics(device_memory.phase_start())
     assert set(device_memory.card_figures(metrics)) == set(_card(0, 0, 0))
@@ -129,7 +154,4 @@ def test_the_card_figures_are_the_per_card_memory_keys(monkeypatch):
         "teacher/peak_added_gib": 1.0,
         "teacher/offload_freed_gib": 1.0,
     }
-    assert set(device_memory.card_figures(teacher)) == {
-        "teacher/device_memory_used_gib",
-        "teacher/peak_added_gib",
-    }
+    assert set(device_memory.card_figures(teacher)) == set(teacher)

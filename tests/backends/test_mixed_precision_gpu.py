@@ -4,8 +4,8 @@ memory metrics. Run on the GPU machine:
     python -m pytest -m gpu tests/backends/test_mixed_precision_gpu.py
 
 - torch: bf16 weights move as fp32's at lr 1e-6 through the fp32 masters; the host step
-  (actor.optimizer_cpu_offload, pinned buffers, fused CPU AdamW) gives the resident step's weights
-  to rounding and keeps only weights and gradients on the device.
+  (actor.optimizer_cpu_offload, pinned transfer buffers, pageable masters, fused CPU AdamW) gives
+  the resident step's weights to rounding and keeps only weights and gradients on the device.
 - megatron: optimizer_cpu_offload (+ precision-aware masters on the host) runs megatron-core's
   HybridDeviceOptimizer inside the distributed optimizer and trains as the resident optimizer does.
 - perf/device_memory_used_gib never exceeds the card.
@@ -58,7 +58,9 @@ def test_torch_bf16_trains_and_the_host_step_matches():
     assert 0 < metrics["perf/device_memory_used_gib"] <= total
     assert metrics["perf/peak_added_gib"] <= total
     host, _, _ = _torch_update("actor_rollout_ref.model.dtype=bfloat16", f"{A}.optimizer_cpu_offload=true")
-    assert all(m.device.type == "cpu" and m.is_pinned() for m in host.optimizer.masters)
+    opt = host.optimizer
+    assert all(m.device.type == "cpu" and not m.is_pinned() for m in opt.masters)  # never cross the bus
+    assert all(t.is_pinned() for t in (*opt._grads, *opt._staging))  # the asynchronous copies'
     assert all(v.device.type == "cpu" for s in host.optimizer.state.values() for v in s.values())
     for a, b in zip(resident.model.parameters(), host.model.parameters()):
         same = (a == b).float().mean().item()  # CUDA and CPU AdamW differ in the last fp32 bits

@@ -61,11 +61,18 @@ def test_preset_scales_to_more_gpus_and_replicas():
 
 def test_teacher_weights_are_counted_with_the_teachers_own_model():
     prepared = dry("experiment=gkd/rollout_separate_teacher_colocate")
+    from dagrl.backends.model_shape import read_model_shape
+    from dagrl.backends.torch.memory import offload_pinned_bytes
     from dagrl.trainer.setup import _count_params
 
     params, _ = _count_params(prepared.cfg, prepared.cfg.teacher.model)
-    # teacher.offload: its bf16 weights wait in host memory between its forwards
-    assert prepared.plan.offloaded_gib["teacher"] == pytest.approx(params * 2 / 2**30)
+    # teacher.offload: its bf16 weights wait in host memory between its forwards, in pinned slabs
+    # (backends/pinned.py: a power of two below 1 MiB, as this tiny teacher's are)
+    teacher = read_model_shape(prepared.cfg.teacher.model)
+    assert teacher.params == params
+    pinned = offload_pinned_bytes(teacher, 2, optimizer=False)
+    assert params * 2 <= pinned < 2 * params * 2 + 2**20
+    assert prepared.plan.offloaded_gib["teacher"] == pytest.approx(pinned / 2**30)
     assert prepared.plan.memory_gib["teacher"] == 0
 
 

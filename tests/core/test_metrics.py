@@ -17,3 +17,9 @@ def test_device_memory_across_ranks_is_the_fullest_card():
         "perf/peak_added_gib": 9.0,
         "timing_s/update": 3.0,
     }
+
+
+def test_what_an_offload_freed_across_ranks_is_the_fullest_cards():
+    # a card's figure as the others: the replica that held (and so freed) the most, as the plan counts
+    replicas = [{"perf/offload_freed_gib": 3.0}, {"perf/offload_freed_gib": 3.5}]
+    assert reduce_all(replicas) == {"perf/offload_freed_gib": 3.5}

@@ -4,9 +4,11 @@ chooses, and refusals that name the phase and the keys (dry runs on a machine wi
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dagrl.backends.memory import GIB
 from dagrl.backends.model_shape import read_model_shape
+from dagrl.backends.pinned import pinned_bytes
 from dagrl.errors import ConfigError
 from dagrl.trainer.capacity import check_memory
 from dagrl.trainer.memory_plan import CONTEXT_BYTES, format_memory_plan
@@ -34,6 +36,9 @@ def dry(model: str, *overrides: str):
         )
     )
 
+
+# what the small model's engine leaves asleep: its CUDA graphs, 0.02 GiB for each of its 2 layers
+ASLEEP = 2 * 0.02 * GIB
 
 SMALL_JOB = (
     f"{M}.dtype=bfloat16",
@@ -75,7 +80,7 @@ def test_small_colocated_job_by_hand(small):
         "activations": 2 * 3008 * 96,
         "logits": 2 * 2 * 4 * 9 * 1000,
     }
-    assert rows["update"].others == {"rollout": 0.5 * GIB}  # the engine asleep
+    assert rows["update"].others == {"rollout": ASLEEP}  # the engine asleep
     # old log-probs: all 8 rows of the device at once (micro-batch 64), no grad: one layer's
     # tensors at a time (3008 B × 8 rows × 24 tokens), gone before the logits (2 B × 8 × 9 × 1000)
     assert rows["old_logprob"].parts == {
@@ -120,7 +125,8 @@ def test_4b_torch_recomputed_update_holds_the_logits_or_a_layer_not_both(qwen3_4
     recomputation the logits and their gradient are freed before the first layer is recomputed.
     Counting both at once planned 49.26 GiB where the H100 held 37.7 (+31 %; docs/perf.md); counting
     every gradient beside them too 42.45 (+12.6 %): one backward makes the gradients while it frees
-    the rest, so only the output layer's exists beside the logits (-5.4 %)."""
+    the rest, so only the output layer's exists beside the logits (-5.4 %; -4.8 % since the sleeping
+    engine's CUDA graphs are counted)."""
     prepared = dry(
         qwen3_4b,
         f"{M}.dtype=bfloat16",
@@ -142,7 +148,9 @@ def test_4b_torch_recomputed_update_holds_the_logits_or_a_layer_not_both(qwen3_4
     assert update.parts["activations"] == 36 * 2 * 2560 * 64 * 672
     assert update.parts["logits"] == 2 * 2 * 64 * 513 * 151_936
     assert update.parts["grads"] == 2 * 151_936 * 2560
-    assert update.total / GIB == pytest.approx(35.68, abs=0.01)
+    # with the context and the engine asleep beside it (its CUDA graphs: 36 layers x 0.02 GiB)
+    assert update.others == {"rollout": pytest.approx(36 * 0.02 * GIB)}
+    assert update.total / GIB == pytest.approx(35.90, abs=0.01)
 
 
 def test_one_backward_holds_the_output_layers_gradient_beside_the_logits():
@@ -169,6 +177,57 @@ def test_one_backward_holds_the_output_layers_gradient_beside_the_logits():
         "grads": grads,
         "activations": 0.0,
     }
+
+
+def test_the_host_step_counts_what_its_optimizer_allocates_there(small):
+    """With the step on the host the torch optimizer keeps, per trained parameter, the fp32
+    master, m and v (12 B, pageable), and the pinned buffers the copies cross: the fp32 gradient
+    and a staging copy in the model's dtype the rounded weights cross the bus from (2 B in bf16),
+    views into power-of-two slabs (backends/pinned.py): the plan's host bytes are those of the real
+    optimizer over the same model, its slabs exactly. The plan counted 16 B before: 15.3 GiB short
+    at 8B; then one allocation per kind, each rounded up to a power of two (1.5 MiB here)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dagrl.backends.pinned import aligned
+    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
+
+    prepared = dry(small, *SMALL_JOB, f"{A}.optimizer_cpu_offload=true")
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(small), dtype=torch.bfloat16)
+    opt = MasterWeightsAdamW(
+        list(model.parameters()), prepared.cfg.actor_rollout_ref.actor.optim, torch.device("cpu")
+    )
+    moments = [v for state in opt.state.values() for k, v in state.items() if k != "step"]
+    held = {t.data_ptr(): t.nbytes for t in (*opt.masters, *moments)}
+    params = sum(p.numel() for p in model.parameters())
+    assert sum(held.values()) == 12 * params
+    # the buffers the copies cross: views of the slabs, which are all that is allocated for them
+    slabs = {s.untyped_storage().data_ptr(): s.numel() for s in opt._slabs}
+    assert {t.untyped_storage().data_ptr() for t in (*opt._grads, *opt._staging)} <= set(slabs)
+    pinned = sum(slabs.values())
+    buffers = sum(aligned(4 * p.numel()) + aligned(2 * p.numel()) for p in model.parameters())
+    assert buffers <= pinned < buffers + (1 << 20)  # 0.79 + 0.29 MiB here
+    assert prepared.memory.host[0]["train"] == sum(held.values()) + pinned
+
+
+def test_the_offload_counts_the_slabs_its_host_store_pins(small):
+    """actor.offload moves the weights, the fp32 masters and Adam's moments into HostStore's
+    slabs: the plan's host bytes are the slabs the store allocates for the real model's storages
+    (the exact bytes before: 12 % short of what torch's pinned allocator takes per storage, from
+    1.33x at these sizes to 1.41x at 8B)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dagrl.backends.host_store import HostStore
+    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
+
+    prepared = dry(small, *SMALL_JOB, f"{A}.offload=true", f"{A}.optimizer_cpu_offload=false")
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(small), dtype=torch.bfloat16)
+    opt = MasterWeightsAdamW(list(model.parameters()), prepared.cfg.actor_rollout_ref.actor.optim)
+    store = HostStore()
+    store.offload([*model.parameters(), *opt.state_tensors()], cpu_too=True)
+    params = sum(p.numel() for p in model.parameters())
+    assert 14 * params <= store.pinned_bytes < 14 * params + (1 << 20)
+    assert prepared.memory.host[0]["train"] == store.pinned_bytes
+    store.onload()
 
 
 def test_accumulated_bucketed_or_upcast_gradients_are_all_there_with_the_logits(small):
@@ -434,9 +493,9 @@ def test_critic_is_counted_on_the_actor_devices_by_hand(small):
         "grads": 2 * params,
         "activations": 2 * 3008 * 8 * 24,
     }
-    assert rows["critic_update"].others == {"train": 0, "rollout": 0.5 * GIB}
+    assert rows["critic_update"].others == {"train": 0, "rollout": ASLEEP}
     # offloaded with the actor (actor.offload): nothing of the critic stays while others run
-    assert rows["update"].others == {"rollout": 0.5 * GIB, "critic": 0}
+    assert rows["update"].others == {"rollout": ASLEEP, "critic": 0}
 
 
 def test_critic_on_devices_of_its_own(small):
@@ -445,6 +504,29 @@ def test_critic_on_devices_of_its_own(small):
     assert [g.roles for g in prepared.plan.groups] == [["train", "rollout"], ["critic"]]
     critic = prepared.memory.groups[1]
     assert [r.phase for r in critic.rows] == ["values", "critic_update"]
+
+
+@pytest.mark.parametrize("strategy", ["torch", "megatron"])
+def test_the_critics_device_figures_are_named_after_its_plan_rows(small, monkeypatch, strategy):
+    """The critic backends report each phase's card (device_memory.phase_metrics) under the phase
+    names its estimates give the plan's rows (backends/memory.py), so a run's figure sits beside the
+    plan's (bench/gpu_matrix.py reads `<phase>/device_memory_used_gib` for every planned phase);
+    the critic's renaming of the update loop's figures (actor/ -> critic/) leaves them alone."""
+    from dagrl.backends import device_memory
+    from dagrl.backends.memory import CRITIC_UPDATE_PHASE, VALUES_PHASE
+    from dagrl.objectives.value import critic_metric_names
+    from tests.backends.test_device_memory import FakeCuda
+
+    groups = "placement.colocate_groups=[[train,rollout,ref],[critic]]"
+    prepared = dry(
+        small, *SMALL_JOB, "algorithm=ppo", "trainer.n_gpus_per_node=2", groups, f"critic.strategy={strategy}"
+    )
+    planned = [r.phase for r in prepared.memory.groups[1].rows]
+    assert planned == [VALUES_PHASE, CRITIC_UPDATE_PHASE]
+    FakeCuda().install(monkeypatch)  # no GPU here: the figures' names, not their values
+    for phase in planned:
+        logged = critic_metric_names(device_memory.phase_metrics(phase, device_memory.phase_start()))
+        assert {f"{phase}/device_memory_used_gib", f"{phase}/peak_added_gib"} <= set(logged)
 
 
 def test_critic_phase_over_the_card_names_its_own_levers(small):
@@ -492,7 +574,10 @@ def test_megatron_critic_is_counted_by_hand(small):
         "critic.strategy=megatron",
         "critic.megatron.param_offload=true",
     )
-    assert offloaded.memory.host[0]["critic"] == 2 * params
+    # the weights in HostStore's pinned slabs: their bytes bounded by an alignment and a bucket's
+    # padding per tensor (72 here, 768 B each), in one last slab of a power of two below 1 MiB
+    assert offloaded.memory.host[0]["critic"] == pinned_bytes([2 * params + 72 * 768], split=True)
+    assert 2 * params < offloaded.memory.host[0]["critic"] < 2 * params + (1 << 20)
 
 
 def test_megatron_critic_checkpoint_counts_its_own_dtype():
@@ -584,3 +669,138 @@ def test_each_pipeline_stage_is_planned_and_the_phase_holds_the_largest(small):
     assert f"train's pipeline stages, first to last: {first / GIB:.2f}, {last / GIB:.2f}" in text
     one_gpu = dry(small, *megatron)
     assert "pipeline stages" not in format_memory_plan(one_gpu.memory)
+
+
+@pytest.mark.parametrize("strategy", ["torch", "megatron"])
+def test_the_teacher_pass_holds_a_layer_or_a_chunk_of_logits_never_the_whole(small, qwen3_4b, strategy):
+    # the teacher's top-K pass runs its output layer a chunk of tokens at a time (its allocator peak
+    # on an H200 was one layer's MLP: 0.85 GiB for a 1.7B teacher, where the whole logits planned 4.65)
+    def teacher_row(model: str, *extra: str):
+        prepared = dry(  # the student as the teacher: distillation needs one vocabulary
+            model, *SMALL_JOB, "algorithm=gkd", f"teacher.model={model}", f"{A}.strategy={strategy}", *extra
+        )
+        [group] = prepared.memory.groups
+        return next(r for r in group.rows if r.phase == "teacher").parts
+
+    # the small teacher: 8 rows × 24 tokens (8 scored); the chunk holds all 64 response positions,
+    # their logits in bf16 beside three fp32 copies (14 B × 1000 words), with the final hidden states
+    # (2 B × 64 × 192 tokens): more than a layer's MLP and residual (2 B × 192 × (3·128 + 2·64))
+    parts = teacher_row(small)
+    assert parts["logits"] == 2 * 64 * 192 + 64 * 1000 * 14
+    assert "activations" not in parts
+    # a 4B-shape teacher on 2 rows × 24 tokens: 16 scored positions' logits (14 B × 151,936 words
+    # each: 34 MB) outweigh a layer's transients (2 B × 48 tokens × (3·9728 + 2·2560): 3.3 MB)
+    parts = teacher_row(qwen3_4b, "teacher.log_prob_micro_batch_size_per_gpu=2")
+    assert parts["logits"] == 2 * 48 * 2560 + 16 * 151_936 * 14
+    # a whole micro-batch of 64 rows of 2,048 + 512 tokens: the layer's transients (the chunk is 110
+    # tokens), not every tensor a layer saves for a backward (a log-prob pass's count: 169,984 B a token)
+    long = ("data.max_prompt_length=2048", "data.max_response_length=512", "data.train_batch_size=16")
+    long += ("trainer.gpu_memory_gib=140",)
+    parts = teacher_row(qwen3_4b, *long)
+    tokens = 64 * 2560
+    assert parts == {"weights": parts["weights"], "activations": 2 * tokens * (3 * 9728 + 2 * 2560)}
+    assert parts["activations"] < 169_984 * tokens
+
+
+MEGATRON_TP2 = (
+    f"{A}.strategy=megatron",
+    "trainer.n_gpus_per_node=2",
+    f"{A}.megatron.tensor_model_parallel_size=2",
+    f"{A}.megatron.sequence_parallel=true",
+    f"{R}.tensor_model_parallel_size=2",
+)
+
+
+def test_a_tp2_megatron_layout_counts_each_processes_nccl_communicators(small):
+    """Megatron TP2 + SP beside vLLM at TP2 on two GPUs (the 2g-0.6b-megatron-tp2-sp row's layout):
+    each process holds NCCL's communicators outside torch's allocator (backends/communicators.py),
+    the same in every phase: the default group's (the optimizer's build), megatron's data-parallel
+    group of one rank, its gradient norm's and TP groups, vLLM's own TP group. That row read
+    +3.9 / +4.2 GiB over a plan that counted none (docs/gpu_acceptance.md, session 24)."""
+    from dagrl.backends.communicators import FIRST_EXTRA_BYTES, GROUP_BYTES, ONE_RANK_BYTES
+
+    prepared = dry(small, *SMALL_JOB, *MEGATRON_TP2)
+    [group] = prepared.memory.groups
+    assert group.communicators == {
+        "world": GROUP_BYTES,
+        "megatron dp": ONE_RANK_BYTES,
+        "megatron grad norm": GROUP_BYTES,
+        "megatron tp": GROUP_BYTES,
+        "vllm tp": GROUP_BYTES,
+    }
+    # the first communicator's 0.82 GiB, three more of two ranks at 0.47, one of one rank at 0.38
+    nccl = FIRST_EXTRA_BYTES + 4 * GROUP_BYTES + ONE_RANK_BYTES
+    assert nccl / GIB == pytest.approx(2.61)
+    assert {r.phase for r in group.rows} >= {"rollout", "update"}
+    for row in group.rows:
+        assert row.nccl == nccl
+        others = sum(row.others.values())
+        assert row.total == pytest.approx(CONTEXT_BYTES + nccl + sum(row.parts.values()) + others)
+    text = format_memory_plan(prepared.memory)
+    assert "; context 1.00; nccl 2.61" in text
+    assert (
+        "nccl: 2.61 in each process, its communicators world, megatron dp, megatron grad norm, megatron tp"
+        in text
+    )
+
+
+def test_one_gpu_counts_no_communicator(small):
+    """On one GPU every group is of one rank: CONTEXT_BYTES holds them, as the one-GPU rows
+    measured, and the table reads as it did before communicators were counted."""
+    prepared = dry(small, *SMALL_JOB, f"{A}.strategy=megatron")
+    [group] = prepared.memory.groups
+    assert group.communicators == {}
+    for row in group.rows:
+        assert row.nccl == 0.0
+        others = sum(row.others.values())
+        assert row.total == pytest.approx(CONTEXT_BYTES + sum(row.parts.values()) + others)
+    assert "nccl" not in format_memory_plan(prepared.memory)
+
+
+@pytest.mark.parametrize(
+    "layout, made",
+    [
+        # the stages' sends and receives, the export's collectives, the tied embedding's group
+        (
+            (f"{A}.strategy=megatron", f"{A}.megatron.pipeline_model_parallel_size=2"),
+            {
+                "world",
+                "megatron dp",
+                "megatron grad norm",
+                "megatron pp send/recv",
+                "megatron pp",
+                "megatron embedding",
+            },
+        ),
+        # DDP's default group; the reference (forward only, torch) talks over none of its own
+        ((f"{A}.use_kl_loss=true",), {"world"}),
+        # the engine at TP2 beside a torch trainer
+        ((f"{R}.tensor_model_parallel_size=2",), {"world", "vllm tp"}),
+    ],
+)
+def test_two_gpu_layouts_name_the_communicators_their_processes_make(small, layout, made):
+    prepared = dry(small, *SMALL_JOB, "trainer.n_gpus_per_node=2", *layout)
+    [group] = prepared.memory.groups
+    assert set(group.communicators) == made
+
+
+def test_separate_pools_count_the_weight_sync_group_on_both_sides(small):
+    """The trainer's rank 0 and every engine worker join the sync's own broadcast group
+    (backends/weight_broadcast.py): its communicator is the only one of a one-GPU trainer and
+    engine, the first of each process (0.82 GiB); a DDP trainer on two GPUs adds the default group's."""
+    from dagrl.backends.communicators import FIRST_EXTRA_BYTES, GROUP_BYTES
+
+    train, rollout = dry(small, *SMALL_JOB, "placement=separate", "trainer.n_gpus_per_node=2").memory.groups
+    for group in (train, rollout):
+        assert group.communicators == {"weight sync": GROUP_BYTES}
+        assert {r.nccl for r in group.rows} == {FIRST_EXTRA_BYTES + GROUP_BYTES}
+    two = (
+        "placement=separate",
+        "placement.gpus.train=2",
+        "placement.gpus.rollout=1",
+        "trainer.n_gpus_per_node=3",
+    )
+    train, rollout = dry(small, *SMALL_JOB, *two).memory.groups
+    assert set(train.communicators) == {"world", "weight sync"} and set(rollout.communicators) == {
+        "weight sync"
+    }

@@ -35,9 +35,10 @@ from dagrl.backends.megatron.distill_steps import to_response_grid
 from dagrl.backends.megatron.micro_inputs import MicroInputs, micro_inputs
 from dagrl.backends.megatron.model import build_model, transformer_config
 from dagrl.backends.megatron.optimizer import build_optimizer, optimizer_config
-from dagrl.backends.megatron.parallel import dp_info, init_parallel
+from dagrl.backends.megatron.parallel import dp_info, init_parallel, replica_figures
 from dagrl.backends.megatron.spec import layer_spec_for
 from dagrl.backends.megatron.weights import load_hf_weights
+from dagrl.backends.memory import CRITIC_UPDATE_PHASE, VALUES_PHASE
 from dagrl.backends.train_common import allocated_gib, set_lr
 from dagrl.backends.update_loop import run_update
 from dagrl.config.roles import RoleSpec
@@ -199,22 +200,40 @@ class MegatronCriticBackend:
             grid = response_values(mi, values)
             return grid.sum() * 0, {"values": grid}
 
+        cuda = self.ctx.device.type == "cuda"
+        allocated = device_memory.phase_start() if cuda else 0
         micros = [
             self._micro(mb, 1.0) for mb in micro_batches(batch, self.spec.logprob_micro_batch_size, None)
         ]
         outputs = self._run_schedule(micros, loss_fn, forward_only=True)
-        device_memory.note_phase_end()
-        return Batch({"values": torch.cat([o["values"] for o in outputs]).cpu()}), {}
+        metrics = self._figures(VALUES_PHASE, allocated) if cuda else {}
+        return Batch({"values": torch.cat([o["values"] for o in outputs]).cpu()}), metrics
+
+    def _figures(
+        self, phase: str, allocated: int, offload_freed_gib: float | None = None
+    ) -> dict[str, float]:
+        """A phase's device figures (device_memory.py), the fullest card's of the DP replica: every
+        rank runs the phase, the driver keeps one rank's metrics. `offload_freed_gib`: what the
+        critic's last offload freed on this card (the update's, where it offloads)."""
+        figures = device_memory.phase_metrics(phase, allocated)
+        if offload_freed_gib is not None:
+            figures[f"{phase}/offload_freed_gib"] = offload_freed_gib
+        return replica_figures(figures, phase)
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         _, dp_size, _ = dp_info()
         self.model[0].train()
+        cuda = self.ctx.device.type == "cuda"
+        allocated = device_memory.phase_start() if cuda else 0
         start = time.perf_counter()
         metrics = run_update(self, self.objective, batch, self.settings, self.spec.seed, dp_size, self.steps)
         self.steps += 1
         metrics["perf/critic_update_s"] = time.perf_counter() - start
-        return Batch(), critic_metric_names(metrics)
+        metrics = critic_metric_names(metrics)
+        if cuda:
+            metrics.update(self._figures(CRITIC_UPDATE_PHASE, allocated, self.offload_freed_gib))
+        return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
         set_lr(self.optimizer, lr)

@@ -24,18 +24,24 @@ every position, whose gradient the update adds. A PP device is planned as the la
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
+from dagrl.backends.communicators import GROUP_BYTES, PAIR_BYTES, group_bytes
 from dagrl.backends.memory import (
+    CRITIC_UPDATE_PHASE,
+    VALUES_PHASE,
     RoleMemory,
     Workload,
     forward_phases,
     param_width,
     parts_total,
+    teacher_forward_bytes,
     update_workload,
     workload,
 )
-from dagrl.backends.model_shape import ModelShape
+from dagrl.backends.model_shape import ModelShape, tensor_count_bound
+from dagrl.backends.pinned import ALIGN, pinned_bytes
 
 
 @dataclass(frozen=True)
@@ -213,6 +219,74 @@ def stays(spec) -> bool:
     return not (o.params or (spec.trains and (o.grads or o.optimizer)))
 
 
+def communicators(
+    layout: MegatronLayout, trains: bool, tied: bool, distributed_optimizer: bool
+) -> dict[str, float]:
+    """The NCCL communicators a megatron role's process makes (backends/communicators.py): those of
+    the groups megatron-core 0.16.1 talks over in a step, as traced on the CPU under gloo (TP2,
+    TP2+SP, PP2, DP2 in tests/backends/megatron/test_comm_groups.py; TP2xPP2 and TP2xDP2 on four
+    ranks once, by hand):
+    - training: the default group (the optimizer's build gathers its parameter keys over it), the
+      data-parallel group (its gradients and, with the distributed optimizer, the parameters'
+      all-gather: a group of one rank at DP 1), the gradient norm's group (with the distributed
+      optimizer every rank of the instance, a group of its own; without it the model-parallel ranks);
+    - TP: the tensor-parallel group (layers, sequence parallel, log-probs, the weight export);
+    - PP: the stages' sends and receives, the pipeline group's collectives (the weight export, when
+      training) and, for a tied model, the embedding group (both ends' copies kept in step).
+    A forward-only role (the reference, a teacher) makes only its TP and PP ones; colocated with the
+    actor it shares megatron's groups, so the names agree. Read, not traced (no CPU path runs
+    them): CP's group (TransformerEngine's attention), EP's token exchange and the experts'
+    data-parallel group; the other expert groups are not counted. One worker: none (the groups are
+    all of one rank: backends/communicators.py)."""
+    if layout.workers == 1:
+        return {}
+    made = {}
+    if trains:
+        made["world"] = GROUP_BYTES
+        made["megatron dp"] = group_bytes(layout.dp * layout.cp)
+        norm_ranks = layout.workers if distributed_optimizer else layout.tp * layout.pp
+        made["megatron grad norm"] = group_bytes(norm_ranks)
+    if layout.tp > 1:
+        made["megatron tp"] = GROUP_BYTES
+    if layout.pp > 1:
+        # megatron batches a step's sends and receives (batch_p2p_comm), which torch runs on the
+        # pipeline group's communicator, adding NCCL's point-to-point buffers to it; counted as the
+        # probe's send/recv pair (its own communicator there: high by a communicator's base, if
+        # anything); a middle stage talks to two neighbours
+        made["megatron pp send/recv"] = PAIR_BYTES * (1 if layout.pp == 2 else 2)
+        if trains:
+            made["megatron pp"] = GROUP_BYTES
+        if tied:
+            made["megatron embedding"] = GROUP_BYTES
+    if layout.cp > 1:
+        made["megatron cp"] = GROUP_BYTES
+    if layout.ep > 1:
+        made["megatron ep"] = GROUP_BYTES
+        made["megatron expert dp"] = group_bytes(layout.workers // (layout.etp * layout.ep * layout.pp))
+    return made
+
+
+def host_bytes(
+    state: dict[str, float], idle: dict[str, float], shape: ModelShape, layout: MegatronLayout, width: int
+) -> float:
+    """What offload keeps in host memory of `state` (`idle`: what stays on the device): the
+    optimizer state as megatron's offload_to_cpu copies it, and the weights in HostStore's pinned
+    slabs (backends/pinned.py, storages split at slab ends: their aligned bytes and less than one
+    last small slab). Their storages follow megatron-core 0.16.1's _ParamAndGradBuffer
+    (distributed/param_and_grad_buffer.py): under the distributed optimizer one contiguous buffer
+    per dtype and kind (dense, expert) of a model chunk, each parameter starting on 64 elements
+    and the bucket padded to lcm(DP·CP, 128) elements; otherwise (and for frozen weights) one
+    storage per tensor. Exact sizes need megatron's parameter list: bounded by one alignment and
+    one bucket's padding per tensor the stage may have (tensor_count_bound; a few MiB at 8B). The
+    gradient buffers are freed, not copied: the next update zeroes them."""
+    moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
+    if "weights" not in moved:
+        return parts_total(moved)
+    padding = ALIGN + math.lcm(layout.dp * layout.cp, 128) * width
+    weights = pinned_bytes([int(moved.pop("weights")) + padding * tensor_count_bound(shape)], split=True)
+    return parts_total(moved) + weights
+
+
 def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The megatron backend's registered estimate: a role's footprint per device, per phase."""
     m = spec.megatron
@@ -236,13 +310,20 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
             0.0,
         )
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
-    # host: the CPU optimizer's state, and what offload copies there while another role runs (the
-    # gradient buffers are freed, not copied: the next update zeroes them)
-    moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
-    mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
     width = param_width(m.param_dtype)
+    # host: the CPU optimizer's state, and what offload copies there while another role runs
+    mem = RoleMemory(
+        state,
+        idle,
+        host=host + host_bytes(state, idle, shape, mlayout, width),
+        stays=stays(spec),
+    )
+    mem.communicators = communicators(mlayout, spec.trains, shape.tied, m.use_distributed_optimizer)
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
-        mem.phases[phase] = forward_bytes(shape, width, mlayout, work)
+        if phase == "teacher":  # chunked over the vocabulary shard: no whole logits
+            mem.phases[phase] = teacher_forward_bytes(shape, width, work, mlayout.tp, mlayout.cp)
+        else:
+            mem.phases[phase] = forward_bytes(shape, width, mlayout, work)
     if spec.trains:
         work = update_workload(cfg, layout.dp)
         stages = update_stages(shape, width, mlayout, work, recompute_layers(m, shape))
@@ -300,17 +381,22 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
         shape, mlayout, m.param_dtype, True, m.use_distributed_optimizer, fraction, precision_aware(m)
     )
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
-    # host, as the actor's: what offload copies there (freed gradient buffers are copied nowhere)
-    moved = {k: v for k, v in state.items() if k not in idle and k != "grads"}
-    mem = RoleMemory(state, idle, host=host + parts_total(moved), stays=stays(spec))
     width = param_width(m.param_dtype)
+    # host, as the actor's: what offload copies there
+    mem = RoleMemory(
+        state,
+        idle,
+        host=host + host_bytes(state, idle, shape, mlayout, width),
+        stays=stays(spec),
+    )
+    mem.communicators = communicators(mlayout, True, shape.tied, m.use_distributed_optimizer)
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
-    mem.phases["values"] = {
+    mem.phases[VALUES_PHASE] = {
         "activations": float(layer_activation_bytes(shape, width, mlayout) * forward.tokens)
     }
     mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
     budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
     work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
     (phase,) = update_stages(shape, width, mlayout, work, recompute_layers(m, shape), logits=False)
-    mem.phases["critic_update"] = {"activations": phase["activations"]}
+    mem.phases[CRITIC_UPDATE_PHASE] = {"activations": phase["activations"]}
     return mem

@@ -4,7 +4,8 @@ The worker has already joined the pool's default process group (NCCL on GPU). me
 parallel state is global to the process, so an actor and a reference model colocated in one
 worker share it: the second backend checks that it asks for the same layout instead of
 re-initialising (validate rejects a colocated ref with other sizes before anything starts).
-Beside megatron's groups: a gloo group of each DP replica's ranks, for the per-card memory figures.
+Beside megatron's groups: a gloo group of each DP replica's ranks, over which the per-card memory
+figures are gathered (`replica_figures`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from megatron.core import parallel_state as mpu
 from megatron.core import tensor_parallel
 
+from dagrl.backends import device_memory
 from dagrl.config.schema import MegatronConfig
 
 
@@ -92,6 +94,26 @@ def replica_group() -> torch.distributed.ProcessGroup:
     sit on the cards the memory figures measure (docs/memory.md); gloo holds no device memory."""
     assert _replica_group is not None, "init_parallel has not run"
     return _replica_group
+
+
+def gather_fullest_cards(figures: dict[str, float], phase: str) -> dict[str, float]:
+    """This rank's card figures of `phase` (device_memory.card_figures) as the fullest card's among
+    its DP replica's ranks, with each pipeline stage's own (device_memory.fullest_cards): the driver
+    keeps the metrics of one rank per replica (dp_info). A collective: every rank of the replica
+    calls it, with the same keys."""
+    group, keys, stage = replica_group(), sorted(figures), mpu.get_pipeline_model_parallel_rank()
+    row = torch.tensor([stage, *(figures[k] for k in keys)], dtype=torch.float64)
+    rows = [torch.empty_like(row) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(rows, row, group=group)
+    cards = [(int(r[0]), dict(zip(keys, r[1:].tolist()))) for r in rows]
+    return device_memory.fullest_cards(cards, phase, mpu.get_pipeline_model_parallel_world_size())
+
+
+def replica_figures(metrics: dict[str, float], phase: str) -> dict[str, float]:
+    """A phase's `metrics` as the driver should see them from this rank: the card figures among
+    them (device_memory.card_figures) the fullest card's of the DP replica (gather_fullest_cards),
+    the rest (the allocator's counts, timings) this rank's. A collective, as gather_fullest_cards."""
+    return {**metrics, **gather_fullest_cards(device_memory.card_figures(metrics), phase)}
 
 
 def _make_replica_groups(layout: MegatronLayout) -> torch.distributed.ProcessGroup:

@@ -35,7 +35,7 @@ from dagrl.backends.megatron import lora as lora_layers
 from dagrl.backends.megatron.micro_inputs import MicroInputs, micro_inputs, padding_stats
 from dagrl.backends.megatron.model import build_model, model_shape, transformer_config
 from dagrl.backends.megatron.optimizer import build_optimizer, optimizer_config
-from dagrl.backends.megatron.parallel import dp_info, init_parallel, replica_group
+from dagrl.backends.megatron.parallel import dp_info, init_parallel, replica_figures
 from dagrl.backends.megatron.spec import layer_spec_for
 from dagrl.backends.megatron.weights import export_hf_weights, load_hf_weights, save_hf
 from dagrl.backends.train_common import allocated_gib, set_lr, teacher_metrics, teacher_phase_start
@@ -308,7 +308,7 @@ class MegatronTrainBackend:
             outputs = self._run_schedule(micros, loss_fn, forward_only=True)
         metrics = teacher_metrics(start, self.ctx.device, self.offload_freed_gib)
         if self.ctx.device.type == "cuda":  # every rank calls it: the driver keeps one rank's metrics
-            metrics.update(gather_fullest_cards(device_memory.card_figures(metrics), "teacher"))
+            metrics = replica_figures(metrics, "teacher")
         if not outputs:  # not the last pipeline stage: nothing to return
             return Batch(), metrics
         return Batch({k: torch.cat([o[k] for o in outputs]).cpu() for k in outputs[0]}), metrics
@@ -338,9 +338,8 @@ class MegatronTrainBackend:
         metrics.update(padding_stats(self._step_micros).metrics())
         if cuda:  # device_memory.py: figures that cannot exceed the card
             figures = device_memory.update_metrics(allocated)
-            metrics.update(figures)
-            metrics.update(gather_fullest_cards(device_memory.card_figures(figures), "update"))
-            metrics["perf/offload_freed_gib"] = self.offload_freed_gib
+            figures["perf/offload_freed_gib"] = self.offload_freed_gib
+            metrics.update(replica_figures(figures, "update"))
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
@@ -434,16 +433,3 @@ class MegatronTrainBackend:
             )
         if torch.distributed.get_rank() == 0:
             load_tokenizer(self.path).save_pretrained(path)
-
-
-def gather_fullest_cards(figures: dict[str, float], phase: str) -> dict[str, float]:
-    """This rank's card figures of `phase` (device_memory.card_figures) as the fullest card's among
-    its DP replica's ranks, with each pipeline stage's own (device_memory.fullest_cards): the driver
-    keeps the metrics of one rank per replica (dp_info). A collective: every rank of the replica
-    calls it, with the same keys."""
-    group, keys, stage = replica_group(), sorted(figures), mpu.get_pipeline_model_parallel_rank()
-    row = torch.tensor([stage, *(figures[k] for k in keys)], dtype=torch.float64)
-    rows = [torch.empty_like(row) for _ in range(torch.distributed.get_world_size(group))]
-    torch.distributed.all_gather(rows, row, group=group)
-    cards = [(int(r[0]), dict(zip(keys, r[1:].tolist()))) for r in rows]
-    return device_memory.fullest_cards(cards, phase, mpu.get_pipeline_model_parallel_world_size())

@@ -24,6 +24,7 @@ from torch import nn
 from dagrl.backends import device_memory
 from dagrl.backends.hf_model import resolve_model_path, torch_dtype
 from dagrl.backends.host_store import HostStore
+from dagrl.backends.memory import CRITIC_UPDATE_PHASE, VALUES_PHASE
 from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
 from dagrl.backends.train_common import host_rng_state, set_host_rng_state, set_lr
 from dagrl.backends.update_loop import run_update
@@ -118,23 +119,31 @@ class TorchCriticBackend:
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> tuple[Batch, dict]:
-        """The critic's values [B, R] of this shard, in micro-batches of forward_micro_batch_size."""
+        """The critic's values [B, R] of this shard, in micro-batches of forward_micro_batch_size;
+        on a GPU the phase's device figures (device_memory.py), under the plan's name for it."""
         self.model.eval()
+        cuda = self.ctx.device.type == "cuda"
+        allocated = device_memory.phase_start() if cuda else 0
         out = [
             self._values(self.model, mb).cpu()
             for mb in micro_batches(batch, self.spec.logprob_micro_batch_size, None)
         ]
-        device_memory.note_phase_end()
-        return Batch({"values": torch.cat(out)}), {}
+        metrics = device_memory.phase_metrics(VALUES_PHASE, allocated) if cuda else {}
+        return Batch({"values": torch.cat(out)}), metrics
 
     # ---- update: the shared loop (backends/update_loop.py) drives the three methods below -------
     def train_step(self, batch: Batch) -> tuple[Batch, dict]:
         (self.ddp or self.model).train()
+        cuda = self.ctx.device.type == "cuda"
+        allocated = device_memory.phase_start() if cuda else 0
         metrics = run_update(
             self, self.objective, batch, self.settings, self.spec.seed, self.ctx.world_size, self.steps
         )
         self.steps += 1
-        return Batch(), critic_metric_names(metrics)
+        metrics = critic_metric_names(metrics)
+        if cuda:  # device_memory.py: figures that cannot exceed the card
+            metrics.update(device_memory.phase_metrics(CRITIC_UPDATE_PHASE, allocated))
+        return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
         set_lr(self.optimizer, lr)

@@ -197,6 +197,11 @@ def adapter_params(shape, lora: LoraSettings) -> int:
     return lora.rank * sum(i + o for i, o in _adapted_dims(shape, lora)) * shape.layers
 
 
+def adapter_numels(shape, lora: LoraSettings) -> list[int]:
+    """Elements of each adapter tensor (A: r × in, B: out × r per adapted layer, every layer)."""
+    return [lora.rank * n for i, o in _adapted_dims(shape, lora) for n in (i, o)] * shape.layers
+
+
 def merged_sync_bytes(shape, lora: LoraSettings, width: int, bucket_bytes: float) -> float:
     """What a merged sync allocates besides the model: the adapted weights it makes (`width` bytes
     each; the base's other tensors go as they are), one bucket of them alive at a time, and one

@@ -6,7 +6,9 @@ bf16, as megatron's mixed precision. With LoRA (model.lora_rank > 0) the base is
 weights only, no gradient, master or moments) and the adapters are what trains, held as every
 trained weight is: w of weights, w of gradients (during the update only, for bf16), fp32 master
 (bf16) and moments (lora.py). With the optimizer step on the host (actor.optimizer_cpu_offload)
-the device keeps weights and gradients only. `actor.offload` moves weights and optimizer state to
+the device keeps weights and gradients only; the host 12 B a trained parameter (fp32 master, m,
+v) and two pinned buffers, one allocation each, rounded up to a power of two: the fp32 gradients
+and a staging copy in the model's dtype (w). `actor.offload` moves weights and optimizer state to
 host memory while a colocated role has the device; gradients stay (they live until the next
 update's zero_grad).
 
@@ -22,17 +24,23 @@ dtype exist only during the update when fp32 masters (or the host step) take the
 
 from __future__ import annotations
 
+from dagrl.backends.communicators import GROUP_BYTES
 from dagrl.backends.memory import (
+    CRITIC_UPDATE_PHASE,
+    VALUES_PHASE,
     RoleMemory,
     Workload,
     forward_phases,
     param_width,
     parts_total,
+    teacher_forward_bytes,
     update_workload,
     workload,
 )
-from dagrl.backends.model_shape import ModelShape
-from dagrl.backends.torch.lora import adapter_params, merged_sync_bytes
+from dagrl.backends.model_shape import ModelShape, tensor_count_bound, tensor_numels
+from dagrl.backends.pinned import ALIGN, pinned_bytes
+from dagrl.backends.torch.lora import adapter_numels, adapter_params, merged_sync_bytes
+from dagrl.backends.torch.mixed_precision import host_buffer_sizes
 from dagrl.config.schema import LoraSync
 
 
@@ -128,6 +136,45 @@ def forward_bytes(shape: ModelShape, width: int, work: Workload) -> dict[str, fl
     return {"logits": logits} if logits >= layer else {"activations": layer}
 
 
+def communicators(trains: bool, workers: int) -> dict[str, float]:
+    """The NCCL communicators a torch role's process makes (backends/communicators.py): a trained
+    model on more than one worker is wrapped in DDP, which broadcasts it and all-reduces its
+    gradients over the pool's default group; a forward-only one talks over none."""
+    return {"world": GROUP_BYTES} if trains and workers > 1 else {}
+
+
+def host_step_pinned_bytes(shape: ModelShape, width: int, lora=None) -> int:
+    """Pinned host bytes of the host step's buffers (an fp32 gradient and a staging copy in the
+    model's dtype per trained tensor), packed as MasterWeightsAdamW packs them. A model whose tensors
+    tensor_numels cannot list gets a bound: whole items never fill a slab less than half."""
+    numels = adapter_numels(shape, lora) if lora is not None else tensor_numels(shape)
+    if numels is not None:
+        return pinned_bytes(host_buffer_sizes(numels, width))
+    trained = adapter_params(shape, lora) if lora is not None else shape.params
+    return 2 * ((4 + width) * trained + 2 * ALIGN * tensor_count_bound(shape))
+
+
+def offload_pinned_bytes(
+    shape: ModelShape, width: int, optimizer: bool, lora=None, head: tuple[int, ...] = ()
+) -> int:
+    """Pinned host bytes an offload takes (HostStore's slabs, storages split at their ends): the
+    weights (`head`: a critic's value head's tensors, trained), and with `optimizer` the fp32
+    master (bf16/fp16 weights) and Adam's m and v of what trains. Split items cost their aligned
+    bytes and less than one last small slab, so a model whose tensors cannot be listed is bounded
+    by one alignment per tensor it may have."""
+    base, adapters = tensor_numels(shape), adapter_numels(shape, lora) if lora is not None else []
+    fp32_states = (3 if width < 4 else 2) if optimizer else 0  # per trained tensor
+    if base is not None:
+        trained = adapters if lora is not None else base + list(head)
+        sizes = [width * n for n in base + list(head) + adapters] + [4 * n for n in trained] * fp32_states
+        return pinned_bytes(sizes, split=True)
+    trained = sum(adapters) if lora is not None else shape.params + sum(head)
+    nbytes = width * (shape.params + sum(head) + sum(adapters)) + 4 * fp32_states * trained
+    return pinned_bytes(
+        [nbytes + ALIGN * (1 + fp32_states) * (tensor_count_bound(shape) + len(head))], split=True
+    )
+
+
 def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The torch backend's registered estimate: a role's footprint per device, per phase."""
     arr, width = cfg.actor_rollout_ref, param_width(spec.model.dtype)
@@ -136,12 +183,17 @@ def role_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: in
     state = state_bytes(shape, width, spec.trains, on_host, lora)
     kept = between_updates(state, width, on_host)
     mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params), stays=not spec.offload.params)
-    if on_host:  # fp32 master, its gradient, m, v of what trains
-        mem.host = (adapter_params(shape, lora) if lora is not None else shape.params) * 16.0
-    elif spec.offload.params:
-        mem.host = parts_total(kept) - kept.get("grads", 0.0)
+    mem.communicators = communicators(spec.trains, layout.workers)
+    if on_host:  # pageable fp32 master, m, v of what trains (mixed_precision.MasterWeightsAdamW)
+        trained = adapter_params(shape, lora) if lora is not None else shape.params
+        mem.host = float(12 * trained + host_step_pinned_bytes(shape, width, lora))
+    if spec.offload.params:  # what the hand-over moves to pinned slabs (host_store.HostStore)
+        mem.host += float(offload_pinned_bytes(shape, width, spec.trains and not on_host, lora))
     for phase, work in forward_phases(cfg, spec, layout.dp).items():
-        mem.phases[phase] = forward_bytes(shape, width, work)
+        if phase == "teacher":  # chunked over the vocabulary: no whole logits
+            mem.phases[phase] = teacher_forward_bytes(shape, width, work)
+        else:
+            mem.phases[phase] = forward_bytes(shape, width, work)
     if lora is not None and lora.sync == LoraSync.merged:  # the sync's merged weights
         bucket = arr.rollout.weight_sync_bucket_mb * 2.0**20
         mem.phases["weight_sync"] = {"merged": merged_sync_bytes(shape, lora, width, bucket)}
@@ -168,16 +220,17 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     state = state_bytes(shape, width, trains=True)
     kept = between_updates(state, width, optimizer_on_host=False)
     mem = RoleMemory(kept, idle_bytes(kept, spec.offload.params), stays=not spec.offload.params)
-    if spec.offload.params:
-        mem.host = parts_total(kept) - kept.get("grads", 0.0)
+    mem.communicators = communicators(True, layout.workers)
+    if spec.offload.params:  # weights and optimizer state, in HostStore's pinned slabs
+        mem.host = float(offload_pinned_bytes(shape, width, optimizer=True, head=(shape.hidden, 1)))
     forward = workload(cfg, spec.logprob_micro_batch_size, None, layout.dp)
-    mem.phases["values"] = {"activations": float(layer_activation_bytes(shape, width) * forward.tokens)}
+    mem.phases[VALUES_PHASE] = {"activations": float(layer_activation_bytes(shape, width) * forward.tokens)}
     mini_rows = max(1, update.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // layout.dp)
     budget = update.ppo_max_token_len_per_gpu if update.use_dynamic_bsz else None
     work = workload(cfg, update.ppo_micro_batch_size_per_gpu, budget, layout.dp, mini_rows)
     recompute = update.model.gradient_checkpointing
     activations = update_bytes(shape, width, work, recompute, logits=False)["activations"]
-    mem.phases["critic_update"] = {k: v for k, v in state.items() if k not in kept} | {
+    mem.phases[CRITIC_UPDATE_PHASE] = {k: v for k, v in state.items() if k not in kept} | {
         "activations": activations
     }
     return mem

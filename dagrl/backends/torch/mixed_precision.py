@@ -11,10 +11,16 @@ by AdamW in fp32; the result is rounded once into the compute weights the next f
 fp32 models get no copy: AdamW runs on the parameters themselves, as it always did.
 
 `host` (actor.optimizer_cpu_offload) puts the masters, their gradients and Adam's moments in
-pinned host memory and runs the step there (torch's fused CPU AdamW): the device keeps only the
-compute weights and their gradients, at the price of one gradient copy to the host and one weight
-copy back per step. Bytes per parameter (bf16): device 2 + 2 grads + 12 (master, m, v) = 16
-resident, or 4 with the step on the host (which then holds 16: master, grad, m, v).
+host memory and runs the step there (torch's fused CPU AdamW): the device keeps only the compute
+weights and their gradients, at the price of one gradient copy to the host and one weight copy
+back per step. Only the buffers those copies go through are pinned (page-locked): the masters and
+moments are read and written by the host step (and checkpoints) where they are, and pinning is
+dear: cudaHostAlloc locks every page, under a driver-wide lock, and torch's pinned allocator rounds
+each block up to a power of two (Qwen3-8B's fp32 masters, 30.5 GiB, would lock 40.6). Bytes per
+parameter (bf16): device 2 + 2 grads + 12 (master, m, v) = 16 resident, or 4 with the step on the
+host, which then holds 12 pageable (master, m, v) and 6 pinned: the fp32 gradient and the bf16
+staging copy, views into a few power-of-two slabs (backends/pinned.py: within a few MiB of the
+bytes, where one allocation per kind, each rounded up, took 48 GiB for Qwen3-8B's 45.8).
 
 fp16 is refused for training (it needs loss scaling, which this backend does not do): see
 dagrl/config/validate.py.
@@ -26,6 +32,7 @@ from collections.abc import Iterator
 
 import torch
 
+from dagrl.backends.pinned import carve
 from dagrl.config.schema import OptimConfig
 
 
@@ -45,14 +52,16 @@ class MasterWeightsAdamW:
         master_device = host or device
         self.copies = host is not None or any(p.dtype != torch.float32 for p in self.params)
         self.masters = self.params
-        pin = master_device.type == "cpu" and device.type == "cuda"  # async copies need pinned pages
-        if self.copies:
-            self.masters = [
-                _empty(p, torch.float32, master_device, pin).copy_(p.detach()) for p in self.params
-            ]
-        if host is not None:  # gradients and rounded weights cross the bus through reusable buffers
-            self._grads = [_empty(p, torch.float32, host, pin) for p in self.params]
-            self._staging = [_empty(p, p.dtype, host, pin) for p in self.params]
+        if self.copies:  # host masters never cross the bus asynchronously: pageable (module docstring)
+            self.masters = [_empty(p, torch.float32, master_device).copy_(p.detach()) for p in self.params]
+        if host is not None:
+            # what crosses the bus each step, through reusable buffers: the gradients (upcast on the
+            # device by the asynchronous copy, so fp32 crosses) and the rounded weights. Pinned,
+            # as asynchronous copies need: from pageable memory they are staged by the driver
+            assert host.type == "cpu", host
+            like = [(p.shape, torch.float32) for p in self.params] + [(p.shape, p.dtype) for p in self.params]
+            self._slabs, views = carve(like, pin=device.type == "cuda")
+            self._grads, self._staging = views[: len(self.params)], views[len(self.params) :]
         kwargs = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
         if (self.copies and master_device.type == "cpu") or master_device.type == "cuda":
             # one fused kernel over p, g, m, v: on the GPU also no foreach temporaries (the
@@ -61,31 +70,29 @@ class MasterWeightsAdamW:
         self.inner = torch.optim.AdamW(self.masters, **kwargs)
         self._create_moments()
 
-    @torch.no_grad()
     def _create_moments(self) -> None:
-        """Have AdamW create its state now, before any forward. Left to the first step, the
-        moments (8 B per parameter, for the whole run) are carved out of cached blocks that the
-        step's transient gradients and activations also use, and pin those segments in torch's
-        cache: the hand-over's empty_cache cannot return them. On a GPU (4B torch, 2026-11-27)
-        13.7 GiB stayed reserved but unallocated at every hand-over, the rollout 14 GiB above the
-        plan. A step at lr 0 on zero gradients writes zeros into m and v and leaves every weight
-        as it is (AdamW's decay is lr x weight_decay); its step count is set back to 0, so the
-        first real step is exactly the one a lazily created state would take."""
-        lrs = [group["lr"] for group in self.inner.param_groups]
+        """Have AdamW's state exist now, before any forward. Left to the first step, the moments
+        (8 B per parameter, for the whole run) are carved out of cached blocks that the step's
+        transient gradients and activations also use, and pin those segments in torch's cache:
+        the hand-over's empty_cache cannot return them. On a GPU (4B torch, 2026-11-27) 13.7 GiB
+        stayed reserved but unallocated at every hand-over, the rollout 14 GiB above the plan.
+
+        The state is the one AdamW's first step creates (torch/optim/adam.py, Adam._init_group):
+        m and v zeros like each master, a step count of 0 (float32, on the master's device for the
+        fused kernel, on the CPU otherwise), so the first real step is exactly a lazy state's. It
+        used to come from a step at lr 0 on zero gradients, which also allocated a zero gradient
+        per master (4 B a parameter, at the peak) and ran a full AdamW pass: for a 0.4B model on
+        the host that took 1.64 s and the process peaked at 7.3 GiB; the zeros alone take 0.61 s,
+        with a 5.8 GiB peak (2 CPU cores, bench/torch_startup.py)."""
         for group in self.inner.param_groups:
-            group["lr"] = 0.0
-        for m in self.masters:
-            m.grad = torch.zeros_like(m)
-        self.inner.step()
-        for m in self.masters:
-            m.grad = None
-        for group, lr in zip(self.inner.param_groups, lrs):
-            group["lr"] = lr
-        for state in self.inner.state.values():
-            if isinstance(state.get("step"), torch.Tensor):
-                state["step"].zero_()
-            else:
-                state["step"] = 0
+            assert not group["amsgrad"], "AdamW's max_exp_avg_sq is not made here"
+            on_param = group["fused"] or group["capturable"]
+            for m in group["params"]:
+                self.inner.state[m] = {
+                    "step": torch.zeros((), dtype=torch.float32, device=m.device if on_param else "cpu"),
+                    "exp_avg": torch.zeros_like(m, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(m, memory_format=torch.preserve_format),
+                }
 
     @property
     def param_groups(self) -> list[dict]:
@@ -175,8 +182,15 @@ class MasterWeightsAdamW:
             m.copy_(source)
 
 
-def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
-    return torch.empty(p.shape, dtype=dtype, device=device, pin_memory=pin)
+def _empty(p: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(p.shape, dtype=dtype, device=device)
+
+
+def host_buffer_sizes(numels: list[int], width: int) -> list[int]:
+    """Bytes of the host step's pinned buffers for trained tensors of `numels` elements: an fp32
+    gradient and a staging copy in the model's dtype (`width` bytes) each, as MasterWeightsAdamW
+    carves them (the memory plan packs the same list: pinned.pinned_bytes)."""
+    return [4 * n for n in numels] + [width * n for n in numels]
 
 
 def device_bytes_per_param(compute_bytes: int, cpu_offload: bool) -> int:

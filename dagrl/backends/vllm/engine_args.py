@@ -95,10 +95,15 @@ def llm_kwargs(spec, model_path: str) -> dict[str, Any]:
         kwargs["max_num_batched_tokens"] = r.max_num_batched_tokens
     if r.max_num_seqs is not None:
         kwargs["max_num_seqs"] = r.max_num_seqs
-    if spec.lora is not None and spec.lora.sync == LoraSync.adapter:  # the policy's adapter, sent each sync
+    if serves_adapter(spec):  # the policy's adapter, sent each sync
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(spec.lora.rank))
     kwargs.update(r.engine_kwargs.vllm)
     return kwargs
+
+
+def serves_adapter(spec) -> bool:
+    """Whether the engine serves the policy's LoRA adapter beside its base weights (enable_lora)."""
+    return spec.lora is not None and spec.lora.sync == LoraSync.adapter
 
 
 def vllm_lora_rank(rank: int) -> int:

@@ -198,8 +198,7 @@ CARDS = [
 def _gather_cards(rank: int, world: int, layout: dict):
     """megatron's groups at `layout` (init_parallel), then the update's card figures of the
     replica gathered: (whether the driver keeps this rank's metrics, the figures it reports)."""
-    from dagrl.backends.megatron.parallel import dp_info, init_parallel
-    from dagrl.backends.megatron.train import gather_fullest_cards
+    from dagrl.backends.megatron.parallel import dp_info, gather_fullest_cards, init_parallel
     from dagrl.config.actor_schema import MegatronConfig
 
     init_parallel(MegatronConfig(**layout), seed=0)
@@ -236,3 +235,47 @@ def test_dp_replicas_keep_their_own_cards():
     """DP2: each replica is one card; the driver folds the replicas (core/metrics.py)."""
     results = run_distributed(_gather_cards, 2, {})
     assert [figures for _, figures in results] == CARDS
+
+
+def _replica_figures(rank: int, world: int, layout: dict, phase: str, metrics: list[dict]):
+    """megatron's groups at `layout`, then `phase`'s metrics of each rank as the backends hand them
+    to the driver: (whether the driver keeps this rank's metrics, those metrics)."""
+    from dagrl.backends.megatron.parallel import dp_info, init_parallel, replica_figures
+    from dagrl.config.actor_schema import MegatronConfig
+
+    init_parallel(MegatronConfig(**layout), seed=0)
+    return dp_info()[2], replica_figures(metrics[rank], phase)
+
+
+def _kept(results) -> dict:
+    [kept] = [metrics for returns, metrics in results if returns]
+    return kept
+
+
+def test_a_critic_phase_reports_the_fullest_card_of_its_tp_ranks():
+    """critic.megatron TP2 (its layout has no PP): the kept rank (TP 0) reports the fuller card's
+    device in use and peak, and its own allocator counts (one card's calls, as the actor's)."""
+    keys = ("device_memory_used_gib", "peak_added_gib", "device_mallocs")
+    ranks = [
+        {f"critic_update/{k}": v for k, v in zip(keys, card)}
+        for card in ((30.5, 1.5, 12.0), (31.0, 1.0, 9.0))
+    ]
+    layout = {"tensor_model_parallel_size": 2}
+    assert _kept(run_distributed(_replica_figures, 2, layout, "critic_update", ranks)) == {
+        "critic_update/device_memory_used_gib": 31.0,
+        "critic_update/peak_added_gib": 1.5,
+        "critic_update/device_mallocs": 12.0,
+    }
+
+
+def test_what_the_offload_freed_is_the_fullest_cards_of_the_replica():
+    """PP2: the stages hold different layers and vocabulary matrices, so their offloads free
+    different amounts; the driver keeps the last stage's metrics, the plan counts the larger stage,
+    and so does the figure. The allocator's counts stay the kept rank's."""
+    ranks = [
+        {**CARDS[0], "perf/offload_freed_gib": 4.5, "update/device_mallocs": 7.0},  # stage 0
+        {**CARDS[1], "perf/offload_freed_gib": 4.0, "update/device_mallocs": 5.0},  # stage 1: kept
+    ]
+    kept = _kept(run_distributed(_replica_figures, 2, {"pipeline_model_parallel_size": 2}, "update", ranks))
+    assert kept["perf/offload_freed_gib"] == 4.5 and kept["update/device_mallocs"] == 5.0
+    assert kept["update/stage0_device_memory_used_gib"] == 57.71

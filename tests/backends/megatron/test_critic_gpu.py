@@ -1,7 +1,8 @@
 """The megatron critic on one GPU beside the megatron actor: colocated on one worker (bf16 trunk,
 fp32 head under megatron's distributed optimizer), each hands the device to the other (the
-critic's weights come back bit for bit), its update fits the returns; and a short PPO run with
-both on megatron and the vLLM engine colocated.
+critic's weights come back bit for bit), its update fits the returns, and both its phases report
+their device figures (gathered over the replica); and a short PPO run with both on megatron and
+the vLLM engine colocated, which logs them.
 
 Run on the GPU machine: python -m pytest -m gpu -q tests/backends/megatron/test_critic_gpu.py
 """
@@ -19,7 +20,7 @@ from dagrl.config.validate import resolve_defaults, validate
 from dagrl.core.batch import Batch
 from dagrl.core.worker import Worker
 from dagrl.trainer.setup import worker_parts
-from tests.backends.test_critic import batch
+from tests.backends.test_critic import assert_device_figures, assert_logged_device_figures, batch
 from tests.conftest import compose_config
 from tests.gpu_runs import REPO, cli_env, failure, run_cli
 
@@ -59,16 +60,19 @@ def test_megatron_critic_and_actor_take_turns_on_the_device():
     snapshot = [p.detach().clone() for p in critic.chunks[0].parameters()]
     w.activate("train")  # the critic leaves the device
     assert critic.chunks[0].embedding.word_embeddings.weight.untyped_storage().nbytes() == 0
-    out, _ = w.call("critic", "compute_values", b)  # and comes back bit for bit
+    out, values_metrics = w.call("critic", "compute_values", b)  # and comes back bit for bit
     assert all(torch.equal(s, p) for s, p in zip(snapshot, critic.chunks[0].parameters()))
     assert out["values"].dtype == torch.float32 and torch.isfinite(out["values"]).all()
     losses = []
     for _ in range(4):
         values = w.call("critic", "compute_values", b)[0]["values"]
-        losses.append(
-            w.call("critic", "train_step", Batch({**b.tensors, "values": values}))[1]["critic/vf_loss"]
-        )
+        update_metrics = w.call("critic", "train_step", Batch({**b.tensors, "values": values}))[1]
+        losses.append(update_metrics["critic/vf_loss"])
     assert losses[-1] < losses[0], losses
+    assert_device_figures({"values": values_metrics, "critic_update": update_metrics})
+    # what the critic's last offload freed (its weights and optimizer state), beside its update's figures
+    assert update_metrics["critic_update/offload_freed_gib"] == pytest.approx(critic.offload_freed_gib)
+    assert critic.offload_freed_gib > 0
     w.shutdown()
 
 
@@ -89,4 +93,5 @@ def test_ppo_runs_on_megatron_with_vllm_colocated(tmp_path):
     steps = [r for r in rows if r["step"] > 0]
     assert steps[0]["actor/critic_warmup"] == 1.0
     assert all(r["critic/vf_loss"] > 0 and "actor/pg_loss" in r for r in steps[1:])
+    assert_logged_device_figures(steps)
     assert (tmp_path / "global_step_4" / "critic" / ".metadata").exists()

@@ -113,7 +113,7 @@ def test_adam_state_exists_from_the_start_and_the_steps_are_those_of_a_lazy_one(
     states = list(eager.inner.state.values())
     assert len(states) == 2 and all(int(s["step"]) == 0 for s in states)
     assert all(not s["exp_avg"].any() and not s["exp_avg_sq"].any() for s in states)
-    assert all(torch.equal(p, t) for p, t in zip(eager_params, init))  # the lr-0 step moved nothing
+    assert all(torch.equal(p, t) for p, t in zip(eager_params, init))  # making it moved nothing
     lazy = MasterWeightsAdamW(lazy_params, optim)
     lazy.inner.state.clear()  # as AdamW leaves it until its first step
     for step in range(3):
@@ -127,3 +127,90 @@ def test_adam_state_exists_from_the_start_and_the_steps_are_those_of_a_lazy_one(
             opt.zero_grad()
     assert all(torch.equal(a, b) for a, b in zip(eager_params, lazy_params))
     assert all(torch.equal(a, b) for a, b in zip(eager.masters, lazy.masters))
+
+
+def _zero_step_moments(opt) -> None:
+    """The state as it was created before: AdamW's own first step, at lr 0 on zero gradients, its
+    step count set back to 0 (the reference the direct creation must equal)."""
+    opt.inner.state.clear()
+    lrs = [group["lr"] for group in opt.inner.param_groups]
+    for group in opt.inner.param_groups:
+        group["lr"] = 0.0
+    for m in opt.masters:
+        m.grad = torch.zeros_like(m)
+    opt.inner.step()
+    for m in opt.masters:
+        m.grad = None
+    for group, lr in zip(opt.inner.param_groups, lrs):
+        group["lr"] = lr
+    for state in opt.inner.state.values():
+        state["step"].zero_()
+
+
+def _assert_same_optimizer(a, b) -> None:
+    """Weights, masters and every state tensor equal in dtype, device, shape and bits, in the same
+    order, and the same checkpoint bytes."""
+    import io
+
+    for x, y in zip([*a.params, *a.masters], [*b.params, *b.masters], strict=True):
+        assert x.dtype == y.dtype and torch.equal(x, y)
+    for m, n in zip(a.masters, b.masters, strict=True):
+        sa, sb = a.inner.state[m], b.inner.state[n]
+        assert list(sa) == list(sb) == ["step", "exp_avg", "exp_avg_sq"]
+        for key in sa:
+            x, y = sa[key], sb[key]
+            assert (x.dtype, x.device, x.shape) == (y.dtype, y.device, y.shape), key
+            assert torch.equal(x, y), key
+    saved = []
+    for opt in (a, b):
+        buffer = io.BytesIO()
+        torch.save(opt.state_dict(), buffer)
+        saved.append(buffer.getvalue())
+    assert saved[0] == saved[1]
+
+
+@pytest.mark.parametrize(
+    "dtype, host",
+    [(torch.bfloat16, "cpu"), (torch.bfloat16, None), (torch.float32, None)],
+    ids=["bf16-host-step", "bf16", "fp32-in-place"],
+)
+def test_adam_state_made_directly_equals_the_zero_step_one_and_trains_identically(dtype, host):
+    """MasterWeightsAdamW on a small Qwen3 makes m, v and the step count directly (zeros, no step);
+    they equal those the lr-0 step on zero gradients made (dtype, device, shape, bits, checkpoint
+    bytes), and three steps later so does everything. Paths: the fused host step, the fused step
+    on the masters' device, the plain step of AdamW on fp32 parameters in place."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from dagrl.backends.torch.mixed_precision import MasterWeightsAdamW
+    from dagrl.config.schema import OptimConfig
+
+    config = Qwen3Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    optim = OptimConfig(lr=1e-3, weight_decay=0.1)
+    host = torch.device(host) if host else None
+    torch.manual_seed(0)
+    direct_model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    reference_model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    reference_model.load_state_dict(direct_model.state_dict())
+    direct = MasterWeightsAdamW(list(direct_model.parameters()), optim, host)
+    reference = MasterWeightsAdamW(list(reference_model.parameters()), optim, host)
+    _zero_step_moments(reference)
+    assert bool(direct.inner.param_groups[0]["fused"]) == (dtype == torch.bfloat16)
+    _assert_same_optimizer(direct, reference)
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        grads = [torch.randn(p.shape, generator=g).to(dtype) for p in direct.params]
+        for opt in (direct, reference):
+            for p, grad in zip(opt.params, grads):
+                p.grad = grad.clone()
+            opt.step(max_norm=1.0)
+            opt.zero_grad()
+    assert all(int(s["step"]) == 3 for s in direct.inner.state.values())
+    _assert_same_optimizer(direct, reference)

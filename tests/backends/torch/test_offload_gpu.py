@@ -73,6 +73,9 @@ def test_colocated_turns_free_what_each_role_holds(tmp_path, offload):
     # the metric the step line shows: what the teacher's last offload freed
     assert first["teacher/offload_freed_gib"] == pytest.approx(teacher.offload_freed_gib)
     assert (first["teacher/offload_freed_gib"] > 0) is offload
+    # the teacher's pass, as every phase: its peak, the device in use at its end, its calls to the driver
+    assert first["teacher/peak_added_gib"] > 0 and first["teacher/device_memory_used_gib"] > 0
+    assert {"teacher/alloc_retries", "teacher/device_mallocs", "teacher/device_frees"} <= set(first)
     w.activate("train")  # back from host memory bit for bit
     assert all(torch.equal(s, p) for s, p in zip(snapshot, actor.model.parameters()))
     w.shutdown()
