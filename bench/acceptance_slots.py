@@ -123,6 +123,20 @@ def refusals(slots: list[Slot]) -> list[str]:
             if name in MULTI_GPU and name in seen_groups:
                 out.append(f"{name} is in slots {seen_groups[name]} and {slot.label}: once per call")
             seen_groups.setdefault(name, slot.label)
+    heavy = [
+        (slot.label, row)
+        for slot in slots
+        for words in slot.groups
+        if words and words[0] == "matrix"
+        for row in words[1:]
+        if row in host_heavy_rows()
+    ]
+    if len(heavy) > 1:
+        named = ", ".join(f"{row} (slot {label})" for label, row in heavy)
+        out.append(
+            f"matrix rows {named} each keep 32 GiB or more on the host (bench/gpu_matrix.py HOST_HEAVY):"
+            " one of them a call, the host's memory is shared"
+        )
     return out
 
 
@@ -146,6 +160,14 @@ def matrix_rows() -> set[str]:
     import gpu_matrix
 
     return {*gpu_matrix.ROWS, *gpu_matrix.COMMAND_ROWS, *gpu_matrix.CARD_ROWS}
+
+
+def host_heavy_rows() -> set[str]:
+    """The matrix rows whose plan keeps 32 GiB or more on the host: one of them a call."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import gpu_matrix
+
+    return set(gpu_matrix.HOST_HEAVY)
 
 
 def device_name() -> str:

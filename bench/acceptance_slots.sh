@@ -54,7 +54,9 @@
 #   - The GPU tests take their slot's cards and free ports (tests/gpu_runs.py) and end only their own
 #     runs' process sessions, never a host-wide `ray stop`.
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
-#     is detected), so keep host-heavy rows (CPU optimizer at 8B) to one per call.
+#     is detected), so the runner refuses two host-heavy matrix rows in one call (bench/gpu_matrix.py
+#     HOST_HEAVY: 8b-torch, 8b-megatron, 4b-megatron-80gib, each 67-153 GiB planned; 8b-torch beside
+#     4b-megatron-80gib filled a 251 GiB host in session 28).
 #
 # FIRST (after session 27: one H200, 2x H200 and, late in the session, 4x H200 lent). Sessions 26
 # and 27 ran every one-GPU row and test group of the record on one `dagrl/` (5c0f40a, as 5766ddd
@@ -130,10 +132,11 @@
 #     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora 4b-torch" 1:ray_probe+docs_a+tests_c
 #     bash bench/acceptance_slots.sh $OUT 0:"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 1:tests_b1+tests_d
 #     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron"+tests_b2 1:"matrix 8b-torch-lora calculator-vllm"+handover
-#     bash bench/acceptance_slots.sh $OUT 0:tests_a+tests_ppo 1:"matrix 4b-megatron sample-vllm-rm"
-#     ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:"matrix 4b-megatron-80gib"
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron-80gib"+tests_ppo 1:"matrix 4b-megatron sample-vllm-rm"
+#     ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_a
 #   (session 25 on 2x H200: 8b-torch 554 s with its 8B build, 4b-megatron-80gib 370 s with its 4B
-#   build; on a machine that built them already ~2 minutes less each).
+#   build; on a machine that built them already ~2 minutes less each. 8b-torch and
+#   4b-megatron-80gib in one call filled the 251 GiB host in session 28: one host-heavy row a call.)
 # Run alone (a one-GPU lease, or a call of one slot here): side (~7: TRL ~3.5 then dagrl's
 #   defaults ~3, 10 steps each at 32x8x256), side_64 (~9: TRL ~5 then dagrl's defaults ~4, 6 steps
 #   each at 64x8x512), side_lora (~7), side_ppo (~5); the 2-GPU separate and dp2

@@ -54,6 +54,13 @@ ROWS = {
 # memory; the step seconds are the H200's). The row's device figures are the card's in use less
 # the ballast's allocation (its CUDA context, ~0.5 GiB, stays in them: an H100 has none).
 CARD_ROWS = {"4b-megatron-80gib": ("4b-megatron", 79.2)}
+# rows whose plan keeps 32 GiB or more on the host (the dry run's `host memory of node 0` line; the
+# bench tests check this set against every row's dry run): at most one of them a call of
+# bench/acceptance_slots.sh. Two of them did not fit a 251 GiB host (8b-torch, 152.6 GiB planned and
+# 161.8 resident, beside 4b-megatron-80gib's 67.4 planned: Ray's memory monitor ended both in step
+# 1's update, 2x H200, 2026-11-28).
+HOST_HEAVY = {"8b-torch", "8b-megatron", "4b-megatron-80gib"}
+HOST_LINE = re.compile(r"^\s+host memory of node 0: ([\d.]+) GiB", re.M)
 PHASE_LINE = re.compile(r"^\s{4}(\w+)\s+([\d.]+)(?:\s+OVER)?\s+=")
 STAGES_LINE = re.compile(r"^\s{6}\w+'s pipeline stages, first to last: ([\d., ]+)$", re.M)
 STAGE_KEY = re.compile(r"^update/stage(\d+)_device_memory_used_gib$")
@@ -66,6 +73,12 @@ def overrides(shape_dir: str, run_dir: str, plugin: str, row: tuple) -> list[str
         setup=setup, prompts=prompts, n=n, prompt=prompt, response=response, steps=steps, overrides=[]
     )
     return real_size_overrides(args, shape_dir, run_dir, plugin)
+
+
+def plan_host_gib(stdout: str) -> float:
+    """The dry run's host memory of node 0 in GiB (0 when the plan keeps nothing there)."""
+    m = HOST_LINE.search(stdout)
+    return float(m.group(1)) if m else 0.0
 
 
 def plan_phases(stdout: str) -> dict[str, float]:

@@ -102,6 +102,16 @@ def test_the_documented_call_plan_is_accepted():
         assert refused(*shlex.split(call)) == [], call
 
 
+def test_two_host_heavy_rows_are_refused_in_one_call():
+    """8b-torch beside 4b-megatron-80gib filled a 251 GiB host (session 28): one such row a call,
+    in one slot or in two; beside any other group it runs."""
+    both = refused("0:matrix 8b-torch", "1:matrix 4b-megatron-80gib")
+    assert len(both) == 1 and "8b-torch (slot 0), 4b-megatron-80gib (slot 1)" in both[0], both
+    assert refused("0:matrix 8b-megatron 8b-torch") != []
+    assert refused("0:matrix 8b-torch", "1:tests_a") == []
+    assert refused("0:matrix 8b-megatron 8b-torch-lora", "1:matrix 4b-torch") == []
+
+
 def case_labels(script: str) -> set[str]:
     """The group names a script's `case $WHAT` takes."""
     text = open(os.path.join(BENCH, script)).read()

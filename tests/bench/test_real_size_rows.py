@@ -98,6 +98,8 @@ def test_matrix_row_plans_on_its_card(shapes, tmp_path, monkeypatch, capsys, iso
     phases = gpu_matrix.plan_phases(out)
     assert phases.get("rollout", 0) > 0 and phases.get("update", 0) > 0, out
     assert "OVER" not in out, out
+    # bench/acceptance_slots.py runs one host-heavy row a call: the set is the plans'
+    assert (gpu_matrix.plan_host_gib(out) >= 32) == (name in gpu_matrix.HOST_HEAVY), out
 
 
 def test_8b_torch_needs_a_host_of_more_than_one_h200s_memory(shapes, tmp_path, monkeypatch):
@@ -156,6 +158,8 @@ def test_a_card_row_plans_for_the_smaller_card(shapes, tmp_path, monkeypatch, ca
         code, out = main_in_process(capsys, *keys, "trainer.dry_run=true", f"trainer.gpu_memory_gib={card}")
         assert code == 0 and "OVER" not in out, out
         assert (offload + "true" in out) == (host == "true"), out
+        assert (gpu_matrix.plan_host_gib(out) >= 32) == (host == "true"), out
+    assert "4b-megatron-80gib" in gpu_matrix.HOST_HEAVY
 
 
 def test_a_card_rows_device_figures_are_read_less_its_ballast():
