@@ -30,6 +30,9 @@
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
 #   bash bench/acceptance_gpu.sh OUT side_64      # TRL at 64x8x512, then dagrl's defaults at that shape, same call
+#   bash bench/acceptance_gpu.sh OUT spread       # the rollout's rep-to-rep spread against levers on vLLM's decode
+#                                                 #   loop, one process each (bench/spread_group.py; carry .anchors;
+#                                                 #   SPREAD_SECONDS, default 480, its budget)
 #   bash bench/acceptance_gpu.sh OUT ray_probe [HOLD_S]  # this slot's own local Ray (bench/ray_probe.py)
 #   bash bench/acceptance_gpu.sh OUT files GROUP FILE..  # what a deadline left of a tests group: those
 #                                                 #   files of it, one row "GROUP: file, ..." (no other file)
@@ -43,7 +46,7 @@
 # before the deadline; a file or row cut by it says so in its row.
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, side_algos, memory, throughput, ray_probe or files}
+WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, side_algos, spread, memory, throughput, ray_probe or files}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
@@ -225,6 +228,19 @@ side_64)  # the side-by-side's second shape, 64 prompts x 8 x 512 tokens: TRL, t
         >"$OUT/side_64.side.out" 2>&1
     trace_report side_64
     side_row side_64
+    ;;
+spread)  # the rollout's spread (2.0-3.4 s for the same 32x8x256 tokens): bench/generate_spread.py's
+    # settings at 32x8x256 (7 reps), one engine per process, then ours and the best at 64x8x512 (4
+    # reps) while SPREAD_SECONDS lasts (from the group's start; the slot's deadline first)
+    START=$(date +%s)
+    if python3 .anchors/build_anchor.py /tmp/anchor_q06b /tmp/anchor_data >"$OUT/spread.anchor.log" 2>&1; then
+        python3 bench/spread_group.py "$OUT/spread" --model /tmp/anchor_q06b --data /tmp/anchor_data/train.parquet \
+            --deadline $((START + ${SPREAD_SECONDS:-480})) --device "$DEVICE" --rows "$OUT/rows.md" >"$OUT/spread.log" 2>&1
+        grep -E "^(==|\| spread)|rror" "$OUT/spread.log" | cut -c1-600
+    else
+        echo "| spread | $DEVICE | 1 | .anchors/build_anchor.py failed (carry .anchors): spread.anchor.log | | | |" >>"$OUT/rows.md"
+        tail -n 3 "$OUT/spread.anchor.log"
+    fi
     ;;
 ray_probe)  # the check of bench/acceptance_slots.sh: a driver's ray.init() starts this slot's own Ray
     python3 bench/ray_probe.py "$OUT" "${3:-0}" "$DEVICE" 2>&1 | tee -a "$OUT/ray_probe.log" | grep -E "^PROBE|rror"

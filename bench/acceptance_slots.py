@@ -35,7 +35,7 @@ MULTI_GPU = {
 ONE_GPU = {
     "tests_a", "tests_b", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo", "handover", "docs_a",
     "docs_b", "matrix", "side", "side_64", "side_dapo", "side_lora", "side_ppo", "side_algos", "side_awake",
-    "memory", "throughput", "ray_probe", "files",
+    "spread", "memory", "throughput", "ray_probe", "files",
 }  # fmt: skip
 TESTS_GROUPS = ("tests_a", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo")  # `files GROUP FILE...`
 # groups that must own the host: run them in a call of one slot
@@ -52,11 +52,13 @@ ALONE = {
     "side_algos": TIMING,
     "side_lora": TIMING,
     "side_awake": TIMING,
+    "spread": "its figures are seconds of vLLM's CPU-bound decode loop, which neighbours' CPU work would move;"
+    " and it builds the anchor model in the fixed /tmp/anchor_q06b",
     "separate": "the weight sync's GB/s is held against a raw NCCL broadcast measured after it",
     "dp2": "its scaling is one card's step over two cards' step, measured one after the other",
     "dp4": "its scaling is one card's step over four cards' step, measured one after the other",
 }
-NEEDS_ANCHORS = ("side",)  # groups (by prefix) that read .anchors/ (and `side`, .base/)
+NEEDS_ANCHORS = ("side", "spread")  # groups (by prefix) that read .anchors/ (and `side`, .base/)
 END_RESERVE_S = 20  # after the groups' deadline: ending them, rows, the tarball, ray stop
 # a group is not started with less time left than this (SLOTS_MIN_GROUP_S: the CPU test's short groups)
 MIN_GROUP_S = float(os.environ.get("SLOTS_MIN_GROUP_S", "30"))

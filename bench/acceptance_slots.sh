@@ -48,7 +48,9 @@
 #     two_nodes (`ray start --port=6379`, its address file and its `ray stop`); the side-by-sides
 #     side, side_64, side_dapo, side_ppo, side_algos, side_lora (a ratio of timings taken one after the other in
 #     the call, which neighbours in other phases would skew; and .anchors/side_by_side.sh uses the
-#     fixed /tmp/dagrl_side); separate, dp2, dp4 (GB/s against a floor, scaling ratios).
+#     fixed /tmp/dagrl_side); separate, dp2, dp4 (GB/s against a floor, scaling ratios); spread
+#     (bench/spread_group.py: seconds of vLLM's CPU-bound decode loop, which neighbours' CPU work
+#     would move; it reads .anchors/ as the side groups do, carry it).
 #     Every other row's step seconds are taken beside neighbours (the rows say which cards): they
 #     share the host's CPUs, memory bandwidth and PCIe; read their timings as such.
 #   - The GPU tests take their slot's cards and free ports (tests/gpu_runs.py) and end only their own

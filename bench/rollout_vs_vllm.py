@@ -22,13 +22,12 @@ import time
 import torch
 
 
-def build(args):
-    from dagrl.backends.vllm.rollout import VLLMRolloutBackend
-    from dagrl.config.role_specs import role_spec
-    from dagrl.core.worker import ParallelContext
+def rollout_config(args, *overrides: str):
+    """The config the backend is built from: the side-by-side's model and rows at this shape,
+    `overrides` last (bench/generate_spread.py's settings)."""
     from tests.conftest import compose_config
 
-    cfg = compose_config(
+    return compose_config(
         f"actor_rollout_ref.model.path={args.model}",
         "actor_rollout_ref.model.dtype=bfloat16",
         "actor_rollout_ref.actor.optim.lr=1e-6",
@@ -42,7 +41,16 @@ def build(args):
         "data.max_prompt_length=160",
         f"data.max_response_length={args.len}",
         "trainer.device=cuda",
+        *overrides,
     )
+
+
+def build(args, *overrides: str):
+    from dagrl.backends.vllm.rollout import VLLMRolloutBackend
+    from dagrl.config.role_specs import role_spec
+    from dagrl.core.worker import ParallelContext
+
+    cfg = rollout_config(args, *overrides)
     spec = role_spec(cfg, "rollout")
     return cfg, VLLMRolloutBackend(spec, ParallelContext(0, 1, torch.device("cuda", 0)))
 

@@ -67,6 +67,16 @@ def test_slots_that_cannot_share_a_host_are_refused():
     assert "test_lora_megatron.py is not a test file" in why
 
 
+def test_the_spread_group_owns_the_host_and_gets_the_anchors():
+    """Its figures are the decode loop's CPU seconds: alone only, with .anchors/ in its copy."""
+    assert refused("0:spread") == []
+    (why,) = refused("0:spread", "1:tests_c")
+    assert why.startswith("slot 0: spread runs alone") and "CPU-bound" in why
+    (why,) = refused("1:tests_c", "0:spread")
+    assert why.startswith("slot 0: spread runs alone")
+    assert "spread".startswith(slots.NEEDS_ANCHORS)
+
+
 def test_a_files_group_runs_only_the_files_named_and_only_its_groups(tmp_path):
     """What a deadline left of a tests group runs as a row of its own, named by its files."""
     # as in a slot: no `ray stop` (other Rays of this host are not the test's), no nvidia-smi
