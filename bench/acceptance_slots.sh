@@ -60,34 +60,31 @@
 #     HOST_HEAVY: 8b-torch, 8b-megatron, 4b-megatron-80gib, each 67-153 GiB planned; 8b-torch beside
 #     4b-megatron-80gib filled a 251 GiB host in session 28).
 #
-# FIRST (after session 27: one H200, 2x H200 and, late in the session, 4x H200 lent). Sessions 26
-# and 27 ran every one-GPU row and test group of the record on one `dagrl/` (5c0f40a, as 5766ddd
-# and this commit: `git diff --stat 5c0f40a HEAD -- dagrl` prints nothing; docs/gpu_acceptance.md
-# "Session 27"): every row within +-6 % of its plan but calculator-vllm's update (the plan's fixed
-# residue beside a sleeping engine, explained), every test passed. On the next lease, with dagrl/
-# still unchanged:
-#   1. The side-by-sides against TRL (issue 29's last figures), each a call with the host alone
-#      (carry [".anchors"]; side ~7 minutes, side_64 ~9):
+# FIRST (after session 28: one H200, 2x H200 and 4x H200 lent). Session 28 ran the side-by-sides
+# on 5c0f40a's `dagrl/` (2x H200's host, card 0 alone): 0.60x TRL at 32x8x256 with the last three
+# -20 % to +2 %, 0.69x at 64x8x512: issue 29's bar not met; the rollout of the same tokens spreads
+# 2.0-3.4 s (docs/perf.md "Session 28"). Then branch `next` was merged (5beba10: host-staging,
+# critic-mem, engine-residue, teacher-plan, comm-plan, startup, pinned-slabs) and the plan made to
+# count a sleeping engine's host backup as torch pins it; of that `dagrl/` only 8b-torch ran on a
+# card (9 steps, +0.2 % / +2.7 %, 161.8 GiB resident on the host). On the next lease:
+#   1. The rollout's levers, the host alone, carry [".anchors"] (~8 minutes; bench/generate_spread.py,
+#      each setting in a process of its own: ours, mp, noasync, nologprobs, numa, threads1):
+#        bash bench/acceptance_slots.sh $OUT 0:spread
+#      A setting that takes the slow cluster away or cuts every rep becomes dagrl's default (a `dagrl/`
+#      change, CPU-tested), then side and side_64 again (a call each, the host alone):
 #        bash bench/acceptance_slots.sh $OUT 0:side
 #        bash bench/acceptance_slots.sh $OUT 0:side_64
-#      Each median <= 0.6x TRL's and the last three steps within 10 % of the median: issue 29 closes.
-#   2. Then merge branch `next` into main (CPU-tested, never run on a card; its tests pass):
-#      host-staging, critic-mem, engine-residue (session 26), and from session 27 teacher-plan (the
-#      teacher's pass plans a layer's no-grad transients or a chunk of its output layer: GKD's
-#      teacher phase 9.36 -> 5.80 GiB against 5.66 measured), comm-plan (NCCL's communicators on
-#      two or more GPUs: 2g-0.6b-megatron-tp2-sp +5.3/+12.6 % -> +1.7/+4.2 %, pp2 +14.1/+6.1 % ->
-#      -2.8/+0.1 %; 2g-8b-megatron-tp2's auto choice moves its optimizer to the host), startup
-#      (the torch host step: Adam's moments made as zeros, not by an lr-0 step; the masters
-#      pageable; `python bench/torch_startup.py --hidden 4096 --layers 36 --heads 32
-#      --intermediate 12288 --repeat 1` times it on a card) and pinned-slabs (every pinned host
-#      buffer, HostStore's offload and the host step's gradient and staging copies, carved from
-#      power-of-two slabs: torch's pinned allocator rounded each block up to a power of two, 1.33-
-#      1.41x the bytes a tensor; the plan counts the same packing: 8B host step ~163 -> 137.3 GiB).
-#      Then the whole record on the merged `dagrl/`: on a 4-GPU host the CALL PLAN below (two calls
-#      and one for what a deadline cut, ~25 minutes with the installs); on 2x H200 the five calls
-#      below it (two sessions, `dagrl/` unchanged between them).
-#   3. Issue 30 on that merged `dagrl/` (the plan now counts the communicators; its rows are to read
-#      within +-15 % of it): pp, tp, the gkd pairs, then separate, dp2, big, two_nodes (each alone):
+#      Each median <= 0.6x TRL's and the last three steps within 10 % of the median: issue 29 closes
+#      once the record below has passed on the same `dagrl/`.
+#   2. The whole record on main's `dagrl/`: on a 4-GPU host the CALL PLAN below (two calls and one for
+#      what a deadline cut), then 8b-torch and 4b-megatron-80gib, one a call (both keep their
+#      optimizer on the host: the runner refuses them together), e.g.
+#        ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_c 2:docs_b 3:tests_d
+#      on 2x H200 the five calls below it (two sessions, `dagrl/` unchanged between them); and
+#      `python bench/torch_startup.py --hidden 4096 --layers 36 --heads 32 --intermediate 12288
+#      --repeat 1` for the torch host step's start-up on a card (pinned GiB and seconds).
+#   3. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
+#      +-15 % of it): pp, tp, the gkd pairs, then separate, dp2, big, two_nodes (each alone):
 #        bash bench/acceptance_slots.sh $OUT 0,1:pp
 #        bash bench/acceptance_slots.sh $OUT 0,1:tp
 #        bash bench/acceptance_slots.sh $OUT 0,1:separate
