@@ -24,6 +24,7 @@ class ModelShape:
     params: int  # every parameter, counted once when tied
     expert_params: int = 0  # those in routed experts (split over EP by megatron)
     qk_norm: bool = False  # RMSNorm on queries and keys (Qwen3): their inputs are kept too
+    max_positions: int = 0  # max_position_embeddings (vLLM's rotary cache holds as many rows); 0: not read
 
     @property
     def q_dim(self) -> int:
@@ -78,6 +79,7 @@ def shape_from_config(hf_cfg, params: int, expert_params: int = 0, qk_norm: bool
         params=params,
         expert_params=expert_params,
         qk_norm=qk_norm,
+        max_positions=getattr(hf_cfg, "max_position_embeddings", None) or 0,
     )
 
 

@@ -2,8 +2,9 @@
 
 vLLM takes `gpu_memory_utilization` × the card at start (weights, activations, CUDA graphs and the
 KV cache inside that share; vllm/v1/worker/utils.py::request_memory refuses to start when less is
-free). Asleep (sleep mode, `rollout.free_cache_engine`), level 1 moves the weights to host memory
-and level 2 drops them; both free the KV cache. Sleep releases only what vLLM's cumem allocator
+free). Asleep (sleep mode, `rollout.free_cache_engine`), level 1 moves the weights (with the
+sampler's tables made beside them) to pinned host memory (sleep_backup.py: what that pins) and
+level 2 drops them; both free the KV cache. Sleep releases only what vLLM's cumem allocator
 holds under its "weights" and "kv_cache" tags (vllm/device_allocator/cumem.py
 CuMemAllocator.sleep; the tags are opened around load_model and initialize_from_config in
 vllm/v1/worker/gpu_worker.py). Everything else the engine allocated stays on the device:
@@ -18,10 +19,10 @@ vllm/v1/worker/gpu_worker.py). Everything else the engine allocated stays on the
   the shapes measured;
 - the process's CUDA context (0.51 GiB on an H200, 0.52 on an H100: the card in use at vLLM's
   start, "Free memory on device (139.29/139.8 GiB) on startup").
-The logits are computed outside the graphs and the sampler keeps no vocabulary-sized buffer, so
-the vocabulary does not enter. The plan's CONTEXT_BYTES (trainer/memory_plan.py, 1.0 GiB) holds
-the context, the non-torch memory and the buffers (0.80-0.92 GiB measured); `asleep_bytes` counts
-the graphs.
+The logits are computed outside the graphs and the sampler's vocabulary-sized tables are made
+under the "weights" tag (they leave the device with the weights), so the vocabulary does not
+enter. The plan's CONTEXT_BYTES (trainer/memory_plan.py, 1.0 GiB) holds the context, the non-torch
+memory and the buffers (0.80-0.92 GiB measured); `asleep_bytes` counts the graphs.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dagrl.backends.communicators import GROUP_BYTES
 from dagrl.backends.memory import GIB, RoleMemory, param_width
 from dagrl.backends.model_shape import ModelShape
 from dagrl.backends.vllm.engine_args import SLEEPING_SHARE, TEACHER_GPU_MEMORY_UTILIZATION, serves_adapter
+from dagrl.backends.vllm.sleep_backup import backup_bytes, default_max_num_seqs
 
 # vLLM 0.26's CUDA graphs per model layer at its default 51 capture sizes ("Graph capturing finished
 # ... took"): 0.15 GiB at 4 layers (the calculator's tiny model), 0.50-0.53 at 28 (Qwen3-0.6B and
@@ -96,9 +98,13 @@ def idle_bytes(utilization: float, card_bytes: float, asleep: float | None) -> d
     return pool_bytes(utilization, card_bytes)
 
 
-def host_bytes(shape: ModelShape, width: int, tp: int, sleep_level: int, sleeps: bool) -> float:
-    """Host memory an asleep engine keeps (level 1: its weight shard)."""
-    return shape.params * width / tp if sleeps and sleep_level == 1 else 0.0
+def host_bytes(
+    shape: ModelShape, width: int, tp: int, sleep_level: int, sleeps: bool, max_num_seqs: int
+) -> float:
+    """Host memory an asleep engine keeps: at level 1 the pinned copies of its weight-tag segments
+    (its weight shard and the sampler's tables sized by max_num_seqs, each segment a power of two:
+    sleep_backup.py), held from the first sleep on; at level 2 none."""
+    return float(backup_bytes(shape, width, tp, max_num_seqs)[1]) if sleeps and sleep_level == 1 else 0.0
 
 
 def kv_bytes_per_token(shape: ModelShape, width: int, tp: int) -> float:
@@ -128,12 +134,15 @@ def communicators(tp: int) -> dict[str, float]:
 
 def rollout_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: int) -> RoleMemory:
     """The vllm rollout's registered estimate: its pool while it samples; asleep (colocated, with
-    free_cache_engine) its CUDA graphs on the device and, at level 1, its weight shard on the host; awake
-    beside other roles its pool and the sampling transient in every phase."""
+    free_cache_engine) its CUDA graphs on the device and, at level 1, the pinned copy of its
+    weight-tag memory on the host (sleep_backup.py); awake beside other roles its pool and the
+    sampling transient in every phase."""
     r = spec.rollout
     sleeps = r.free_cache_engine is not False and colocated > 1  # None: unresolved, today's default
     util = r.gpu_memory_utilization or SLEEPING_SHARE
-    host = host_bytes(shape, param_width(spec.model.dtype), spec.parallel.tp, r.sleep_level, sleeps)
+    max_num_seqs = r.max_num_seqs or default_max_num_seqs(card)
+    width = param_width(spec.model.dtype)
+    host = host_bytes(shape, width, spec.parallel.tp, r.sleep_level, sleeps, max_num_seqs)
     idle = idle_bytes(util, card, asleep_bytes(shape, spec) if sleeps else None)
     active = pool_bytes(util, card)
     if not sleeps and colocated > 1:  # awake beside other roles: the sampling transient stays cached
