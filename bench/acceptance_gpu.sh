@@ -229,6 +229,12 @@ side_64)  # the side-by-side's second shape, 64 prompts x 8 x 512 tokens: TRL, t
     trace_report side_64
     side_row side_64
     ;;
+side_64_awake)  # default64 against the same told to sleep, 64x8x512, 6 steps each: on a 140 GiB card the
+    # awake auto turns recomputation on at this shape, asleep the update fits without it
+    ANCHOR_PROMPTS=64 ANCHOR_LEN=512 STEPS=${STEPS:-6} bash bench/vllm_gpu.sh side "$OUT/side_64_awake" default64 asleep64 \
+        >"$OUT/side_64_awake.side.out" 2>&1
+    side_row side_64_awake
+    ;;
 spread)  # the rollout's spread (2.0-3.4 s for the same 32x8x256 tokens): bench/generate_spread.py's
     # settings at 32x8x256 (7 reps), one engine per process, then ours and the best at 64x8x512 (4
     # reps) while SPREAD_SECONDS lasts (from the group's start; the slot's deadline first)

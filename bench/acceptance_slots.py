@@ -34,7 +34,7 @@ MULTI_GPU = {
 }  # fmt: skip
 ONE_GPU = {
     "tests_a", "tests_b", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo", "handover", "docs_a",
-    "docs_b", "matrix", "side", "side_64", "side_dapo", "side_lora", "side_ppo", "side_algos", "side_awake",
+    "docs_b", "matrix", "side", "side_64", "side_dapo", "side_lora", "side_ppo", "side_algos", "side_awake", "side_64_awake",
     "spread", "memory", "throughput", "ray_probe", "files",
 }  # fmt: skip
 TESTS_GROUPS = ("tests_a", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo")  # `files GROUP FILE...`
@@ -52,6 +52,7 @@ ALONE = {
     "side_algos": TIMING,
     "side_lora": TIMING,
     "side_awake": TIMING,
+    "side_64_awake": TIMING,
     "spread": "its figures are seconds of vLLM's CPU-bound decode loop, which neighbours' CPU work would move;"
     " and it builds the anchor model in the fixed /tmp/anchor_q06b",
     "separate": "the weight sync's GB/s is held against a raw NCCL broadcast measured after it",

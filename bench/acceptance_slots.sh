@@ -46,7 +46,7 @@
 #     under TMPDIR.
 #   - Groups that must own the host are refused beside other slots (a call of one slot runs them):
 #     two_nodes (`ray start --port=6379`, its address file and its `ray stop`); the side-by-sides
-#     side, side_64, side_dapo, side_ppo, side_algos, side_lora (a ratio of timings taken one after the other in
+#     side, side_64, side_dapo, side_ppo, side_algos, side_lora, side_awake, side_64_awake (a ratio of timings taken one after the other in
 #     the call, which neighbours in other phases would skew; and .anchors/side_by_side.sh uses the
 #     fixed /tmp/dagrl_side); separate, dp2, dp4 (GB/s against a floor, scaling ratios); spread
 #     (bench/spread_group.py: seconds of vLLM's CPU-bound decode loop, which neighbours' CPU work
@@ -75,7 +75,10 @@
 #        bash bench/acceptance_slots.sh $OUT 0:side
 #        bash bench/acceptance_slots.sh $OUT 0:side_64
 #      Each median <= 0.6x TRL's and the last three steps within 10 % of the median: issue 29 closes
-#      once the record below has passed on the same `dagrl/`.
+#      once the record below has passed on the same `dagrl/`. At 64x8x512 the awake auto takes
+#      recomputation on a 140 GiB card (7.3-7.8 s updates); whether sleeping without it is faster:
+#        bash bench/acceptance_slots.sh $OUT 0:side_64_awake
+#      (~8 minutes, the defaults then free_cache_engine=true, 6 steps each).
 #   2. The whole record on main's `dagrl/`: on a 4-GPU host the CALL PLAN below (two calls and one for
 #      what a deadline cut), then 8b-torch and 4b-megatron-80gib, one a call (both keep their
 #      optimizer on the host: the runner refuses them together), e.g.

@@ -101,6 +101,10 @@ side)
         # optimizer step over the whole batch, as TRL's gradient accumulation does
         default64) side dagrl_default64 $R.name=vllm data.train_batch_size=64 data.max_response_length=512 \
             $A.ppo_mini_batch_size=64 ;;
+        # the same told to sleep: on a 140 GiB card the awake auto takes recomputation at this shape
+        # (163.8 GiB without it beside the engine), asleep the update fits without (its price's check)
+        asleep64) side dagrl_asleep64 $R.name=vllm data.train_batch_size=64 data.max_response_length=512 \
+            $A.ppo_mini_batch_size=64 $R.free_cache_engine=true ;;
         # DAPO beside `default`: the random model's groups all get one reward, so every step samples its
         # 2 rounds (the cap) and refills: the refill path's cost, one extra rollout per step
         dapo) side dagrl_dapo $R.name=vllm algorithm=dapo algorithm.filter_groups.max_num_gen_batches=2 ;;
