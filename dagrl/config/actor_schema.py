@@ -95,8 +95,9 @@ class MegatronConfig:
     optimizer_offload_fraction: Optional[float] = ranged(None, ge=0, le=1, hint="or null = auto")
     """With optimizer_cpu_offload: the share of the parameters whose optimizer state and step go to
     the CPU (the rest stay on the device). null (auto): 1.0, unless the host cannot hold that much
-    (16 bytes per offloaded parameter); then the smallest share that keeps every phase within 90 %
-    of the card and the host within 90 % of its memory (the plan's note says which)."""
+    (17.6-18.3 bytes per offloaded parameter at the Qwen3 shapes: backends/megatron/optimizer_host.py);
+    then the smallest share that keeps every phase within 90 % of the card and the host within
+    90 % of its memory (the plan's note says which)."""
     overlap_cpu_optimizer_d2h_h2d: bool = False
     """With optimizer_cpu_offload: overlap the gradient D2H / weight H2D copies with the CPU step
     (one CPU optimizer per parameter, side CUDA streams)."""

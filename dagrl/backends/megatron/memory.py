@@ -7,7 +7,8 @@ end stage's); fp32
 gradient buffers (grad_reduce_in_fp32); Adam's m and v in fp32 plus fp32 master weights (unless
 the params are fp32), split over the data-parallel ranks by the distributed optimizer. With
 optimizer_cpu_offload a share (optimizer_offload_fraction) of that state and its step live on the
-host. param_offload / optimizer_offload move their part to host memory while a colocated role
+host, counted per tensor as megatron lays them out (optimizer_host.py: pinned gradients rounded up
+to powers of two). param_offload / optimizer_offload move their part to host memory while a colocated role
 has the device, and grad_offload (on unless pinned false) frees the gradient buffers then; the role's own phases have everything back.
 
 Activations per token per layer (TE or sdpa layer spec, flash attention, w = bytes of
@@ -28,6 +29,7 @@ import math
 from dataclasses import dataclass, replace
 
 from dagrl.backends.communicators import GROUP_BYTES, PAIR_BYTES, group_bytes
+from dagrl.backends.megatron.optimizer_host import bounded_host_bytes, largest_tensor, listed_host_bytes
 from dagrl.backends.memory import (
     CRITIC_UPDATE_PHASE,
     VALUES_PHASE,
@@ -82,11 +84,11 @@ def state_bytes(
     stage: int | None = None,
 ) -> tuple[dict[str, float], float]:
     """(weights, grads, optimizer bytes on the device while the role runs; bytes the CPU
-    optimizer keeps on the host: per offloaded parameter an fp32 copy, its pinned fp32 gradient and
-    Adam's m and v, 16 bytes whatever the param dtype). Without `masters_on_host` (precision-aware
-    off) the distributed optimizer keeps its fp32 main params on the device beside the CPU
-    optimizer's copy: 4 bytes per offloaded parameter more on the device. `stage`: that pipeline
-    stage's (None: the largest's)."""
+    optimizer keeps on the host: per offloaded parameter an fp32 master, its pinned fp32 gradient
+    and Adam's m and v, each pinned block a power of two: cpu_optimizer_host). Without
+    `masters_on_host` (precision-aware off) the distributed optimizer keeps its fp32 main params on
+    the device beside the CPU optimizer's copy: 4 bytes per offloaded parameter more on the device.
+    `stage`: that pipeline stage's (None: the largest's)."""
     local_dense, local_experts = stage_params(shape, layout, stage)
     width = param_width(param_dtype)
     parts = {"weights": (local_dense + local_experts) * width}
@@ -101,7 +103,55 @@ def state_bytes(
     parts["optimizer"] = optimizer * (1 - optimizer_host_fraction)
     if optimizer_host_fraction and not masters_on_host and width != 4:
         parts["main_params"] = 4.0 * (local_dense + local_experts) * optimizer_host_fraction
-    return parts, 16.0 * (local_dense + local_experts) * optimizer_host_fraction
+    host = cpu_optimizer_host(
+        shape, layout, width, optimizer_host_fraction, masters_on_host, distributed_optimizer, stage
+    )
+    return parts, host
+
+
+def cpu_optimizer_host(
+    shape: ModelShape,
+    layout: MegatronLayout,
+    width: int,
+    fraction: float,
+    masters_on_host: bool,
+    distributed_optimizer: bool,
+    stage: int | None = None,
+    value_head: bool = False,
+) -> float:
+    """Host bytes of megatron's CPU optimizer on one device (optimizer_host.py): its pinned blocks
+    and pageable fp32 state for the tensors megatron lays out, on the DP rank and pipeline stage
+    (`stage`; None: whichever) that hold the most; where they cannot be listed (MoE), a bound over
+    the device's offloaded elements. `value_head`: the critic's trunk and head (`shape` the model's)."""
+    if not fraction:
+        return 0.0
+    shards = layout.dp * layout.cp if distributed_optimizer else 1
+    listed = listed_host_bytes(
+        shape, width, layout.tp, layout.pp, shards, fraction, masters_on_host, distributed_optimizer,
+        stage, value_head,
+    )  # fmt: skip
+    if listed is not None:
+        return float(sum(listed))
+    if value_head:
+        shape = critic_trunk(shape)
+    dense, experts = stage_params(shape, layout, stage)
+    expert_shards = (
+        max(1, layout.workers // (layout.etp * layout.ep * layout.pp)) if distributed_optimizer else 1
+    )
+    elements = dense / shards + experts / expert_shards
+    largest = largest_tensor(shape, layout.tp, layout.ep, layout.etp)
+    sharded = shards > 1 or expert_shards > 1
+    pinned, pageable = bounded_host_bytes(
+        fraction * elements, fraction * (dense + experts), largest, width, masters_on_host, sharded
+    )
+    return pinned + pageable
+
+
+def critic_trunk(shape: ModelShape) -> ModelShape:
+    """The megatron critic's parameters: the model's without its vocabulary output layer (a tied
+    embedding stays), with a [hidden, 1] head and its bias."""
+    out = 0 if shape.tied else shape.vocab * shape.hidden
+    return replace(shape, params=shape.params - out + shape.hidden + 1)
 
 
 def stage_params(shape: ModelShape, layout: MegatronLayout, stage: int | None = None) -> tuple[float, float]:
@@ -366,8 +416,7 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     from dagrl.backends.megatron.critic_rules import critic_megatron
 
     m, update = critic_megatron(spec), spec.train.update
-    trunk = shape.params - (0 if shape.tied else shape.vocab * shape.hidden) + shape.hidden + 1
-    shape = replace(shape, params=trunk)
+    model, shape = shape, critic_trunk(shape)
     mlayout = MegatronLayout(
         tp=layout.tp,
         dp=layout.dp,
@@ -377,11 +426,15 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
         sequence_parallel=m.sequence_parallel,
     )
     fraction = offload_fraction(m) if m.optimizer_cpu_offload else 0.0
-    state, host = state_bytes(
+    state, _ = state_bytes(
         shape, mlayout, m.param_dtype, True, m.use_distributed_optimizer, fraction, precision_aware(m)
     )
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
     width = param_width(m.param_dtype)
+    # the CPU optimizer's tensors are the model's with the head for the output layer
+    host = cpu_optimizer_host(
+        model, mlayout, width, fraction, precision_aware(m), m.use_distributed_optimizer, value_head=True
+    )
     # host, as the actor's: what offload copies there
     mem = RoleMemory(
         state,

@@ -6,13 +6,14 @@ keeps fp32 main params and fp32 Adam moments; gradients accumulate in fp32 main-
 + 4 master + 8 Adam = 18 (the distributed optimizer divides the last 12 by the DP size).
 
 `megatron.optimizer_cpu_offload` selects megatron-core's HybridDeviceOptimizer: the Adam moments of
-`optimizer_offload_fraction` of the parameters (and their fp32 step) live in pinned host memory
-and step on the CPU (torch's fused CPU AdamW); gradients are copied D2H and updated weights H2D
-each step (`overlap_cpu_optimizer_d2h_h2d` overlaps the copies with the CPU step on side
-streams). Without `use_precision_aware_optimizer` the distributed optimizer still keeps its fp32
+`optimizer_offload_fraction` of the parameters (and their fp32 step) live in host memory (pageable;
+the gradients' host copies are pinned) and step on the CPU (torch's fused CPU AdamW); gradients
+are copied D2H and updated weights H2D each step (`overlap_cpu_optimizer_d2h_h2d` overlaps the
+copies with the CPU step on side streams). Without `use_precision_aware_optimizer` the distributed optimizer still keeps its fp32
 main params on the device (device: 2 + 4 + 4 = 10 bytes per parameter); with it the fp32 masters
-live on the host only (device: 6). Host: 16 bytes per offloaded parameter (fp32 master copy,
-pinned fp32 gradient, m, v).
+live on the host only (device: 6). Host: per offloaded parameter an fp32 master, m and v (12
+pageable bytes) and the pinned fp32 gradient, each pinned block rounded up to a power of two
+(optimizer_host.py: 17.6-18.3 bytes a parameter at the Qwen3 shapes).
 """
 
 from __future__ import annotations
