@@ -304,6 +304,13 @@ def run_row(out: str, name: str, timeout: int, command=None) -> dict:
         "metrics": metrics,
         "peak_gib": peaks,
         "plan_gib": {p: plan.get(p) for p in ("rollout", "update")},
+        # the host: the plan's figure for the node, the update's process resident at its end and
+        # its high-water mark (perf/host_rss_gib, perf/host_peak_rss_gib), the largest over the steps
+        "host_gib": {
+            "plan": plan_host_gib(dry.stdout),
+            "rss": round(max((r.get("perf/host_rss_gib", 0.0) for r in rows), default=0.0), 2),
+            "peak": round(max((r.get("perf/host_peak_rss_gib", 0.0) for r in rows), default=0.0), 2),
+        },
         # every planned phase's figure beside the run's (teacher, ref_logprob, ...: where the run logs one)
         "phases_gib": {
             p: [

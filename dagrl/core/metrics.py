@@ -4,7 +4,8 @@ Keys ending in `_max` / `_min` keep the extreme; every other key is a (weighted)
 fold device tensors (no sync per micro-batch) and convert once per mini-batch. Across ranks, a
 card's figures (`<phase>/device_memory_used_gib`, `<phase>/peak_added_gib`, `*/offload_freed_gib`)
 keep the fullest card: that is what the memory plan's per-device figure must cover, and uneven DP
-shards are not alike. The ranks folded here are those the driver keeps, one per DP replica: a
+shards are not alike; a process's host figures (`perf/host_rss_gib`, `perf/host_peak_rss_gib`)
+keep the fullest process. The ranks folded here are those the driver keeps, one per DP replica: a
 backend that splits a replica over cards (megatron's TP, CP, PP) folds that replica's cards first
 (backends/device_memory.py: fullest_cards).
 """
@@ -34,7 +35,7 @@ def fold(acc: dict, new: dict, weight: float) -> dict:
 def reduce(key: str, values: Iterable[float]) -> float:
     """One value from several mini-batches or ranks."""
     values = [float(v) for v in values]
-    if key.endswith(("_max", "device_memory_used_gib", "peak_added_gib", "offload_freed_gib")):
+    if key.endswith(("_max", "device_memory_used_gib", "peak_added_gib", "offload_freed_gib", "rss_gib")):
         return max(values)
     if key.endswith("_min"):
         return min(values)

@@ -3,6 +3,7 @@ torch's allocator statistics (a fake CUDA here: the figures are differences of i
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dagrl.backends import device_memory
@@ -81,6 +82,34 @@ def test_a_critic_phase_reports_under_its_own_name_and_leaves_the_step_peak_to_t
     update = device_memory.update_metrics(device_memory.phase_start())
     assert update["update/device_memory_used_gib"] == 60.0 and update["perf/device_memory_used_gib"] == 70.0
     assert update["perf/peak_added_gib"] == 2.0 and "update/peak_added_gib" not in update
+
+
+def test_the_update_reports_its_process_resident_host_memory(monkeypatch):
+    """The update's host figures are this process's VmRSS and VmHWM: a 256 MiB buffer touched in
+    the test moves both by about its size."""
+    FakeCuda().install(monkeypatch)
+    before = device_memory.update_metrics(device_memory.phase_start())
+    rss, peak = before["perf/host_rss_gib"], before["perf/host_peak_rss_gib"]
+    assert 0 < rss <= peak, before
+    held = torch.ones(2**26, dtype=torch.float32)  # 256 MiB, every page written
+    after = device_memory.update_metrics(device_memory.phase_start())
+    assert after["perf/host_rss_gib"] - rss == pytest.approx(0.25, abs=0.05), (before, after)
+    assert after["perf/host_peak_rss_gib"] >= after["perf/host_rss_gib"] > rss
+    del held
+
+
+def test_host_figures_are_zero_without_proc(monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    assert device_memory.host_rss_gib() == (0.0, 0.0)
 
 
 def test_without_cuda_the_counts_are_zero(monkeypatch):

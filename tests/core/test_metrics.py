@@ -23,3 +23,11 @@ def test_what_an_offload_freed_across_ranks_is_the_fullest_cards():
     # a card's figure as the others: the replica that held (and so freed) the most, as the plan counts
     replicas = [{"perf/offload_freed_gib": 3.0}, {"perf/offload_freed_gib": 3.5}]
     assert reduce_all(replicas) == {"perf/offload_freed_gib": 3.5}
+
+
+def test_host_resident_memory_across_ranks_is_the_fullest_process():
+    replicas = [
+        {"perf/host_rss_gib": 80.0, "perf/host_peak_rss_gib": 95.0},
+        {"perf/host_rss_gib": 82.5, "perf/host_peak_rss_gib": 90.0},
+    ]
+    assert reduce_all(replicas) == {"perf/host_rss_gib": 82.5, "perf/host_peak_rss_gib": 95.0}

@@ -340,6 +340,8 @@ class MegatronTrainBackend:
             figures = device_memory.update_metrics(allocated)
             figures["perf/offload_freed_gib"] = self.offload_freed_gib
             metrics.update(replica_figures(figures, "update"))
+        else:
+            metrics.update(device_memory.host_metrics())
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:

@@ -314,8 +314,10 @@ class TorchTrainBackend:
         )
         self.steps += 1
         metrics.update(self.padding.metrics())
-        if cuda:  # device_memory.py: figures that cannot exceed the card
+        if cuda:  # device_memory.py: figures that cannot exceed the card, and the host's
             metrics.update(device_memory.update_metrics(allocated))
+        else:
+            metrics.update(device_memory.host_metrics())
         return Batch(), metrics
 
     def set_lr(self, lr: float) -> None:
