@@ -57,16 +57,20 @@
 #     runs' process sessions, never a host-wide `ray stop`.
 #   - Host memory is shared: each slot's plan still checks the whole host's (trainer.host_memory_gib
 #     is detected), so the runner refuses two host-heavy matrix rows in one call (bench/gpu_matrix.py
-#     HOST_HEAVY: 8b-torch, 8b-megatron, 4b-megatron-80gib, each 67-153 GiB planned; 8b-torch beside
+#     HOST_HEAVY: 8b-torch, 8b-megatron, 4b-megatron-80gib, each 77-159 GiB planned; 8b-torch beside
 #     4b-megatron-80gib filled a 251 GiB host in session 28).
 #
 # FIRST (after session 28: one H200, 2x H200 and 4x H200 lent). Session 28 ran the side-by-sides
 # on 5c0f40a's `dagrl/` (2x H200's host, card 0 alone): 0.60x TRL at 32x8x256 with the last three
 # -20 % to +2 %, 0.69x at 64x8x512: issue 29's bar not met; the rollout of the same tokens spreads
 # 2.0-3.4 s (docs/perf.md "Session 28"). Then branch `next` was merged (5beba10: host-staging,
-# critic-mem, engine-residue, teacher-plan, comm-plan, startup, pinned-slabs) and the plan made to
-# count a sleeping engine's host backup as torch pins it; of that `dagrl/` only 8b-torch ran on a
-# card (9 steps, +0.2 % / +2.7 %, 161.8 GiB resident on the host). On the next lease:
+# critic-mem, engine-residue, teacher-plan, comm-plan, startup, pinned-slabs), the plan made to
+# count a sleeping engine's host copy and megatron's CPU optimizer as torch pins them (one block a
+# segment or tensor, each a power of two: 8b-torch 152.58 -> 159.29 GiB against 161.8 resident;
+# 8b-megatron 137.31 -> 157.29, 4b-megatron-80gib 67.43 -> 77.08, not yet read on a card), and the
+# update made to log its process's resident host memory (every matrix row's ROW line: host_gib,
+# plan / rss / peak). Of that `dagrl/` only 8b-torch ran on a card (before the last three changes:
+# 9 steps, +0.2 % / +2.7 %). On the next lease:
 #   1. The rollout's levers, the host alone, carry [".anchors"] (~8 minutes; bench/generate_spread.py,
 #      each setting in a process of its own: ours, mp, noasync, nologprobs, numa, threads1):
 #        bash bench/acceptance_slots.sh $OUT 0:spread
