@@ -70,7 +70,8 @@
 # 8b-megatron 137.31 -> 157.29, 4b-megatron-80gib 67.43 -> 77.08, not yet read on a card), and the
 # update made to log its process's resident host memory (every matrix row's ROW line: host_gib,
 # plan / rss / peak). Of that `dagrl/` only 8b-torch ran on a card (before the last three changes:
-# 9 steps, +0.2 % / +2.7 %). On the next lease:
+# 9 steps, +0.2 % / +2.7 %). On the next lease (a 4-GPU host: 2 first, then 4, then 3's pairs;
+# the spread, a one-card call, on a one- or two-GPU lease):
 #   1. The rollout's levers, the host alone, carry [".anchors"] (~8 minutes; bench/generate_spread.py,
 #      each setting in a process of its own: ours, mp, noasync, nologprobs, numa, threads1):
 #        bash bench/acceptance_slots.sh $OUT 0:spread
