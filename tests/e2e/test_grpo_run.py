@@ -28,7 +28,9 @@ def read_metrics(run_dir) -> list[dict]:
 
 
 def without_timing(row: dict) -> dict:
-    skip = ("timing_s/", "weight_sync/s", "weight_sync/GBps", "rollout/tokens_per_s")
+    """A step's metrics less what the machine decides: timings, rates and the process's resident
+    host memory (perf/host_rss_gib, perf/host_peak_rss_gib)."""
+    skip = ("timing_s/", "weight_sync/s", "weight_sync/GBps", "rollout/tokens_per_s", "perf/host_")
     return {k: v for k, v in row.items() if not k.startswith(skip) and not k.endswith("_ms")}
 
 
