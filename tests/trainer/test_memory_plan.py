@@ -632,7 +632,7 @@ def test_8b_megatron_on_a_141_gib_card_splits_the_cpu_optimizer_to_fit_a_128_gb_
     # 62.03), nothing for the freed gradient buffers; beside them the sleeping engine's pinned copy
     # of its bf16 weights and sampler tables (19.97 GiB for these 14.10 GiB of weights at the
     # H200's max_num_seqs: sleep_backup.py)
-    assert host["train"] == sum(listed_host_bytes(read_model_shape(model), 2, 1, 1, 1, share, True, True))
+    assert host["train"] == sum(listed_host_bytes(read_model_shape(model), 2, 1, 1, 1, share, True))
     assert host["train"] / GIB == pytest.approx(69.44, abs=0.005) and 16 * share * params / GIB < 62.1
     assert host["rollout"] == backup_bytes(read_model_shape(model), 2, 1, 1024)[1]
     assert prepared.memory.peak() <= 0.9 * 139.8 * GIB
