@@ -32,6 +32,9 @@ def _nothing(cfg: Any) -> None:
 class TrainHooks:
     """- `optimizer_host(cfg) -> (section, key)`: the config section whose `optimizer_cpu_offload`
       places this backend's optimizer state, and that key's full name (auto = None there).
+    - `optimizer_host_blocked(cfg) -> (full key, value) | None`: the setting that keeps this
+      backend's optimizer off the host (the plan's auto then leaves it on the device, and names
+      that key where the update does not fit); None = nothing does.
     - `resident_between_phases`: the backend keeps its state on the device between phases unless
       its own offload keys say otherwise, so the optimizer stays on the device only when every
       phase also fits within the plan's resident share of the card.
@@ -60,6 +63,7 @@ class TrainHooks:
     - `swift_offload`: ms-swift's `offload_model` / `offload_optimizer` as its own full keys."""
 
     optimizer_host: Callable[[Any], tuple[Any, str]]
+    optimizer_host_blocked: Callable[[Any], tuple[str, Any] | None] = _nothing
     resident_between_phases: bool = False
     recompute_pinned: Callable[[Any], bool] = _never
     enable_recompute: Callable[[Any], None] = _nothing

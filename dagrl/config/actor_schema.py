@@ -89,9 +89,10 @@ class MegatronConfig:
     """Keep the optimizer state in host memory while another role holds the device."""
     optimizer_cpu_offload: Optional[bool] = None
     """Run the optimizer on the CPU: fp32 master weights and Adam's moments in host memory
-    (megatron-core's HybridDeviceOptimizer; verl's override_optimizer_config.optimizer_cpu_offload).
-    null (auto): on only when the memory plan's update does not fit the card with the optimizer on
-    the device (off where there is no plan: CPU, unknown card)."""
+    (megatron-core's HybridDeviceOptimizer; verl's override_optimizer_config.optimizer_cpu_offload);
+    needs a GPU and use_distributed_optimizer. null (auto): on only when the memory plan's update
+    does not fit the card with the optimizer on the device (off where there is no plan: CPU,
+    unknown card; and without the distributed optimizer)."""
     optimizer_offload_fraction: Optional[float] = ranged(None, ge=0, le=1, hint="or null = auto")
     """With optimizer_cpu_offload: the share of the parameters whose optimizer state and step go to
     the CPU (the rest stay on the device). null (auto): 1.0, unless the host cannot hold that much

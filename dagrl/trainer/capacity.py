@@ -166,6 +166,8 @@ def _resolve_optimizer_host(
     owner.optimizer_cpu_offload = False
     if plan.specs[Role.train].lora is not None:  # the adapters' optimizer state is megabytes
         return memory
+    if hooks.optimizer_host_blocked(cfg) is not None:  # the backend cannot step it there
+        return memory
     on_device = memory.peak("update")
     peak = memory.peak()
     tight = hooks.resident_between_phases and peak > RESIDENT_SHARE * memory.card_bytes
@@ -312,6 +314,9 @@ def _pinned(cfg: DagrlConfig, plan: Plan, row) -> tuple[str, object]:
         if cfg.actor_rollout_ref.model.gradient_checkpointing is False:
             return f"{M}.gradient_checkpointing", False
     if row.phase == "update" and hooks is not None:
+        blocked = hooks.optimizer_host_blocked(cfg)
+        if blocked is not None:  # what keeps the optimizer off the host
+            return blocked
         owner, key = hooks.optimizer_host(cfg)
         if owner.optimizer_cpu_offload is False:  # pinned: auto moves it to the host when over
             return key, False

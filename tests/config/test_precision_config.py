@@ -53,6 +53,51 @@ def test_refused_naming_the_key(overrides, key):
     assert err.value.key == key
 
 
+CRITIC = ("algorithm=ppo", "critic.strategy=megatron")
+
+
+@pytest.mark.parametrize("share", [None, 0.5], ids=["whole", "half"])
+@pytest.mark.parametrize(
+    ("section", "role"),
+    [(M, (f"{A}.strategy=megatron",)), ("critic.megatron", CRITIC)],
+    ids=["actor", "critic"],
+)
+def test_cpu_optimizer_needs_the_distributed_optimizer(section, role, share):
+    """megatron-core 0.16.1 cannot step its CPU optimizer outside the distributed optimizer
+    (tests/backends/megatron/test_optimizer.py): the dry run planned it and the run failed at its
+    first step. Refused before any worker starts, naming the fix; with it the job is planned."""
+    fraction = () if share is None else (f"{section}.optimizer_offload_fraction={share}",)
+    offload = (*role, "trainer.device=cuda", "trainer.dry_run=true", f"{section}.optimizer_cpu_offload=true")
+    with pytest.raises(ConfigError) as err:
+        prepare(compose_config(*offload, *fraction, f"{section}.use_distributed_optimizer=false"))
+    assert (err.value.key, err.value.value) == (f"{section}.optimizer_cpu_offload", True)
+    assert f"set {section}.use_distributed_optimizer=true" in err.value.fix
+    prepare(compose_config(*offload, *fraction))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (("trainer.device=cpu", "critic.megatron.optimizer_cpu_offload=true"), "optimizer_cpu_offload"),
+        (("critic.megatron.optimizer_offload_fraction=0.5",), "optimizer_offload_fraction"),
+        (
+            (
+                "critic.megatron.use_precision_aware_optimizer=true",
+                "critic.megatron.use_distributed_optimizer=false",
+            ),
+            "use_precision_aware_optimizer",
+        ),
+    ],
+    ids=["on-cpu", "fraction-alone", "precision-aware-replicated"],
+)
+def test_the_megatron_critics_optimizer_is_held_to_the_actors_rules(overrides, key):
+    """critic.megatron builds its optimizer as the actor's section does (build_optimizer): its
+    knobs were accepted unchecked, then ignored or failed in the worker."""
+    with pytest.raises(ConfigError) as err:
+        prepare(compose_config(*CRITIC, "trainer.dry_run=true", *overrides))
+    assert err.value.key == f"critic.megatron.{key}"
+
+
 def test_torch_bf16_and_cpu_offload_are_accepted():
     cfg = _validate("actor_rollout_ref.model.dtype=bfloat16", f"{A}.optimizer_cpu_offload=true")
     assert cfg.actor_rollout_ref.actor.optimizer_cpu_offload

@@ -293,6 +293,27 @@ def test_4b_megatron_with_vllm_no_longer_plans_as_fitting(qwen3_4b):
     assert f"{pinned}: auto -> true" in text and f"{M}.gradient_checkpointing: auto -> true" in text
 
 
+def test_4b_megatron_without_the_distributed_optimizer_keeps_its_optimizer_on_the_device(qwen3_4b):
+    """use_distributed_optimizer=false: auto chose megatron's CPU optimizer for the 4B update, which
+    megatron-core steps only inside the distributed optimizer (a real run failed at its first step).
+    Now the optimizer stays on the device, over the card, and a real run is refused naming the key
+    that keeps it there and both keys of the way out."""
+    replicated = f"{A}.megatron.use_distributed_optimizer"
+    prepared = dry(qwen3_4b, *MEGATRON_16X4, "trainer.gpu_memory_gib=80", f"{replicated}=false")
+    assert prepared.cfg.actor_rollout_ref.actor.megatron.optimizer_cpu_offload is False
+    assert not prepared.plan.specs["train"].megatron.optimizer_cpu_offload  # what the worker builds
+    [warning] = prepared.warnings
+    assert "in phase update" in warning
+    assert (
+        f"the optimizer on the host ({A}.megatron.optimizer_cpu_offload=true with {replicated}=true)"
+        in warning
+    )
+    prepared.cfg.trainer.dry_run = False
+    with pytest.raises(ConfigError, match="in phase update") as info:
+        check_memory(prepared.cfg, prepared.memory, prepared.plan)
+    assert (info.value.key, info.value.value) == (replicated, False)
+
+
 def test_4b_megatron_recomputed_update_holds_the_logits_or_a_layer_not_both(qwen3_4b):
     """megatron's full recompute, as the torch backend's: the logits over every position and their
     gradient are freed before the first layer is recomputed, so the update's peak is every kept
@@ -611,7 +632,7 @@ def test_8b_megatron_on_a_141_gib_card_splits_the_cpu_optimizer_to_fit_a_128_gb_
     # 62.03), nothing for the freed gradient buffers; beside them the sleeping engine's pinned copy
     # of its bf16 weights and sampler tables (19.97 GiB for these 14.10 GiB of weights at the
     # H200's max_num_seqs: sleep_backup.py)
-    assert host["train"] == sum(listed_host_bytes(read_model_shape(model), 2, 1, 1, 1, share, True, True))
+    assert host["train"] == sum(listed_host_bytes(read_model_shape(model), 2, 1, 1, 1, share, True))
     assert host["train"] / GIB == pytest.approx(69.44, abs=0.005) and 16 * share * params / GIB < 62.1
     assert host["rollout"] == backup_bytes(read_model_shape(model), 2, 1, 1024)[1]
     assert prepared.memory.peak() <= 0.9 * 139.8 * GIB

@@ -1,11 +1,12 @@
 """Rules of the megatron critic (critic.strategy=megatron, critic.megatron.*), checked before Ray
-starts: the splits the actor's section is held to, what the value model does not do, and the
-layout it must share with a colocated megatron actor."""
+starts: the splits and optimizer settings the actor's section is held to, what the value model
+does not do, and the layout it must share with a colocated megatron actor."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from dagrl.backends.megatron.precision_rules import check_optimizer_section, runs_on_cpu
 from dagrl.backends.megatron.rules import (
     _check_layer_split,
     _check_megatron_kernels,
@@ -42,6 +43,7 @@ def check_megatron_critic(cfg: DagrlConfig) -> None:
         )
     _check_megatron_sizes(C, m)
     _check_megatron_kernels(C, m)  # refuses context parallel too
+    check_optimizer_section(C, m, runs_on_cpu(cfg))
     hf = _critic_hf_config(cfg)
     _check_critic_architecture(hf)
     _check_tensor_split(C, m, hf)

@@ -16,6 +16,12 @@ def _optimizer_host(cfg):
     return cfg.actor_rollout_ref.actor.megatron, f"{A}.megatron.optimizer_cpu_offload"
 
 
+def _optimizer_host_blocked(cfg):
+    """megatron-core runs its CPU optimizer inside the distributed optimizer only (precision_rules.py)."""
+    m = cfg.actor_rollout_ref.actor.megatron
+    return None if m.use_distributed_optimizer else (f"{A}.megatron.use_distributed_optimizer", False)
+
+
 def _optimizer_share(cfg):
     return cfg.actor_rollout_ref.actor.megatron, f"{A}.megatron.optimizer_offload_fraction"
 
@@ -27,11 +33,10 @@ def _recompute_pinned(cfg) -> bool:
 def _update_levers(spec) -> tuple[str | None, str | None]:
     m = spec.megatron
     recompute = f"{A}.megatron.recompute_granularity=full" if m.recompute_granularity is None else None
-    optimizer = (
-        None
-        if m.optimizer_cpu_offload
-        else f"the optimizer on the host ({A}.megatron.optimizer_cpu_offload=true)"
-    )
+    host = f"{A}.megatron.optimizer_cpu_offload=true"
+    if not m.use_distributed_optimizer:
+        host += f" with {A}.megatron.use_distributed_optimizer=true"
+    optimizer = None if m.optimizer_cpu_offload else f"the optimizer on the host ({host})"
     return recompute, optimizer
 
 
@@ -57,6 +62,7 @@ MEGATRON_HOOKS = TrainHooks(
     offload=_offload,
     compute_dtype=_compute_dtype,
     optimizer_host=_optimizer_host,
+    optimizer_host_blocked=_optimizer_host_blocked,
     resident_between_phases=True,
     recompute_pinned=_recompute_pinned,
     enable_recompute=recompute_for_checkpointing,

@@ -103,10 +103,12 @@ def state_bytes(
     parts["optimizer"] = optimizer * (1 - optimizer_host_fraction)
     if optimizer_host_fraction and not masters_on_host and width != 4:
         parts["main_params"] = 4.0 * (local_dense + local_experts) * optimizer_host_fraction
-    host = cpu_optimizer_host(
-        shape, layout, width, optimizer_host_fraction, masters_on_host, distributed_optimizer, stage
+    if not optimizer_host_fraction:
+        return parts, 0.0
+    assert distributed_optimizer, (
+        "megatron's CPU optimizer runs in the distributed optimizer (precision_rules.py)"
     )
-    return parts, host
+    return parts, cpu_optimizer_host(shape, layout, width, optimizer_host_fraction, masters_on_host, stage)
 
 
 def cpu_optimizer_host(
@@ -115,29 +117,26 @@ def cpu_optimizer_host(
     width: int,
     fraction: float,
     masters_on_host: bool,
-    distributed_optimizer: bool,
     stage: int | None = None,
     value_head: bool = False,
 ) -> float:
-    """Host bytes of megatron's CPU optimizer on one device (optimizer_host.py): its pinned blocks
-    and pageable fp32 state for the tensors megatron lays out, on the DP rank and pipeline stage
-    (`stage`; None: whichever) that hold the most; where they cannot be listed (MoE), a bound over
-    the device's offloaded elements. `value_head`: the critic's trunk and head (`shape` the model's)."""
+    """Host bytes of megatron's CPU optimizer on one device (optimizer_host.py), which runs inside
+    the distributed optimizer (precision_rules.py): its pinned blocks and pageable fp32 state for
+    the tensors megatron lays out, on the DP rank and pipeline stage (`stage`; None: whichever)
+    that hold the most; where they cannot be listed (MoE), a bound over the device's offloaded
+    elements. `value_head`: the critic's trunk and head (`shape` the model's)."""
     if not fraction:
         return 0.0
-    shards = layout.dp * layout.cp if distributed_optimizer else 1
+    shards = layout.dp * layout.cp
     listed = listed_host_bytes(
-        shape, width, layout.tp, layout.pp, shards, fraction, masters_on_host, distributed_optimizer,
-        stage, value_head,
-    )  # fmt: skip
+        shape, width, layout.tp, layout.pp, shards, fraction, masters_on_host, stage, value_head
+    )
     if listed is not None:
         return float(sum(listed))
     if value_head:
         shape = critic_trunk(shape)
     dense, experts = stage_params(shape, layout, stage)
-    expert_shards = (
-        max(1, layout.workers // (layout.etp * layout.ep * layout.pp)) if distributed_optimizer else 1
-    )
+    expert_shards = max(1, layout.workers // (layout.etp * layout.ep * layout.pp))
     elements = dense / shards + experts / expert_shards
     largest = largest_tensor(shape, layout.tp, layout.ep, layout.etp)
     sharded = shards > 1 or expert_shards > 1
@@ -432,9 +431,7 @@ def critic_memory(cfg, spec, layout, shape: ModelShape, card: float, colocated: 
     idle = idle_bytes(state, spec.offload.params, spec.offload.grads, spec.offload.optimizer)
     width = param_width(m.param_dtype)
     # the CPU optimizer's tensors are the model's with the head for the output layer
-    host = cpu_optimizer_host(
-        model, mlayout, width, fraction, precision_aware(m), m.use_distributed_optimizer, value_head=True
-    )
+    host = cpu_optimizer_host(model, mlayout, width, fraction, precision_aware(m), value_head=True)
     # host, as the actor's: what offload copies there
     mem = RoleMemory(
         state,

@@ -47,9 +47,10 @@ Not counted: while the roles are built the first optimizer's pageable fp32 maste
 parameter) live beside the second's until that collection (a peak of the build, not of a step);
 other pinned users (HostStore's slabs, a sleeping vLLM engine's backup) share the cache and may
 take a cached block of their size, so counting each apart can only be high. Without the
-distributed optimizer the first optimizer is the only one, over whole parameters (megatron's
-Float16Optimizer then puts its fp32 main params in the optimizer's groups, which the CPU
-optimizer's step cannot look up: read, not run); it is counted as built.
+distributed optimizer megatron's Float16Optimizer puts its own fp32 copies of a 16-bit model's
+parameters in the first optimizer's groups, which its step cannot look up (KeyError at the first
+step, run on the CPU): that is refused (precision_rules.py), so the second optimizer is always
+there.
 
 Where the tensors cannot be listed (MoE, layouts tensor_numels does not know), `bounded_host_bytes`:
 the pageable bytes as above, every pinned fp32 tensor at twice its bytes (a power of two at most
@@ -206,33 +207,30 @@ def _offloaded(tensors: list[tuple[int, int]], fraction: float) -> list[tuple[in
 
 
 def replay(
-    whole: list[tuple[int, int]], shards: list[tuple[int, int]] | None, masters_on_host: bool
+    whole: list[tuple[int, int]], shards: list[tuple[int, int]], masters_on_host: bool
 ) -> tuple[int, int]:
     """(pinned, pageable) bytes after the CPU optimizer's build and first step (module docstring):
-    `whole` the (elements, width) the first optimizer moves to the CPU, `shards` the second's
-    (None without the distributed optimizer: the first is the one that steps)."""
+    `whole` the (elements, width) the first optimizer moves to the CPU, `shards` the second's."""
     cache, held, pageable = _PinnedCache(), [], 0
-    # the first optimizer: a pinned copy of each tensor, and a pageable fp32 master of 16-bit ones
+    # the first optimizer: a pinned copy of each tensor (its pageable fp32 masters of 16-bit ones
+    # are dropped when the second is built)
     for n, width in whole:
         size = cache.take(width * n)
         if width == 4:
             held.append(size)
         else:
             cache.give(size)
-            pageable += 4 * n if shards is None else 0  # the second's build drops them
-    if shards is not None:
-        for n, width in shards:
-            if width < 4 and masters_on_host:  # a 16-bit copy, dropped for its pageable fp32 master
-                cache.give(cache.take(width * n))
-                pageable += 4 * n
-            else:  # the fp32 shard (or main-param shard) pinned: the master
-                cache.take(4 * n)
-        for size in held:  # the first optimizer, collected
-            cache.give(size)
-    stepped = whole if shards is None else shards
-    for n, _ in stepped:  # the first step's pinned fp32 gradients
+    for n, width in shards:
+        if width < 4 and masters_on_host:  # a 16-bit copy, dropped for its pageable fp32 master
+            cache.give(cache.take(width * n))
+            pageable += 4 * n
+        else:  # the fp32 shard (or main-param shard) pinned: the master
+            cache.take(4 * n)
+    for size in held:  # the first optimizer, collected
+        cache.give(size)
+    for n, _ in shards:  # the first step's pinned fp32 gradients
         cache.take(4 * n)
-    return cache.pinned, pageable + 8 * sum(n for n, _ in stepped)
+    return cache.pinned, pageable + 8 * sum(n for n, _ in shards)
 
 
 @functools.lru_cache(maxsize=256)
@@ -244,14 +242,13 @@ def listed_host_bytes(
     dp: int,
     fraction: float,
     masters_on_host: bool,
-    distributed: bool,
     stage: int | None = None,
     value_head: bool = False,
 ) -> tuple[int, int] | None:
     """(pinned, pageable) bytes of the CPU optimizer of one device of pipeline stage `stage` (None:
-    the stage that holds the most) that shards over `dp` ranks (DP x CP) with `fraction` of its
-    parameters offloaded, on the DP rank that holds the most; None where the tensors cannot be
-    listed (stage_tensors)."""
+    the stage that holds the most) under the distributed optimizer, which shards over `dp` ranks
+    (DP x CP), with `fraction` of its parameters offloaded, on the DP rank that holds the most;
+    None where the tensors cannot be listed (stage_tensors)."""
     if not fraction:
         return 0, 0
     out = []
@@ -261,9 +258,6 @@ def listed_host_bytes(
             return None
         named = [(t.numel, t.width) for decayed in (True, False) for t in tensors if t.decayed == decayed]
         whole = _offloaded(named, fraction)
-        if not distributed:
-            out.append(replay(whole, None, masters_on_host))
-            continue
         for rank in range(dp):
             shards = [(n, tensors[k].width) for k, n in rank_shards(tensors, dp, rank)]
             out.append(replay(whole, _offloaded(shards, fraction), masters_on_host))

@@ -53,7 +53,7 @@ def test_each_tensor_rounds_up_on_its_own():
     sizes = [t.numel for t in stage_tensors(TINY, 2, 1, 1, 0)]
     assert sizes == [8192, 64, 4096, 8192, 16, 16, 64, 16384, 8192, 64, 8192]
     assert TINY.params == sum(sizes) == 53_472
-    assert listed_host_bytes(TINY, 2, 1, 1, 1, 1.0, True, True) == (213_888 + 8_352, 12 * 53_472)
+    assert listed_host_bytes(TINY, 2, 1, 1, 1, 1.0, True) == (213_888 + 8_352, 12 * 53_472)
     assert host(TINY, MegatronLayout()) == 863_904  # 16 B a parameter: 855,552
 
 
@@ -77,7 +77,7 @@ def test_8b_holds_more_than_16_bytes_a_parameter():
     """Qwen3-8B, TP 1: 43.78 GiB pinned (fp32 gradients rounded up 1.37x, and the vocabulary
     matrices' 2 GiB bf16 block) + 91.54 pageable, against 122.05 at 16 B a parameter; TP 2 halves
     it (norms whole); at DP 2 the larger rank holds 68.68, not half of 135.32."""
-    pinned, pageable = listed_host_bytes(QWEN3_8B, 2, 1, 1, 1, 1.0, True, True)
+    pinned, pageable = listed_host_bytes(QWEN3_8B, 2, 1, 1, 1, 1.0, True)
     assert (round(pinned / GIB, 2), round(pageable / GIB, 2)) == (43.78, 91.54)
     assert 16 * QWEN3_8B.params / GIB == pytest.approx(122.05, abs=0.005)
     assert host(QWEN3_8B, MegatronLayout()) / GIB == pytest.approx(135.32, abs=0.005)
@@ -90,8 +90,8 @@ def test_a_share_offloads_megatrons_first_tensors():
     the elements taken are below the share; nothing at 0. The tiny model's list at DP 1 begins
     with the output layer and fc2 (16,384 of 53,472 elements, under 0.31), then fc1."""
     assert host(TINY, MegatronLayout(), fraction=0.0) == 0
-    output_and_fc2 = listed_host_bytes(TINY, 2, 1, 1, 1, 0.3, True, True)
-    with_fc1 = listed_host_bytes(TINY, 2, 1, 1, 1, 0.31, True, True)
+    output_and_fc2 = listed_host_bytes(TINY, 2, 1, 1, 1, 0.3, True)
+    with_fc1 = listed_host_bytes(TINY, 2, 1, 1, 1, 0.31, True)
     assert output_and_fc2[1] == 12 * 16_384 and with_fc1[1] == 12 * 32_768
 
 
@@ -116,7 +116,7 @@ def test_moe_is_bounded():
     ids=["0.6b", "4b", "8b"],
 )
 def test_the_bound_holds_where_the_tensors_are_listed(shape, dp):
-    listed = sum(listed_host_bytes(shape, 2, 1, 1, dp, 1.0, True, True))
+    listed = sum(listed_host_bytes(shape, 2, 1, 1, dp, 1.0, True))
     whole = shape.params
     bound = sum(bounded_host_bytes(whole / dp, whole, largest_tensor(shape, 1, 1, 1), 2, True, dp > 1))
     assert 16 * whole / dp < listed <= bound
