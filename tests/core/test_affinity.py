@@ -1,6 +1,6 @@
 """dagrl/core/affinity.py (trainer.cpu_affinity=gpu_local): the GPU's CPU list as sysfs and
 nvidia-smi write it, the rule that a pin never widens what the process may use, every thread of a
-real process pinned (threads started later inherit it)."""
+real process pinned (threads started later inherit it), and a worker's start on GPU and CPU."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from dagrl.config.enums import CpuAffinity
 from dagrl.core import affinity
 from dagrl.core.affinity import GpuCpus
 
@@ -218,3 +219,76 @@ print(json.dumps({"subset": sorted(subset), "allowed": sorted(allowed), "masks":
     assert set(out["before"]) | set(out["after"]) < set(masks)
     assert all(mask == subset for mask in masks.values()), masks
     assert f"4 threads pinned to CPUs {affinity.compact(subset)}" in out["line"]
+
+
+def test_a_gpu_worker_pins_its_threads_as_it_starts(tmp_path):
+    """The worker's start on a card whose sysfs entry says `subset` (the address torch would give)."""
+    code = (
+        SLEEPERS
+        + f"""
+import torch
+from dagrl.core.worker import RoleParts, Worker, WorkerParts
+os.makedirs("{tmp_path}/0000:19:00.0")
+open("{tmp_path}/0000:19:00.0/local_cpulist", "w").write(affinity.compact(subset))
+affinity.PCI_DEVICES = "{tmp_path}"
+affinity.torch_bus_id = lambda device: "0000:19:00.0"
+parts = WorkerParts.pack([], {{"train": RoleParts(spec="train")}})
+worker = Worker(parts, ["train"], 0, 1, "cuda", 1, build=None, cpu_affinity=affinity.CpuAffinity.gpu_local)
+after = start(1)
+masks = {{tid: sorted(os.sched_getaffinity(tid)) for tid in affinity.thread_ids()}}
+print(json.dumps({{"subset": sorted(subset), "masks": masks, "pinned": sorted(worker.pin.pinned)}}))
+"""
+    )
+    out = run_child(code)
+    assert out["pinned"] == out["subset"]
+    assert all(mask == out["subset"] for mask in out["masks"].values()), out["masks"]
+
+
+# ---- the setting on each device ------------------------------------------------------------------
+def test_on_a_cpu_device_gpu_local_does_nothing_and_says_so_once(monkeypatch, capsys):
+    import torch
+
+    from dagrl import console
+    from dagrl.core.worker import RoleParts, Worker, WorkerParts
+
+    monkeypatch.setattr(console, "_said", set())
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # a GPU worker's, undone after
+    assert affinity.worker_affinity(CpuAffinity.gpu_local, "cpu") == CpuAffinity.none
+    assert affinity.worker_affinity(CpuAffinity.gpu_local, "cpu") == CpuAffinity.none
+    out = capsys.readouterr().out
+    assert out.count("trainer.cpu_affinity=gpu_local: CPU workers keep their CPUs") == 1
+    assert affinity.worker_affinity(CpuAffinity.gpu_local, "cuda") == CpuAffinity.gpu_local
+    assert affinity.worker_affinity(CpuAffinity.none, "cuda") == CpuAffinity.none
+
+    def unread(*args):
+        raise AssertionError("nothing is read for a worker that pins nothing")
+
+    monkeypatch.setattr(affinity, "gpu_local_cpus", unread)
+    before = thread_masks()
+    parts = WorkerParts.pack([], {"train": RoleParts(spec="train")})
+    threads = torch.get_num_threads()
+    assert Worker(parts, ["train"], 0, 1, "cpu", threads, cpu_affinity=CpuAffinity.gpu_local).pin is None
+    assert Worker(parts, ["train"], 0, 1, "cuda", threads, cpu_affinity=CpuAffinity.none).pin is None
+    assert thread_masks() == before and capsys.readouterr().out == ""
+
+
+def test_a_gpu_worker_whose_cards_cpus_cannot_be_read_is_left_as_it_was(monkeypatch, capsys):
+    """A machine without a GPU as a GPU worker would see it: no CUDA, no nvidia-smi; one line says so."""
+    import shutil
+
+    import torch
+
+    from dagrl.core.worker import RoleParts, Worker, WorkerParts
+
+    if torch.cuda.is_available() or shutil.which("nvidia-smi"):
+        pytest.skip("a GPU host: the card's CPUs would be read and this process pinned")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    before = thread_masks()
+    parts = WorkerParts.pack([], {"train": RoleParts(spec="train")})
+    worker = Worker(
+        parts, ["train"], 0, 1, "cuda", torch.get_num_threads(), cpu_affinity=CpuAffinity.gpu_local
+    )
+    assert worker.pin.unchanged == "the GPU's local CPUs could not be read"
+    lines = [line for line in capsys.readouterr().out.splitlines() if "cpu affinity" in line]
+    assert len(lines) == 1 and "unchanged, the GPU's local CPUs could not be read" in lines[0]
+    assert thread_masks() == before
