@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from dagrl.core.affinity import apply_cpu_affinity, compact, gpu_local_cpus, pin_to_gpu, smi, visible_gpu
 
 WORKER_THREADS = 4  # a trainer's GPU worker: Ray's num_cpus (at most 4, dagrl/core/pools.py), torch's threads
 
@@ -57,6 +57,10 @@ SETTINGS = {
         Setting("threads1", "torch.set_num_threads(1), OMP_NUM_THREADS=1 before torch loads", threads=1),
         Setting("numa", "the process pinned to the GPU's local CPUs (sysfs local_cpulist or nvidia-smi"
                 " topo -m) before anything starts", pin_gpu_local=True),
+        # not in the group by default: dagrl's own option against `numa` (the bench pinning the
+        # process before torch loads); the worker pins every thread it has once torch is loaded
+        Setting("numa_worker", "dagrl pins the worker to the GPU's local CPUs as a GPU worker starts"
+                " (trainer.cpu_affinity=gpu_local)", ("trainer.cpu_affinity=gpu_local",)),
         Setting("mp", "plain vllm.LLM, the engine core in a process of its own"
                 " (VLLM_ENABLE_V1_MULTIPROCESSING=1, no external_launcher), same requests", plain_mp=True),
         # not in the group by default (budget): each request hashes every block it fills (pickle +
@@ -125,91 +129,8 @@ def plan_text(settings=GROUP_SETTINGS, budget_s: float | None = None) -> str:
 
 
 # ---- the host -------------------------------------------------------------------------------------
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def parse_cpulist(text: str) -> set[int]:
-    """Linux's cpulist ("0-15,32-47", "3", "0-3,8"; sysfs local_cpulist, nvidia-smi topo's CPU
-    Affinity) -> the CPU ids; "" or "N/A" -> none."""
-    text = text.strip()
-    if not text or text.upper() == "N/A":
-        return set()
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
-            raise ValueError(f"not a cpulist: {text!r}")
-        cpus.update(range(int(lo), int(hi if sep else lo) + 1))
-    return cpus
-
-
-def compact(cpus) -> str:
-    """CPU ids -> cpulist ("0-15,32-47")."""
-    ids, parts = sorted(cpus), []
-    for cpu in ids:
-        if parts and parts[-1][1] == cpu - 1:
-            parts[-1][1] = cpu
-        else:
-            parts.append([cpu, cpu])
-    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts)
-
-
-def topo_affinity(topo: str, gpu: int) -> str:
-    """The "CPU Affinity" cell of row GPU<gpu> of `nvidia-smi topo -m` ("" where there is none)."""
-    lines = [ANSI.sub("", line) for line in topo.splitlines()]
-    header = next((line.split("\t") for line in lines if "CPU Affinity" in line), [])
-    col = next((i for i, cell in enumerate(header) if cell.strip() == "CPU Affinity"), None)
-    if col is None:
-        return ""
-    for line in lines:
-        cells = line.split("\t")
-        if cells[0].strip() == f"GPU{gpu}" and col < len(cells):
-            return cells[col].strip()
-    return ""
-
-
-def sysfs_bus_id(bus: str) -> str:
-    """nvidia-smi's "00000000:19:00.0" -> sysfs's "0000:19:00.0"."""
-    domain, rest = bus.strip().split(":", 1)
-    return f"{int(domain, 16):04x}:{rest.lower()}"
-
-
-def smi(*args: str) -> str:
-    try:
-        run = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return run.stdout.strip() if run.returncode == 0 else ""
-
-
-def visible_gpu() -> int:
-    """nvidia-smi's index of the process's first visible card (CUDA_VISIBLE_DEVICES by index)."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return int(first) if first.isdigit() else 0
-
-
-def gpu_local_cpus() -> tuple[set[int], str]:
-    """The CPUs local to the card, and where they were read."""
-    gpu = visible_gpu()
-    bus = smi("-i", str(gpu), "--query-gpu=pci.bus_id", "--format=csv,noheader")
-    if bus:
-        path = f"/sys/bus/pci/devices/{sysfs_bus_id(bus)}/local_cpulist"
-        if os.path.isfile(path):
-            cpus = parse_cpulist(open(path).read())
-            if cpus:
-                return cpus, path
-    return parse_cpulist(topo_affinity(smi("topo", "-m"), gpu)), "nvidia-smi topo -m"
-
-
-def pin_choice(local: set[int], allowed: set[int]) -> tuple[set[int], str | None]:
-    """The CPUs to pin to (the GPU's local ones this process may use), and why pinning would change
-    nothing where it would not."""
-    pinned = local & allowed
-    if not local:
-        return pinned, "the GPU's local CPUs could not be read"
-    if not pinned:
-        return pinned, "no GPU-local CPU in the affinity"
-    return pinned, "the affinity is the GPU's already" if pinned == allowed else None
+# the GPU's CPUs are read and pinned by dagrl's own helpers (dagrl/core/affinity.py), as
+# trainer.cpu_affinity=gpu_local does in a worker
 
 
 def host_facts() -> dict:
@@ -237,15 +158,11 @@ def prepare_process(setting: Setting) -> dict:
     its variable once); the facts to report, with "skipped" where the setting would change nothing."""
     facts: dict = {}
     if setting.pin_gpu_local:
-        local, source = gpu_local_cpus()
-        allowed = os.sched_getaffinity(0)
-        pinned, unchanged = pin_choice(local, allowed)
-        facts["numa"] = {"gpu_local": compact(local), "from": source, "allowed": compact(allowed),
-                         "pinned": compact(pinned)}  # fmt: skip
-        if unchanged:
-            facts["skipped"] = unchanged  # the run would be `ours` again
+        pin = pin_to_gpu(gpu_local_cpus())  # the card as nvidia-smi names it: no CUDA yet
+        facts["numa"] = pin.facts()
+        if pin.unchanged:
+            facts["skipped"] = pin.unchanged  # the run would be `ours` again
             return facts
-        os.sched_setaffinity(0, pinned)
     threads = setting.threads or min(WORKER_THREADS, len(os.sched_getaffinity(0)))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     # as a worker sets before its first CUDA allocation (dagrl/core/worker.py expandable_segments)
@@ -374,8 +291,11 @@ def measure_backend(setting: Setting, args, shape: Shape) -> tuple[list[dict], d
 
     from dagrl.core.worker import freeze_heap
 
+    cfg = rv.rollout_config(args, *BASE_OVERRIDES, *setting.overrides)
+    # what a GPU worker does at its start (dagrl/core/worker.py), before its roles build
+    pin = apply_cpu_affinity(cfg.trainer.cpu_affinity, "cuda")
     start = time.perf_counter()
-    cfg, backend = rv.build(args, *BASE_OVERRIDES, *setting.overrides)
+    backend = rv.backend_of(cfg)
     engine_s = time.perf_counter() - start
     batch, _ = rv.batch_of(cfg, args)
     freeze_heap()  # as a worker does once its roles are built
@@ -393,7 +313,8 @@ def measure_backend(setting: Setting, args, shape: Shape) -> tuple[list[dict], d
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
-    return reps, {"engine_start_s": round(engine_s, 1)}, close
+    extra = {"engine_start_s": round(engine_s, 1)} | ({"numa": pin.facts()} if pin else {})
+    return reps, extra, close
 
 
 def measure_plain(setting: Setting, args, shape: Shape) -> tuple[list[dict], dict, Callable]:
@@ -466,13 +387,15 @@ def main(argv: list[str]) -> int:
         else:
             s = SETTINGS[args.setting]
             print(f"{s.name} {shape.label} reps {shape.reps} (1 warm-up): {s.changes}")
+            pinned = ("by the bench, before torch" if s.pin_gpu_local else "by dagrl, as a worker starts"
+                      if "trainer.cpu_affinity=gpu_local" in s.overrides else "no")  # fmt: skip
             print(f"  overrides: {' '.join(BASE_OVERRIDES + s.overrides)}; threads: {s.threads or WORKER_THREADS};"
-                  f" pinned: {s.pin_gpu_local}; engine: {'plain, own process' if s.plain_mp else 'dagrl, in-process'}")  # fmt: skip
+                  f" pinned: {pinned}; engine: {'plain, own process' if s.plain_mp else 'dagrl, in-process'}")  # fmt: skip
         return 0
     if args.setting is None or not args.model or not args.data:
         p.error("give SETTING, --model and --data (or --dry-run)")
     setting = SETTINGS[args.setting]
-    facts = prepare_process(setting)  # first: before torch, vllm or dagrl load
+    facts = prepare_process(setting)  # first: before torch or vllm load
     if "skipped" in facts:
         print("SPREAD " + json.dumps({"setting": setting.name, "shape": shape.fields, **facts}), flush=True)
         return 0

@@ -46,13 +46,17 @@ def rollout_config(args, *overrides: str):
 
 
 def build(args, *overrides: str):
+    cfg = rollout_config(args, *overrides)
+    return cfg, backend_of(cfg)
+
+
+def backend_of(cfg):
+    """The rollout role's vLLM backend on this process's first GPU, as a rollout worker builds it."""
     from dagrl.backends.vllm.rollout import VLLMRolloutBackend
     from dagrl.config.role_specs import role_spec
     from dagrl.core.worker import ParallelContext
 
-    cfg = rollout_config(args, *overrides)
-    spec = role_spec(cfg, "rollout")
-    return cfg, VLLMRolloutBackend(spec, ParallelContext(0, 1, torch.device("cuda", 0)))
+    return VLLMRolloutBackend(role_spec(cfg, "rollout"), ParallelContext(0, 1, torch.device("cuda", 0)))
 
 
 def batch_of(cfg, args):

@@ -127,3 +127,10 @@ class LoraSync(str, Enum):
     auto = "auto"  # adapter to a LoRA-serving engine on devices of its own, else merged
     adapter = "adapter"  # the adapter tensors only; the engine applies them (vLLM's LoRA support)
     merged = "merged"  # base + scale · B·A under the base's names: any engine, no LoRA kernels
+
+
+class CpuAffinity(str, Enum):
+    """Which CPUs a GPU worker's threads may run on (trainer.cpu_affinity)."""
+
+    none = "none"  # where Ray and the OS put them (the process's affinity as it starts)
+    gpu_local = "gpu_local"  # the CPUs local to the worker's GPU, within the process's affinity

@@ -34,6 +34,7 @@ from dagrl.config.algorithm_schema import (  # noqa: F401  (re-exported)
 from dagrl.config.critic_schema import CriticConfig, CriticModelConfig  # noqa: F401  (re-exported)
 from dagrl.config.enums import (  # noqa: F401  (re-exported: config users import them from here)
     BuiltinTask,
+    CpuAffinity,
     Device,
     FilterMetric,
     LayerSpec,
@@ -248,6 +249,12 @@ class TrainerConfig:
     optimizer, an engine's weights asleep) is checked against, within 90 %; None = this machine's
     in a real run (nodes alike), unchecked in a dry run. GPU plans only: a CPU run keeps everything
     in host memory and has no device plan to check."""
+    cpu_affinity: CpuAffinity = CpuAffinity.none
+    """none (the default until measured on the GPU hosts) or gpu_local: each GPU worker pins its
+    threads to the CPUs local to its GPU (the card's PCI local_cpulist, else nvidia-smi topo -m),
+    within the CPUs the process may use, before its roles build; one line per worker says which.
+    vLLM's decode loop waits on the host's CPU, and on a two-socket host threads on the far socket
+    reach the card and its memory across the interconnect. Nothing to do on a CPU device (said once)."""
 
 
 @dataclass

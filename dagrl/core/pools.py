@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dagrl.config.placement import GroupPlan, Plan
 from dagrl.console import log
+from dagrl.core.affinity import worker_affinity
 from dagrl.core.batch import Batch, Held
 from dagrl.core.calls import Collect, Dispatch, Execute, call_spec, collect_results, dispatch_shards
 from dagrl.core.device_faults import from_task_error, rank_of
@@ -141,13 +142,21 @@ class WorkerPool:
         device = plan.device_of(group)
         self.device = device
         cpus = 1 if group.device == "cpu" else bundles.cpus_per_slot
+        affinity = worker_affinity(cfg.trainer.cpu_affinity, device)
         for rank, slot in enumerate(group.slots):
             options = dict(scheduling_strategy=bundles.strategy(slot), num_cpus=cpus)
             if device == "cuda":
                 options["num_gpus"] = 1
             self.actors.append(
                 remote.options(**options).remote(
-                    parts, startup or self.roles, rank, len(group.slots), device, cpus, build
+                    parts,
+                    startup or self.roles,
+                    rank,
+                    len(group.slots),
+                    device,
+                    cpus,
+                    build,
+                    cpu_affinity=affinity,
                 )
             )
         if setup:

@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
+from dagrl.config.enums import CpuAffinity
 from dagrl.config.roles import RoleSpec
+from dagrl.core.affinity import apply_cpu_affinity
 from dagrl.core.batch import Batch
 from dagrl.core.residency import Keep, WorkerStore
 
@@ -81,8 +83,10 @@ class Worker:
         device_kind: str,
         threads: int,
         build=None,
+        cpu_affinity: CpuAffinity = CpuAffinity.none,
     ):
-        """build(spec, ctx, objective) -> backend: given by the launcher (backends sit above core)."""
+        """build(spec, ctx, objective) -> backend: given by the launcher (backends sit above core);
+        cpu_affinity: trainer.cpu_affinity as the pool resolved it for this device."""
         self.parts, self.roles, self.rank, self.world_size = parts, list(roles), rank, world_size
         self.specs: dict[str, RoleSpec] = {}  # each role's spec, once the parts are opened (setup)
         self.build = build
@@ -95,6 +99,8 @@ class Worker:
         self.memory: dict[str, float] = {}  # the device at each hand-over since the last report
         if device_kind == "cuda":
             expandable_segments()
+        # first, while the process has few threads: the ones torch and the engines start inherit it
+        self.pin = apply_cpu_affinity(cpu_affinity, device_kind)
         torch.set_num_threads(max(1, threads))
         from transformers.utils import logging as hf_logging
 

@@ -1,5 +1,5 @@
 """bench/generate_spread.py and bench/spread_group.py (acceptance_gpu.sh's `spread`): the plan
-without torch or vLLM, the GPU's CPU list as sysfs and nvidia-smi write it, and the group's runs
+without torch or vLLM, the `numa` settings on dagrl's own affinity helpers, and the group's runs
 under its budget, best lever and row, with the processes faked."""
 
 from __future__ import annotations
@@ -9,64 +9,27 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
 import generate_spread as gs  # noqa: E402  (conftest puts bench/ on the path)
 import spread_group  # noqa: E402
 
 
-@pytest.mark.parametrize(
-    "text, cpus",
-    [
-        ("0-15,32-47", set(range(16)) | set(range(32, 48))),
-        ("0-55,112-167\n", set(range(56)) | set(range(112, 168))),
-        ("3", {3}),
-        ("0-3,8,10-11", {0, 1, 2, 3, 8, 10, 11}),
-        ("", set()),
-        ("N/A", set()),
-    ],
-)
-def test_cpulists_read_as_sysfs_and_nvidia_smi_write_them(text, cpus):
-    assert gs.parse_cpulist(text) == cpus
-    assert gs.parse_cpulist(gs.compact(cpus)) == cpus
+def test_the_numa_setting_pins_with_dagrls_helpers_and_skips_where_nothing_would_change(monkeypatch):
+    """One implementation (dagrl/core/affinity.py, tests/core/test_affinity.py): here the bench's
+    process as it starts, on a card whose CPUs are all this process's already."""
+    from dagrl.core import affinity
 
-
-def test_a_cpulist_is_written_back_in_ranges_and_nonsense_is_refused():
-    assert gs.compact({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
-    for bad in ("0-", "a-b", "5-3", "1,,2", "0-3:2"):
-        with pytest.raises(ValueError, match="not a cpulist"):
-            gs.parse_cpulist(bad)
-
-
-TOPO = (
-    "\x1b[4m\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
-    "GPU0\t X \tNV18\tSYS\t0-47,96-143\t0\t\tN/A\n"
-    "GPU1\tNV18\t X \tSYS\t48-95,144-191\t1\t\tN/A\n"
-    "NIC0\tSYS\tSYS\t X \t\t\t\t\n\nLegend:\n\n  X    = Self\n"
-)
-
-
-def test_the_gpus_cpu_affinity_comes_from_its_row_of_nvidia_smi_topo():
-    assert gs.topo_affinity(TOPO, 0) == "0-47,96-143"
-    assert gs.topo_affinity(TOPO, 1) == "48-95,144-191"
-    assert gs.topo_affinity(TOPO, 2) == ""
-    assert gs.topo_affinity("No devices were found", 0) == ""
-    # older drivers: CPU Affinity the last column, the header's underline closing on it
-    old = "\x1b[4m\tGPU0\tmlx5_0\tCPU Affinity\x1b[0m\nGPU0\t X \tPHB\t0-15,32-47\n"
-    assert gs.topo_affinity(old, 0) == "0-15,32-47"
-
-
-def test_nvidia_smi_bus_ids_become_sysfs_names():
-    assert gs.sysfs_bus_id("00000000:19:00.0") == "0000:19:00.0"
-    assert gs.sysfs_bus_id("00000001:AB:00.0\n") == "0001:ab:00.0"
-
-
-def test_pinning_that_would_change_nothing_is_skipped():
-    assert gs.pin_choice({0, 1, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7}) == ({0, 1, 2, 3}, None)
-    assert gs.pin_choice(set(range(48)), {0, 1}) == ({0, 1}, "the affinity is the GPU's already")
-    assert gs.pin_choice({48, 49}, {0, 1}) == (set(), "no GPU-local CPU in the affinity")
-    assert gs.pin_choice(set(), {0, 1}) == (set(), "the GPU's local CPUs could not be read")
+    allowed = os.sched_getaffinity(0)
+    monkeypatch.setattr(
+        gs, "gpu_local_cpus", lambda: affinity.GpuCpus(frozenset(allowed), "0000:19:00.0", "t")
+    )
+    facts = gs.prepare_process(gs.SETTINGS["numa"])
+    assert facts["skipped"] == "the affinity is the GPU's already" and os.sched_getaffinity(0) == allowed
+    assert facts["numa"]["pinned"] == gs.compact(allowed) and facts["numa"]["gpu"] == "0000:19:00.0"
+    monkeypatch.setattr(
+        gs, "gpu_local_cpus", lambda: affinity.GpuCpus(frozenset(), "GPU0", "nothing read: x")
+    )
+    assert gs.prepare_process(gs.SETTINGS["numa"])["skipped"] == "the GPU's local CPUs could not be read"
 
 
 def dry_run(*args: str) -> str:
@@ -260,6 +223,9 @@ def test_each_setting_changes_only_its_lever_in_the_engines_arguments():
             **{f"sampling.{k}": v for k, v in sampling_kwargs(spec, [], False).items()},
         }
 
+    pinned = rv.rollout_config(Args, *gs.BASE_OVERRIDES, *gs.SETTINGS["numa_worker"].overrides)
+    assert pinned.trainer.cpu_affinity.value == "gpu_local"  # dagrl's own option, as a worker applies it
+    assert "numa_worker" not in gs.GROUP_SETTINGS
     ours = arguments("ours")
     assert ours["enable_sleep_mode"] is False and ours["dtype"] == "bfloat16" and ours["sampling.ignore_eos"]
     changed = {}
@@ -267,7 +233,7 @@ def test_each_setting_changes_only_its_lever_in_the_engines_arguments():
         other = arguments(name)
         changed[name] = {k: other.get(k) for k in ours.keys() | other.keys() if ours.get(k) != other.get(k)}
     assert changed == {
-        "ours": {}, "threads1": {}, "numa": {}, "mp": {},  # the process's, not the engine's
+        "ours": {}, "threads1": {}, "numa": {}, "numa_worker": {}, "mp": {},  # the process's, not the engine's
         "nologprobs": {"sampling.logprobs": None, "sampling.flat_logprobs": None},
         "noasync": {"async_scheduling": False},
         "noprefix": {"enable_prefix_caching": False},

@@ -240,6 +240,19 @@ def test_bad_kl_loss_type():
     assert checked("algorithm.kl_penalty=low_var_kl").algorithm.kl_penalty.value == "k3"
 
 
+def test_cpu_affinity_is_one_of_its_choices_refused_at_the_command_line(capsys):
+    from dagrl.config.enums import CpuAffinity
+
+    assert compose_config().trainer.cpu_affinity == CpuAffinity.none  # until the GPU hosts' measurement
+    assert checked("trainer.cpu_affinity=gpu_local").trainer.cpu_affinity == CpuAffinity.gpu_local
+    code, out = main_in_process(capsys, "trainer.cpu_affinity=gpu", "trainer.dry_run=true")
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code != 0 and errors == [
+        "error: config key 'trainer.cpu_affinity' = 'gpu': did you mean 'gpu_local'? options: none, gpu_local"
+    ], out
+    assert "placed" not in out  # refused before any worker
+
+
 def test_hf_rollout_rejects_tensor_parallel():
     expect_config_error(
         f"{R}.tensor_model_parallel_size", "rollout.name=vllm", f"{R}.tensor_model_parallel_size=2"

@@ -61,7 +61,7 @@ def test_cpu_plan_says_cpu_slots():
 class Probe:
     """Stands in for dagrl.core.worker.Worker: same constructor, reports where Ray put it."""
 
-    def __init__(self, cfg, roles, rank, world_size, device_kind, threads, build=None):
+    def __init__(self, cfg, roles, rank, world_size, device_kind, threads, build=None, cpu_affinity=None):
         self.roles, self.rank, self.world_size, self.device_kind = roles, rank, world_size, device_kind
 
     def node_info(self) -> dict:
