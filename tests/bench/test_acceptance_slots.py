@@ -4,7 +4,7 @@ On the CPU: two slots at once, each a real driver's local Ray (the `ray_probe` g
 isolation the GPU slots rely on (each driver's cluster its own, in the slot's TMPDIR, alive while
 the neighbour starts and ends its own); one slot's second group is cut by the deadline and says
 so; the rows merge and one tarball holds every log. No nvidia-smi is needed. The estimate
-(bench/slot_estimate.py) refuses a call that cannot finish."""
+(bench/slot_estimate.py) refuses a call that cannot finish, and the documented plans pass it."""
 
 from __future__ import annotations
 
@@ -103,16 +103,41 @@ def test_a_files_group_runs_only_the_files_named_and_only_its_groups(tmp_path):
     assert wrong.returncode == 2 and "is not one of tests_c's" in wrong.stdout
 
 
-def test_the_documented_call_plan_is_accepted():
-    """Every command of the call plan in bench/acceptance_slots.sh's header would start."""
+def documented_calls() -> list[tuple[dict[str, str], list[str], bool]]:
+    """Every command of bench/acceptance_slots.sh's header, in order: (its environment settings,
+    its slots, whether the text before it since the last command names a fresh machine)."""
     import shlex
 
     header = open(os.path.join(BENCH, "acceptance_slots.sh")).read()
-    # with or without environment settings in front (ROW_TIMEOUT=540 bash ...)
-    calls = re.findall(r"^#\s+(?:[A-Z_]+=\S+\s+)*bash bench/acceptance_slots\.sh \$OUT (.+)$", header, re.M)
-    assert len(calls) >= 5, calls  # the regex still finds the plan
-    for call in calls:
-        assert refused(*shlex.split(call)) == [], call
+    header = header[: header.index("\nset -u")]
+    # with or without environment settings in front (ROW_TIMEOUT=480 bash ...)
+    command = re.compile(r"^#\s+((?:[A-Z_]+=\S+\s+)*)bash bench/acceptance_slots\.sh \$OUT (.+)$", re.M)
+    calls, last = [], 0
+    for m in command.finditer(header):
+        env = dict(pair.split("=", 1) for pair in m.group(1).split())
+        calls.append((env, shlex.split(m.group(2)), "fresh machine" in header[last : m.start()]))
+        last = m.end()
+    return calls
+
+
+def test_the_documented_call_plan_is_accepted():
+    """Every command of the header would start: the refusals, and the estimate with the call's
+    SLOTS_SECONDS and ROW_TIMEOUT, on the machine the commands before it leave (fresh again where
+    the text says so: a new lease)."""
+    calls = documented_calls()
+    assert len(calls) >= 20, calls  # the regex still finds the plans
+    assert sum(fresh for *_, fresh in calls) >= 5  # FIRST's two leases, the CALL PLAN, x2's two
+    host = slot_estimate.Host()
+    for env, specs, fresh in calls:
+        if fresh:
+            host = slot_estimate.Host()
+        call = [slots.parse_slot(spec) for spec in specs]
+        assert slots.refusals(call) == [], specs
+        total, row_timeout = float(env.get("SLOTS_SECONDS", 580)), float(env.get("ROW_TIMEOUT", 420))
+        estimates = [slot_estimate.estimate(s, host, row_timeout) for s in call]
+        over = slot_estimate.refusals(estimates, total, slots.END_RESERVE_S, row_timeout)
+        assert over == [], (specs, over)
+        host = slot_estimate.after(host, call)
 
 
 def estimated(host: slot_estimate.Host, *specs: str, total: float = 580, row_timeout: float = 420):
