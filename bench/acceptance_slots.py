@@ -3,6 +3,7 @@ runner behind bench/acceptance_slots.sh (its header: usage, isolation, the call 
 
     python bench/acceptance_slots.py OUT SLOT...      SLOT = CARDS:GROUP[+GROUP...], e.g.
         0:tests_a  1:handover+tests_c  2:"matrix 4b-torch"  3:docs_a    or    0:tests_c  2,3:tp
+    python bench/acceptance_slots.py --estimate [--fresh | --warm] SLOT...   (no GPU: the check below)
 
 Each slot runs its groups one after the other (bench/acceptance_gpu.sh, or
 bench/acceptance_multi_gpu.sh for the multi-GPU ones) in a copy of the checkout of its own, with
@@ -10,6 +11,12 @@ its cards as CUDA_VISIBLE_DEVICES, its own TMPDIR (so Ray's temp dir, pytest's a
 directory), its own vLLM / Triton / Inductor caches, and a deadline: a group still running then
 is ended and its row says so. At the end: the slots' rows in OUT/rows.md (docs/gpu_acceptance.md's
 columns; the device column names the cards), every log in OUT/logs.tgz, one line per slot.
+
+Before anything starts, each slot's seconds are estimated (bench/slot_estimate.py: the groups'
+measured seconds, the models still to build, empty compile caches) and printed; a call with a slot
+past its deadline, or a matrix row past ROW_TIMEOUT, is refused (SLOTS_OVER=1 runs it anyway).
+`--estimate` prints the same and starts nothing: this machine's models and caches, or none built
+and every cache empty (--fresh, a new machine), or all built and filled (--warm, a later call).
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import slot_estimate  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # bench/acceptance_multi_gpu.sh's groups and the cards each needs; every other group is
@@ -343,15 +353,46 @@ def summary(slot: Slot) -> str:
     return f"SLOT {slot.label}: " + "; ".join(parts)
 
 
+def estimated_refusals(slots: list[Slot], host: slot_estimate.Host, total: float) -> list[str]:
+    """Each slot's estimate printed; the lines of those that would not finish."""
+    row_timeout = float(os.environ.get("ROW_TIMEOUT", slot_estimate.ROW_TIMEOUT_S))
+    estimates = [slot_estimate.estimate(s, host, row_timeout) for s in slots]
+    print(slot_estimate.report(estimates, total - END_RESERVE_S), flush=True)
+    return slot_estimate.refusals(estimates, total, END_RESERVE_S, row_timeout)
+
+
+def check(argv: list[str], total: float, root: str) -> int:
+    """`--estimate [--fresh | --warm] SLOT...`: the refusals and estimates, nothing started."""
+    flags = [a for a in argv if a in ("--fresh", "--warm")]
+    slots = [parse_slot(spec) for spec in argv if spec not in flags]
+    problems = refusals(slots) or ([] if slots else ["no slot given"])
+    if not problems:
+        host = slot_estimate.read_host(root)
+        if "--fresh" in flags:
+            host = slot_estimate.Host()
+        elif "--warm" in flags:
+            host = slot_estimate.warm_host(slots)
+        problems = estimated_refusals(slots, host, total)
+    print("refused:\n  " + "\n  ".join(problems) if problems else "accepted")
+    return 2 if problems else 0
+
+
 def main(argv: list[str]) -> int:
     start = time.time()
+    total = float(os.environ.get("SLOTS_SECONDS", "580"))  # the call's limit is 600 s
+    root = os.path.realpath(os.environ.get("SLOTS_ROOT", "/tmp/dagrl_slots"))
+    if argv[:1] == ["--estimate"]:
+        return check(argv[1:], total, root)
     out, slots = argv[0], [parse_slot(spec) for spec in argv[1:]]
     problems = refusals(slots) or ([] if slots else ["no slot given"])
+    if not problems:
+        problems = estimated_refusals(slots, slot_estimate.read_host(root), total)
+        if problems and os.environ.get("SLOTS_OVER") == "1":
+            print("SLOTS_OVER=1: run anyway, past the estimate:\n  " + "\n  ".join(problems), flush=True)
+            problems = []
     if problems:
         print("refused (nothing started):\n  " + "\n  ".join(problems))
         return 2
-    total = float(os.environ.get("SLOTS_SECONDS", "580"))  # the call's limit is 600 s
-    root = os.path.realpath(os.environ.get("SLOTS_ROOT", "/tmp/dagrl_slots"))
     os.makedirs(out, exist_ok=True)
     for slot in slots:
         prepare(slot, root, skip=[os.path.realpath(out), root])

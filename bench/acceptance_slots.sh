@@ -38,7 +38,7 @@
 #     session dir is under the slot's TMPDIR, Ray counts the slot's cards only, a GPU task lands on one
 #     of them, and the cluster stays up while neighbours start and end theirs. On the CPU:
 #     tests/bench/test_acceptance_slots.py (two slots at once, distinct clusters, one slot cut).
-#   - Random-weight models: /tmp/dagrl_models is shared on purpose (a 4B build takes 2 minutes): one
+#   - Random-weight models: /tmp/dagrl_models is shared on purpose (the 8B's build takes ~45 s): one
 #     slot builds under a lock while the others wait, and the directory appears whole
 #     (bench/real_size_gpu.py build). Other fixed paths of bench/: multi_gpu_rows' kept rows
 #     (/tmp/dagrl_multi_gpu_rows, one file per row: a multi-GPU group twice in one call is refused),
@@ -59,21 +59,31 @@
 #     is detected), so the runner refuses two host-heavy matrix rows in one call (bench/gpu_matrix.py
 #     HOST_HEAVY: 8b-torch, 8b-megatron, 4b-megatron-80gib, each 77-159 GiB planned; 8b-torch beside
 #     4b-megatron-80gib filled a 251 GiB host in session 28).
+#   - Device time: before anything starts the runner prints each slot's estimate (bench/slot_estimate.py:
+#     every group's and row's seconds as the slowest host measured them, each model the slot's rows
+#     still need built, and empty compile caches on a fresh machine) and refuses a call with a slot
+#     past its deadline or a matrix row past ROW_TIMEOUT, a line each with what to do (SLOTS_OVER=1
+#     runs it anyway: a cut group costs the whole call and runs again). On the CPU, nothing started,
+#     with the call's SLOTS_SECONDS and ROW_TIMEOUT in front:
+#       python3 bench/acceptance_slots.py --estimate --fresh SLOT...    (--warm: a later call of a lease)
+#     Every command below passes it where it stands (tests/bench/test_acceptance_slots.py: in order,
+#     on one machine, fresh again where the text says "fresh machine").
 #
-# FIRST (after session 28: one H200, 2x H200 and 4x H200 lent). Session 28 ran the side-by-sides
-# on 5c0f40a's `dagrl/` (2x H200's host, card 0 alone): 0.60x TRL at 32x8x256 with the last three
-# -20 % to +2 %, 0.69x at 64x8x512: issue 29's bar not met; the rollout of the same tokens spreads
-# 2.0-3.4 s (docs/perf.md "Session 28"). Then branch `next` was merged (5beba10: host-staging,
-# critic-mem, engine-residue, teacher-plan, comm-plan, startup, pinned-slabs), the plan made to
-# count a sleeping engine's host copy and megatron's CPU optimizer as torch pins them (one block a
-# segment or tensor, each a power of two: 8b-torch 152.58 -> 159.29 GiB against 161.8 resident;
-# 8b-megatron 137.31 -> 157.29, 4b-megatron-80gib 67.43 -> 77.08, not yet read on a card), and the
-# update made to log its process's resident host memory (every matrix row's ROW line: host_gib,
-# plan / rss / peak). Of that `dagrl/` only 8b-torch ran on a card (before the last three changes:
-# 9 steps, +0.2 % / +2.7 %). On the next lease (a 4-GPU host: 2 first, then 4, then 3's pairs;
-# the spread, a one-card call, on a one- or two-GPU lease):
-#   1. The rollout's levers, the host alone, carry [".anchors"] (~8 minutes; bench/generate_spread.py,
-#      each setting in a process of its own: ours, mp, noasync, nologprobs, numa, threads1):
+# FIRST (after session 29: one H200, 2x H200 and 4x H200 lent). Session 29 ran the whole one-GPU
+# record on main's `dagrl/` (4x H200, the slowest host yet), packed by older, faster timings: its
+# deadlines cut 4b-torch (6 of 10 steps), docs_b, tests_d, tests_b2's test_judge_gpu.py and
+# tests_a's test_spec_gpu.py, and ROW_TIMEOUT 420 cut 8b-megatron at 9 of 10 steps (it needs ~440
+# s). Its timings are bench/slot_estimate.py's figures now. On the next lease (a 4-GPU host: 1 first;
+# the spread and the side-by-sides, one-card calls, on a one- or two-GPU lease):
+#   1. What session 29's record lacks, with `dagrl/` as it was, on a fresh machine of 4 GPUs: two
+#      calls (~290 s and ~535 s: 8b-megatron with its 8B build on empty caches, ~595 s, fits no call,
+#      so the first call fills card 0's caches; the 8B's own graphs still compile in the second, ~30
+#      s, hence its 590). Cards 2,3 of the second take issue 30's tp (step 4).
+#        SLOTS_SECONDS=330 bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-torch" 1:"files tests_b2 tests/rewards/test_judge_gpu.py"+"files tests_a tests/backends/megatron/test_spec_gpu.py" 2:tests_d
+#        SLOTS_SECONDS=590 ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:docs_b 2,3:tp
+#   2. The rollout's levers, on a fresh machine, the host alone, carry [".anchors"] (~8 minutes;
+#      bench/generate_spread.py, each setting in a process of its own: ours, mp, noasync, nologprobs,
+#      numa, threads1):
 #        bash bench/acceptance_slots.sh $OUT 0:spread
 #      A setting that takes the slow cluster away or cuts every rep becomes dagrl's default (a `dagrl/`
 #      change, CPU-tested), then side and side_64 again (a call each, the host alone):
@@ -84,66 +94,63 @@
 #      recomputation on a 140 GiB card (7.3-7.8 s updates); whether sleeping without it is faster:
 #        bash bench/acceptance_slots.sh $OUT 0:side_64_awake
 #      (~8 minutes, the defaults then free_cache_engine=true, 6 steps each).
-#   2. The whole record on main's `dagrl/`: on a 4-GPU host the CALL PLAN below (two calls and one for
-#      what a deadline cut), then 8b-torch and 4b-megatron-80gib, one a call (both keep their
-#      optimizer on the host: the runner refuses them together), e.g.
-#        ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_c 2:docs_b 3:tests_d
-#      on 2x H200 the five calls below it (two sessions, `dagrl/` unchanged between them); and
-#      `python bench/torch_startup.py --hidden 4096 --layers 36 --heads 32 --intermediate 12288
-#      --repeat 1` for the torch host step's start-up on a card (pinned GiB and seconds).
-#   3. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
+#   3. After a `dagrl/` change, the whole record again: the CALL PLAN below (three calls on 4 GPUs,
+#      six in two leases on 2), and `python bench/torch_startup.py --hidden 4096 --layers 36 --heads 32
+#      --intermediate 12288 --repeat 1` for the torch host step's start-up on a card (pinned GiB and
+#      seconds).
+#   4. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
 #      +-15 % of it): pp, tp, the gkd pairs, then separate, dp2, big, two_nodes (each alone):
 #        bash bench/acceptance_slots.sh $OUT 0,1:pp
 #        bash bench/acceptance_slots.sh $OUT 0,1:tp
 #        bash bench/acceptance_slots.sh $OUT 0,1:separate
 #      (on a 4-GPU host two pairs a call: 0,1:tp 2,3:gkd3a, then 0,1:pp 2,3:gkd3b).
-#   4. Issue 34's 4-GPU groups (below) when a 4-GPU host is lent.
-# A group the deadline cuts: its rows say which files it did not start; run those with
+#   5. Issue 34's 4-GPU groups (below) when a 4-GPU host is lent.
+# A group a deadline cuts: its rows say which files it did not start; run those with
 #   `files GROUP FILE...` (bench/acceptance_gpu.sh), e.g. 0:"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py".
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
-# CALL PLAN for the whole one-GPU record on nvidia-h100-x4 (or h200-x4; 5 install calls, then 2
-# calls of <= 590 s): docs/gpu_acceptance.md's rows but the side-by-sides, on one commit
-# (tests/bench/test_acceptance_slots.py checks that the runner accepts every command below).
-# Seconds per group as measured on 4x H200 on 2026-11-27 (session 18, beside three busy slots;
-# session 19's slower host in brackets): ray_probe 10-14, docs_a 416 (489), tests_c 108 (153),
-# gkd-0.6b-1.7b + 1.7b-torch 354 (426), docs_b 160 (188), 8b-megatron-lora + 4b-torch 435 (498;
-# both builds included), tests_b1 351 (443), tests_d 141 (151), 8b-megatron 393 (431; on the model
-# call 1 built: the models stay in /tmp/dagrl_models while the machine stays warm), tests_b2 101-146
-# (140), 8b-torch-lora + calculator-vllm 284 (322), handover 157 (214), tests_a 271 (296),
-# 4b-megatron + sample-vllm-rm 358 (412), tests_ppo 173 (189). ~4,100 s in all (~4,400): two calls
-# of four slots of <= 560 s; on a slow host the deadlines cut the last group of a slot or two
-# (session 19: tests_c, docs_b, tests_d, tests_ppo's megatron file), so keep ~200 s of the lease
-# for a third call that runs the cut groups one per card (190 s there), e.g.
-#     bash bench/acceptance_slots.sh $OUT 0:tests_c 1:docs_b 2:tests_d 3:tests_ppo
-#   call 1 (ray_probe first: the isolation, checked on the cards; the 8B and 4B builds):
-#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora 4b-torch" 1:ray_probe+docs_a+tests_c 2:ray_probe+"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 3:ray_probe+tests_b1+tests_d
-#   call 2 (tests_b2 beside the LoRA rows: after 8b-megatron the deadline cut it in session 18):
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora calculator-vllm"+tests_b2 2:handover+tests_a 3:"matrix 4b-megatron sample-vllm-rm"+tests_ppo
-#   then, alone, what the lease has room for (issue 31's and issue 29's ratios against TRL;
-#   side_lora took 313 s with 8 steps a system):
+# CALL PLAN for the whole one-GPU record on nvidia-h200-x4 (5 install calls, then 3 calls of ~510,
+# ~525 and ~535 s at the estimates: ~1,700 s with the installs, one 30-minute lease):
+# docs/gpu_acceptance.md's rows but the side-by-sides, on one commit. ~6,100 card-seconds at
+# bench/slot_estimate.py's figures (session 29's 4x H200, the slowest host; session 18's ~4,100).
+# At most one host-heavy row a call (8b-torch, 8b-megatron, 4b-megatron-80gib). The groups measured
+# on fresh machines (tests_b1, 4b-torch, 4b-megatron-80gib) run first: empty caches add nothing to
+# them, while docs_a on empty caches takes ~540 s against ~380.
+#   call 1, a fresh machine (ray_probe first on every card: the isolation, checked on the cards; the
+#   0.6B, 1.7B and 4B built):
+#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix sample-vllm-rm"+tests_c 1:ray_probe+tests_b1 2:ray_probe+"matrix 4b-torch 1.7b-torch" 3:ray_probe+"matrix 4b-megatron-80gib"
+#   call 2 (the 8B built by 8b-torch):
+#     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_a+tests_b2 2:"matrix 4b-megatron"+tests_ppo 3:"matrix calculator-vllm"+docs_a
+#   call 3 (8b-megatron needs ROW_TIMEOUT ~480: 440 s for its 10 steps):
+#     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch-lora"+docs_b 1:"matrix 8b-megatron-lora"+tests_d 2:"matrix 8b-megatron" 3:"matrix gkd-0.6b-1.7b"+handover
+#   Groups a deadline cut anyway, one per card, e.g. (~272 s with the caches filled):
+#     SLOTS_SECONDS=300 bash bench/acceptance_slots.sh $OUT 0:tests_c 1:docs_b 2:tests_d 3:tests_ppo
+#   The side-by-sides (issue 31's and issue 29's ratios against TRL) run alone, a call each, on a
+#   later lease (side_lora took 313-377 s with 8 steps a system):
 #     bash bench/acceptance_slots.sh $OUT 0:side_lora
 #     bash bench/acceptance_slots.sh $OUT 0:side
 #   On an H100 (nvidia-h100-x1; session 20's lease counted all of its held time): side_64 (~9
 #   minutes), "matrix 4b-torch" (~5 with its build) and "matrix 0.6b-64x8x512" (~4) in calls of
 #   their own (issue 29's 80 GiB rows; after the 4B row in one call the deadline cut the 0.6B at 8
-#   steps in session 20).
+#   steps in session 20; bench/slot_estimate.py's figures are H200 hosts').
 #   A later lease of this kind: the 2-GPU groups of bench/acceptance_multi_gpu.sh that fit card pairs
 #   (pp after tp on the same warm machine: it compares with tp's one-GPU row; big: 8B, ~10, may be
 #   cut at 9.3, its CPU optimizer ~128 GiB of host):
 #     bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
 #     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
 #   A group that is cut or fails is named in its SLOT line; re-run it (alone or in a slot) next.
-# On nvidia-h200-x2 or h100-x2 (2 cards; the lease counts all of its held time): five calls of two
-#   slots, ~2,900 s with the installs, so two sessions with `dagrl/` unchanged between them (a record
-#   names one `dagrl/`); issue 29's last rows (a host of > 152 GiB: an x2 host's 251) in the fifth:
-#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora 4b-torch" 1:ray_probe+docs_a+tests_c
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix gkd-0.6b-1.7b 1.7b-torch"+docs_b 1:tests_b1+tests_d
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron"+tests_b2 1:"matrix 8b-torch-lora calculator-vllm"+handover
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-megatron-80gib"+tests_ppo 1:"matrix 4b-megatron sample-vllm-rm"
-#     ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_a
-#   (session 25 on 2x H200: 8b-torch 554 s with its 8B build, 4b-megatron-80gib 370 s with its 4B
-#   build; on a machine that built them already ~2 minutes less each. 8b-torch and
-#   4b-megatron-80gib in one call filled the 251 GiB host in session 28: one host-heavy row a call.)
+# On nvidia-h200-x2 or h100-x2 (2 cards; the lease counts all of its held time): six calls of two
+#   slots in two leases of three (~1,510 and ~1,565 s at the estimates, ~1,650 and ~1,710 with the
+#   installs), `dagrl/` unchanged between them (a record names one `dagrl/`). Each lease starts on a
+#   fresh machine (its first call on empty caches, the models to build). The first lease:
+#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora calculator-vllm" 1:ray_probe+"matrix 4b-torch"+tests_d
+#     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix sample-vllm-rm gkd-0.6b-1.7b" 1:"matrix 8b-torch"
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 1.7b-torch"+handover 1:"matrix 4b-megatron"+docs_b
+#   the second, on a fresh machine:
+#     bash bench/acceptance_slots.sh $OUT 0:tests_b1 1:"matrix 4b-megatron-80gib"
+#     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:tests_a+tests_b2
+#     bash bench/acceptance_slots.sh $OUT 0:tests_c+docs_a 1:"matrix 8b-torch-lora"+tests_ppo
+#   (8b-torch and 4b-megatron-80gib in one call filled the 251 GiB host in session 28: one
+#   host-heavy row a call.)
 # Run alone (a one-GPU lease, or a call of one slot here): side (~7: TRL ~3.5 then dagrl's
 #   defaults ~3, 10 steps each at 32x8x256), side_64 (~9: TRL ~5 then dagrl's defaults ~4, 6 steps
 #   each at 64x8x512), side_lora (~7), side_ppo (~5); the 2-GPU separate and dp2

@@ -3,11 +3,13 @@
 On the CPU: two slots at once, each a real driver's local Ray (the `ray_probe` group), prove the
 isolation the GPU slots rely on (each driver's cluster its own, in the slot's TMPDIR, alive while
 the neighbour starts and ends its own); one slot's second group is cut by the deadline and says
-so; the rows merge and one tarball holds every log. No nvidia-smi is needed."""
+so; the rows merge and one tarball holds every log. No nvidia-smi is needed. The estimate
+(bench/slot_estimate.py) refuses a call that cannot finish, and the documented plans pass it."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -23,6 +25,7 @@ BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
 sys.path.insert(0, BENCH)
 import acceptance_slots as slots  # noqa: E402
 import multi_gpu_rows  # noqa: E402
+import slot_estimate  # noqa: E402
 
 
 def refused(*specs: str) -> list[str]:
@@ -100,16 +103,188 @@ def test_a_files_group_runs_only_the_files_named_and_only_its_groups(tmp_path):
     assert wrong.returncode == 2 and "is not one of tests_c's" in wrong.stdout
 
 
-def test_the_documented_call_plan_is_accepted():
-    """Every command of the call plan in bench/acceptance_slots.sh's header would start."""
+def documented_calls() -> list[tuple[dict[str, str], list[str], bool]]:
+    """Every command of bench/acceptance_slots.sh's header, in order: (its environment settings,
+    its slots, whether the text before it since the last command names a fresh machine)."""
     import shlex
 
     header = open(os.path.join(BENCH, "acceptance_slots.sh")).read()
-    # with or without environment settings in front (ROW_TIMEOUT=540 bash ...)
-    calls = re.findall(r"^#\s+(?:[A-Z_]+=\S+\s+)*bash bench/acceptance_slots\.sh \$OUT (.+)$", header, re.M)
-    assert len(calls) >= 5, calls  # the regex still finds the plan
-    for call in calls:
-        assert refused(*shlex.split(call)) == [], call
+    header = header[: header.index("\nset -u")]
+    # with or without environment settings in front (ROW_TIMEOUT=480 bash ...)
+    command = re.compile(r"^#\s+((?:[A-Z_]+=\S+\s+)*)bash bench/acceptance_slots\.sh \$OUT (.+)$", re.M)
+    calls, last = [], 0
+    for m in command.finditer(header):
+        env = dict(pair.split("=", 1) for pair in m.group(1).split())
+        calls.append((env, shlex.split(m.group(2)), "fresh machine" in header[last : m.start()]))
+        last = m.end()
+    return calls
+
+
+def test_the_documented_call_plan_is_accepted():
+    """Every command of the header would start: the refusals, and the estimate with the call's
+    SLOTS_SECONDS and ROW_TIMEOUT, on the machine the commands before it leave (fresh again where
+    the text says so: a new lease)."""
+    calls = documented_calls()
+    assert len(calls) >= 20, calls  # the regex still finds the plans
+    assert sum(fresh for *_, fresh in calls) >= 5  # FIRST's two leases, the CALL PLAN, x2's two
+    host = slot_estimate.Host()
+    for env, specs, fresh in calls:
+        if fresh:
+            host = slot_estimate.Host()
+        call = [slots.parse_slot(spec) for spec in specs]
+        assert slots.refusals(call) == [], specs
+        total, row_timeout = float(env.get("SLOTS_SECONDS", 580)), float(env.get("ROW_TIMEOUT", 420))
+        estimates = [slot_estimate.estimate(s, host, row_timeout) for s in call]
+        over = slot_estimate.refusals(estimates, total, slots.END_RESERVE_S, row_timeout)
+        assert over == [], (specs, over)
+        host = slot_estimate.after(host, call)
+
+
+def estimated(host: slot_estimate.Host, *specs: str, total: float = 580, row_timeout: float = 420):
+    call = [slots.parse_slot(spec) for spec in specs]
+    estimates = [slot_estimate.estimate(s, host, row_timeout) for s in call]
+    return estimates, slot_estimate.refusals(estimates, total, slots.END_RESERVE_S, row_timeout)
+
+
+def test_a_slot_past_its_deadline_is_refused_with_what_to_do():
+    """Session 29's first call as it was packed (SLOTS_SECONDS=550, a fresh machine): its deadline
+    cut 4b-torch and docs_a. Refused now, a line per slot: the estimate, the deadline, the fixes."""
+    estimates, over = estimated(
+        slot_estimate.Host(), "0:ray_probe+matrix 8b-megatron-lora 4b-torch", "1:ray_probe+docs_a",
+        "2:ray_probe+tests_b1", total=550,
+    )  # fmt: skip
+    lora, docs, tests = estimates
+    assert [line.split(":")[0] for line in over] == ["slot 0", "slot 1"], over
+    assert over[0].startswith(
+        f"slot 0: ~{lora.seconds:.0f} s estimated, past its deadline of 530 s (SLOTS_SECONDS 550 less 20)"
+    )
+    assert "move a group" in over[0] and "files GROUP FILE" in over[0] and "SLOTS_OVER=1" in over[0]
+    assert lora.seconds > 570 and "raise SLOTS_SECONDS" not in over[0]  # no deadline would hold it
+    # docs_a on empty caches: past the 506 s session 29 and session 21 cut it at, within one call
+    assert 506 < docs.seconds <= 570 and f"raise SLOTS_SECONDS to {math.ceil(docs.seconds) + 20}" in over[1]
+    # tests_b1, measured on fresh machines: nothing added for the empty caches
+    assert tests.cold and tests.seconds == 14 + sum(slot_estimate.FILES["tests_b1"].values())
+
+
+def test_a_row_past_row_timeout_is_refused():
+    """8b-megatron needs more than ROW_TIMEOUT's 420 s for its 10 steps (session 29 cut it at 9)."""
+    warm = slot_estimate.Host({"8b"}, {"0"})
+    run = slot_estimate.ROWS["8b-megatron"].run.warm
+    assert 420 < run < 480
+    (estimate,), over = estimated(warm, "0:matrix 8b-megatron")
+    assert estimate.seconds <= 560 and estimate.over_timeout == [("8b-megatron", run)]
+    assert over == [
+        f"slot 0: matrix row 8b-megatron runs ~{run:.0f} s, past ROW_TIMEOUT 420 (it would be cut before"
+        " its last step): set ROW_TIMEOUT=480; SLOTS_OVER=1 runs it anyway"
+    ]
+    assert estimated(warm, "0:matrix 8b-megatron", row_timeout=480)[1] == []
+    # on empty caches it compiles first: past 480 too, and past one call with its build
+    _, over = estimated(slot_estimate.Host(), "0:matrix 8b-megatron", total=590, row_timeout=480)
+    assert len(over) == 2 and "past its deadline of 570 s" in over[0] and "ROW_TIMEOUT=540" in over[1], over
+
+
+def test_a_build_counts_once_per_slot_and_call():
+    """The first slot builds a model, the others wait on its lock: each slot that needs it counts
+    it once, however many of its rows use it; a call after it counts none."""
+    build, rows = slot_estimate.BUILD_S, slot_estimate.ROWS
+    host = slot_estimate.Host(set(), {"0", "1", "2"})
+    (two_rows, waits, none), _ = estimated(
+        host,
+        "0:matrix 8b-megatron 8b-torch-lora",
+        "1:matrix 8b-megatron-lora+matrix 8b-torch-lora",
+        "2:docs_b",
+    )
+    assert [p for p in two_rows.parts if "build" in p] == [f"the 8b build {build['8b']}"]
+    assert two_rows.seconds == build["8b"] + sum(
+        rows[r].prep + rows[r].run.warm for r in ("8b-megatron", "8b-torch-lora")
+    )
+    assert [p for p in waits.parts if "build" in p] == [f"the 8b build {build['8b']}"]
+    assert not [p for p in none.parts if "build" in p]
+    call = [slots.parse_slot("0:matrix 8b-megatron 8b-torch-lora"), slots.parse_slot("3:ray_probe")]
+    later = slot_estimate.after(host, call)
+    assert later.built == {"8b"} and later.warm == {"0", "1", "2"}  # ray_probe compiles nothing
+    (again,), _ = estimated(later, "0:matrix 8b-torch-lora gkd-0.6b-1.7b")
+    assert [p for p in again.parts if "build" in p] == [
+        f"the 0.6b build {build['0.6b']}",
+        f"the 1.7b build {build['1.7b']}",
+    ]
+    (handover,), _ = estimated(later, "0:handover")
+    assert handover.seconds == build["0.6b"] + slot_estimate.GROUPS["handover"].warm
+
+
+def test_the_machine_says_what_is_built_and_which_caches_are_filled(tmp_path):
+    models, root = tmp_path / "models", tmp_path / "slots"
+    (models / "qwen3-4b").mkdir(parents=True)
+    (models / "qwen3-4b" / "config.json").write_text("{}")
+    (models / "qwen3-8b.partial").mkdir()  # a build cut half-way is not a model
+    (root / "0" / "cache" / "vllm" / "torch_compile_cache").mkdir(parents=True)
+    (root / "0" / "cache" / "vllm" / "torch_compile_cache" / "graph.py").write_text("")
+    (root / "1" / "cache" / "triton").mkdir(parents=True)  # folders, no file: nothing compiled
+    (root / "2_3" / "tmp").mkdir(parents=True)
+    host = slot_estimate.read_host(str(root), str(models))
+    assert host.built == {"4b"} and host.warm == {"0"}
+    (warm, cold, share), _ = estimated(
+        host, "0:docs_a", "1:docs_a", "2:files tests_b2 tests/rewards/test_judge_gpu.py"
+    )
+    docs_a, judge = (
+        slot_estimate.GROUPS["docs_a"],
+        slot_estimate.FILES["tests_b2"]["tests/rewards/test_judge_gpu.py"],
+    )
+    assert (warm.seconds, warm.cold, cold.seconds, cold.cold) == (docs_a.warm, False, docs_a.cold, True)
+    assert share.seconds == judge + slot_estimate.COLD_S  # its share of tests_b2, and the cold allowance
+    assert slot_estimate.read_host(str(tmp_path / "none"), str(tmp_path / "none")) == slot_estimate.Host()
+
+
+def test_every_group_row_and_file_has_a_figure():
+    assert slots.ONE_GPU - {"matrix", "files"} | set(slots.MULTI_GPU) <= set(slot_estimate.GROUPS)
+    assert slots.matrix_rows() == set(slot_estimate.ROWS)
+    import gpu_matrix
+
+    for name, (shape, *_) in gpu_matrix.ROWS.items():
+        assert slot_estimate.ROWS[name].shapes == (shape,), name
+    for name, (base, _) in gpu_matrix.CARD_ROWS.items():
+        assert slot_estimate.ROWS[name].shapes == slot_estimate.ROWS[base].shapes
+    assert {s for r in slot_estimate.ROWS.values() for s in r.shapes} <= set(slot_estimate.BUILD_S)
+    script = open(os.path.join(BENCH, "acceptance_gpu.sh")).read()
+    for group in slots.TESTS_GROUPS:
+        (files,) = re.findall(rf"^{group.upper()}=\(([^)]*)\)", script, re.M)
+        assert files.split() == list(slot_estimate.FILES[group]), group
+
+
+def test_the_estimate_runs_on_a_machine_without_torch_or_a_gpu(tmp_path):
+    """`--estimate` is the CPU's check before a call: no torch, no nvidia-smi, nothing started."""
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no torch on this machine')\n")
+    env = {
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin",
+        "PYTHONPATH": str(tmp_path / "site"),
+        "SLOTS_ROOT": str(tmp_path / "slots"),
+        "SLOTS_SECONDS": "590",
+        "ROW_TIMEOUT": "480",
+    }
+    script = os.path.join(BENCH, "acceptance_slots.py")
+
+    def check(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, script, "--estimate", *args], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    over = check("--fresh", "0:matrix 8b-megatron", "1:docs_b")
+    assert over.returncode == 2, over.stdout + over.stderr
+    row, build = slot_estimate.ROWS["8b-megatron"], slot_estimate.BUILD_S["8b"]
+    cold, warm = row.prep + row.run.at(True), row.prep + row.run.warm
+    assert (
+        f"slot 0: ~{build + cold:.0f} s (the 8b build {build} + 8b-megatron {cold:.0f}, caches empty)"
+        in over.stdout
+    )
+    assert f"refused:\n  slot 0: ~{build + cold:.0f} s estimated, past its deadline of 570 s" in over.stdout
+    fits = check("--warm", "0:matrix 8b-megatron", "1:docs_b")
+    assert fits.returncode == 0 and fits.stdout.endswith("accepted\n"), fits.stdout + fits.stderr
+    assert f"slot 0: ~{warm:.0f} s (8b-megatron {warm:.0f})" in fits.stdout
+    typo = check("0:matrix 8b-megatorn")
+    assert typo.returncode == 2 and "matrix rows ['8b-megatorn']" in typo.stdout
+    assert not (tmp_path / "slots").exists()  # nothing prepared
 
 
 def test_two_host_heavy_rows_are_refused_in_one_call():
@@ -147,7 +322,7 @@ def probes(tar: tarfile.TarFile, name: str) -> list[dict]:
     return [json.loads(line.split(" ", 1)[1]) for line in text.splitlines() if line.startswith("PROBE ")]
 
 
-def run_slots(root: str, seconds: int, *specs: str) -> subprocess.CompletedProcess:
+def run_slots(root: str, seconds: int, *specs: str, **settings: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
@@ -155,6 +330,7 @@ def run_slots(root: str, seconds: int, *specs: str) -> subprocess.CompletedProce
         "SLOTS_SECONDS": str(seconds),
         "SLOTS_MIN_GROUP_S": "1",
         "SLOTS_RAY_STOP": "0",  # other Rays of this host (the test session's) are not the call's
+        **settings,
     }
     return subprocess.run(
         ["bash", "bench/acceptance_slots.sh", os.path.join(root, "OUT"), *specs],
@@ -192,8 +368,14 @@ def test_two_slots_run_at_once_each_with_its_own_ray(root):
 
 
 def test_a_group_the_deadline_cuts_is_ended_and_says_so(root):
+    refused = run_slots(root, 26, "3:ray_probe 600")  # held 600 s: past the estimate, nothing started
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert (
+        "refused (nothing started):\n  slot 3: ~614 s estimated, past its deadline of 6 s" in refused.stdout
+    )
+    assert not os.path.exists(os.path.join(root, "OUT")) and not os.path.exists(os.path.join(root, "3"))
     start = time.time()
-    proc = run_slots(root, 26, "3:ray_probe 600")  # the groups' deadline: 6 s after the start
+    proc = run_slots(root, 26, "3:ray_probe 600", SLOTS_OVER="1")  # the groups' deadline: 6 s after the start
     assert time.time() - start < 26
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a cut group is not a pass
     rows = open(os.path.join(root, "OUT", "rows.md")).read()
