@@ -70,23 +70,18 @@
 #     on one machine, fresh again where the text says "fresh machine").
 #
 # FIRST (after session 29: one H200, 2x H200 and 4x H200 lent). Session 29 ran the whole one-GPU
-# record on main's `dagrl/` (4x H200, the slowest host yet), packed by older, faster timings: its
-# deadlines cut 4b-torch (6 of 10 steps), docs_b, tests_d, tests_b2's test_judge_gpu.py and
-# tests_a's test_spec_gpu.py, and ROW_TIMEOUT 420 cut 8b-megatron at 9 of 10 steps (it needs ~440
-# s). Its timings are bench/slot_estimate.py's figures now. On the next lease (a 4-GPU host: 1 first;
-# the spread and the side-by-sides, one-card calls, on a one- or two-GPU lease):
-#   1. What session 29's record lacks, with `dagrl/` as it was, on a fresh machine of 4 GPUs: two
-#      calls (~290 s and ~535 s: 8b-megatron with its 8B build on empty caches, ~595 s, fits no call,
-#      so the first call fills card 0's caches; the 8B's own graphs still compile in the second, ~30
-#      s, hence its 590). Cards 2,3 of the second take issue 30's tp (step 4).
-#        SLOTS_SECONDS=330 bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-torch" 1:"files tests_b2 tests/rewards/test_judge_gpu.py"+"files tests_a tests/backends/megatron/test_spec_gpu.py" 2:tests_d
-#        SLOTS_SECONDS=590 ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:docs_b 2,3:tp
-#   2. The rollout's levers, on a fresh machine, the host alone, carry [".anchors"] (~8 minutes;
-#      bench/generate_spread.py, each setting in a process of its own: ours, mp, noasync, nologprobs,
-#      numa, threads1):
-#        bash bench/acceptance_slots.sh $OUT 0:spread
+# record on 2843c1e's `dagrl/` (4x H200, the slowest host yet; every row passed or was cut by a
+# deadline, none failed; its timings are bench/slot_estimate.py's figures now). Then `dagrl/` changed
+# (megatron's CPU optimizer without the distributed optimizer refused before Ray; trainer.cpu_affinity,
+# default none), so that record is not the submission's, and the next one follows the lever below.
+# On the next lease (the spread and the side-by-sides are one-card calls, the host alone: any kind):
+#   1. The rollout's levers, the host alone, carry [".anchors"] (~585 s; bench/generate_spread.py,
+#      each setting in a process of its own; numa pins the process before anything starts,
+#      numa_worker is dagrl's own trainer.cpu_affinity=gpu_local as a worker applies it):
+#        SLOTS_SECONDS=590 SPREAD_SETTINGS="ours numa numa_worker mp noasync nologprobs" bash bench/acceptance_slots.sh $OUT 0:spread
 #      A setting that takes the slow cluster away or cuts every rep becomes dagrl's default (a `dagrl/`
-#      change, CPU-tested), then side and side_64 again (a call each, the host alone):
+#      change, CPU-tested; numa_worker: trainer.cpu_affinity's default in dagrl/config/schema.py, its
+#      test in tests/config/test_config.py and the docs that say "default none"), then side and side_64 again (a call each, the host alone):
 #        bash bench/acceptance_slots.sh $OUT 0:side
 #        bash bench/acceptance_slots.sh $OUT 0:side_64
 #      Each median <= 0.6x TRL's and the last three steps within 10 % of the median: issue 29 closes
@@ -94,17 +89,17 @@
 #      recomputation on a 140 GiB card (7.3-7.8 s updates); whether sleeping without it is faster:
 #        bash bench/acceptance_slots.sh $OUT 0:side_64_awake
 #      (~8 minutes, the defaults then free_cache_engine=true, 6 steps each).
-#   3. After a `dagrl/` change, the whole record again: the CALL PLAN below (three calls on 4 GPUs,
+#   2. The whole record on the `dagrl/` step 1 leaves: the CALL PLAN below (three calls on 4 GPUs,
 #      six in two leases on 2), and `python bench/torch_startup.py --hidden 4096 --layers 36 --heads 32
 #      --intermediate 12288 --repeat 1` for the torch host step's start-up on a card (pinned GiB and
 #      seconds).
-#   4. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
+#   3. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
 #      +-15 % of it): pp, tp, the gkd pairs, then separate, dp2, big, two_nodes (each alone):
 #        bash bench/acceptance_slots.sh $OUT 0,1:pp
 #        bash bench/acceptance_slots.sh $OUT 0,1:tp
 #        bash bench/acceptance_slots.sh $OUT 0,1:separate
 #      (on a 4-GPU host two pairs a call: 0,1:tp 2,3:gkd3a, then 0,1:pp 2,3:gkd3b).
-#   5. Issue 34's 4-GPU groups (below) when a 4-GPU host is lent.
+#   4. Issue 34's 4-GPU groups (below) when a 4-GPU host is lent.
 # A group a deadline cuts: its rows say which files it did not start; run those with
 #   `files GROUP FILE...` (bench/acceptance_gpu.sh), e.g. 0:"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py".
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
