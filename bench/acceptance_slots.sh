@@ -75,7 +75,7 @@
 # (megatron's CPU optimizer without the distributed optimizer refused before Ray; trainer.cpu_affinity,
 # default none), so that record is not the submission's, and the next one follows the lever below.
 # On the next lease (the spread and the side-by-sides are one-card calls, the host alone: any kind):
-#   1. The rollout's levers, the host alone, carry [".anchors"] (~585 s; bench/generate_spread.py,
+#   1. The rollout's levers, a fresh machine, the host alone, carry [".anchors"] (~585 s; bench/generate_spread.py,
 #      each setting in a process of its own; numa pins the process before anything starts,
 #      numa_worker is dagrl's own trainer.cpu_affinity=gpu_local as a worker applies it):
 #        SLOTS_SECONDS=590 SPREAD_SETTINGS="ours numa numa_worker mp noasync nologprobs" bash bench/acceptance_slots.sh $OUT 0:spread
