@@ -69,32 +69,27 @@
 #     Every command below passes it where it stands (tests/bench/test_acceptance_slots.py: in order,
 #     on one machine, fresh again where the text says "fresh machine").
 #
-# FIRST (after session 29: one H200, 2x H200 and 4x H200 lent). Session 29 ran the whole one-GPU
-# record on 2843c1e's `dagrl/` (4x H200, the slowest host yet; every row passed or was cut by a
-# deadline, none failed; its timings are bench/slot_estimate.py's figures now). Then `dagrl/` changed
-# (megatron's CPU optimizer without the distributed optimizer refused before Ray; trainer.cpu_affinity,
-# default none), so that record is not the submission's, and the next one follows the lever below.
-# On the next lease (the spread and the side-by-sides are one-card calls, the host alone: any kind):
-#   1. The rollout's levers, a fresh machine, the host alone, carry [".anchors"] (~585 s; bench/generate_spread.py,
-#      each setting in a process of its own; numa pins the process before anything starts,
-#      numa_worker is dagrl's own trainer.cpu_affinity=gpu_local as a worker applies it):
-#        SLOTS_SECONDS=590 SPREAD_SETTINGS="ours numa numa_worker mp noasync nologprobs" bash bench/acceptance_slots.sh $OUT 0:spread
-#      A setting that takes the slow cluster away or cuts every rep becomes dagrl's default (a `dagrl/`
-#      change, CPU-tested; numa_worker: trainer.cpu_affinity's default in dagrl/config/schema.py, its
-#      test in tests/config/test_config.py and the docs that say "default none"), then side and side_64 again (a call each, the host alone):
+# FIRST (after session 30: one H200, 2x H200 and 4x H200 lent; a one-GPU lease counted all its held
+# time in session 30, so the 4-GPU host does four times the work for the same device time). Session
+# 30 timed the rollout's levers (`spread`): vLLM's per-token log-probs were half the 32x8x256
+# rollout (2.59 s against 1.44 s without), so rollout.calculate_log_probs became auto (off unless the
+# step reads them); with it off both side-by-sides passed issue 29's bar on one H200 (0.43x, 0.49x)
+# on 585b4f6 with that default in the working tree. `dagrl/` changed, so:
+#   1. The whole record on this `dagrl/`: the CALL PLAN below (three calls on a fresh 4-GPU host, one
+#      30-minute lease; or six calls in two leases on 2 GPUs). torch_startup's 8B needs a host of
+#      more than ~152 GiB (it refuses a smaller one; session 30's one-GPU host has 125):
+#        python bench/torch_startup.py --hidden 4096 --layers 36 --heads 32 --intermediate 12288 --repeat 1
+#   2. The side-by-sides again on that `dagrl/`, a fresh machine (any kind), a call each, the host
+#      alone, carry .anchors:
 #        bash bench/acceptance_slots.sh $OUT 0:side
 #        bash bench/acceptance_slots.sh $OUT 0:side_64
-#      Each median <= 0.6x TRL's and the last three steps within 10 % of the median: issue 29 closes
-#      once the record below has passed on the same `dagrl/`. At 64x8x512 the awake auto takes
-#      recomputation on a 140 GiB card (7.3-7.8 s updates); whether sleeping without it is faster:
+#      Each median <= 0.6x TRL's and the last three within 10 % of it: issue 29 closes with the record.
+#      At 64x8x512 the awake auto turns recomputation on (update 7.35-7.75 s of a 14.9 s step); whether
+#      sleeping without it is faster (~8 minutes, 6 steps each):
 #        bash bench/acceptance_slots.sh $OUT 0:side_64_awake
-#      (~8 minutes, the defaults then free_cache_engine=true, 6 steps each).
-#   2. The whole record on the `dagrl/` step 1 leaves: the CALL PLAN below (three calls on 4 GPUs,
-#      six in two leases on 2), and `python bench/torch_startup.py --hidden 4096 --layers 36 --heads 32
-#      --intermediate 12288 --repeat 1` for the torch host step's start-up on a card (pinned GiB and
-#      seconds).
 #   3. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
-#      +-15 % of it): pp, tp, the gkd pairs, then separate, dp2, big, two_nodes (each alone):
+#      +-15 % of it; 1g-0.6b-colocate, the separate rows and dp2 ask for the engine's log-probs, for
+#      the mismatch metric): pp, tp, the gkd pairs, then separate, dp2, big, two_nodes (each alone):
 #        bash bench/acceptance_slots.sh $OUT 0,1:pp
 #        bash bench/acceptance_slots.sh $OUT 0,1:tp
 #        bash bench/acceptance_slots.sh $OUT 0,1:separate

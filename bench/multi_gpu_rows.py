@@ -83,6 +83,7 @@ def _layout(gpus: int, *keys: str) -> tuple[str, ...]:
 
 TP2 = (f"{A}.strategy=megatron", f"{MEGA}.tensor_model_parallel_size=2", f"{R}.tensor_model_parallel_size=2")
 TP2_SP = (*TP2, f"{MEGA}.sequence_parallel=true")
+LOGPROBS = (f"{R}.calculate_log_probs=true",)  # the rollout_corr/* mismatch metrics
 SCRIPT_RUN = {
     "TRAIN_BATCH_SIZE": "16",
     "PPO_MINI_BATCH_SIZE": "16",
@@ -98,10 +99,14 @@ SCRIPT_RUN = {
 
 ROWS: dict[str, GrpoRow | SwiftRow | ScriptRow] = {
     # issue 30: two GPUs, 0.6B GRPO at the README's 32 x 8 x 256 unless said
-    "1g-0.6b-colocate": GrpoRow(1, "0.6b"),
-    "2g-0.6b-separate": GrpoRow(2, "0.6b", extra=_layout(2, "placement=separate")),
-    "2g-0.6b-separate-overlap": GrpoRow(2, "0.6b", extra=_layout(2, "placement=separate", f"{R}.overlap_steps=1")),
-    "2g-0.6b-dp2": GrpoRow(2, "0.6b", prompts=64, extra=_layout(2)),
+    # the engine's log-probs asked for (auto leaves them off): the separate rows' mismatch beside the
+    # colocated one's; dp2 as its 1g reference does
+    "1g-0.6b-colocate": GrpoRow(1, "0.6b", extra=LOGPROBS),
+    "2g-0.6b-separate": GrpoRow(2, "0.6b", extra=_layout(2, "placement=separate", *LOGPROBS)),
+    "2g-0.6b-separate-overlap": GrpoRow(
+        2, "0.6b", extra=_layout(2, "placement=separate", f"{R}.overlap_steps=1", *LOGPROBS)
+    ),
+    "2g-0.6b-dp2": GrpoRow(2, "0.6b", prompts=64, extra=_layout(2, *LOGPROBS)),
     "1g-0.6b-megatron": GrpoRow(1, "0.6b", "megatron"),
     "2g-0.6b-megatron-tp2-sp": GrpoRow(2, "0.6b", "megatron", extra=_layout(2, *TP2_SP)),
     "2g-0.6b-megatron-pp2": GrpoRow(2, "0.6b", "megatron", extra=_layout(2, f"{MEGA}.pipeline_model_parallel_size=2")),
@@ -120,7 +125,7 @@ ROWS: dict[str, GrpoRow | SwiftRow | ScriptRow] = {
     ),
     # two raylets on one host, one card each (bench/acceptance_multi_gpu.sh two_nodes starts them)
     "2n-0.6b-separate": GrpoRow(
-        2, "0.6b", extra=("trainer.ray_address=auto", "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "placement=separate"),
+        2, "0.6b", extra=("trainer.ray_address=auto", "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "placement=separate", *LOGPROBS),
     ),
     # issue 34: four GPUs; GKD with a 1.7B student and a 4B teacher at ms-swift's seed counts
     "4g-gkd-colocate-top64": SwiftRow(

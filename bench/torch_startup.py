@@ -66,6 +66,25 @@ def measure(path: str, device: str) -> dict:
     return {k: round(v, 3) for k, v in out.items()}
 
 
+HOST_SHARE = 0.9  # of the available host memory, at most, for the measured process
+
+
+def host_need_gib(path: str) -> float:
+    """What the child's host step holds: fp32 masters and Adam's m and v of every parameter, and the
+    pinned gradient and staging buffers (dagrl/backends/torch/memory.py's count)."""
+    from dagrl.backends.model_shape import read_model_shape
+    from dagrl.backends.torch.memory import host_step_pinned_bytes
+
+    shape = read_model_shape(path)
+    return (12 * shape.params + host_step_pinned_bytes(shape, 2)) / 2**30
+
+
+def available_gib() -> float:
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) / 2**20
+
+
 def main() -> None:
     from tools.random_qwen3 import add_shape_args, build_from_args
 
@@ -81,6 +100,12 @@ def main() -> None:
         print(json.dumps(measure(args.child, args.device)), flush=True)
         return
     path = args.model or build_from_args(args.out, args)
+    need, free = host_need_gib(path), available_gib()
+    if need > HOST_SHARE * free:
+        # the child would be killed mid-way (session 30: the 8B shape on a 125 GiB host, SIGKILL)
+        print(f"host: the host step's state needs ~{need:.1f} GiB, this host has {free:.1f} GiB available"
+              f" (at most {HOST_SHARE:.0%} of it taken): run it on a host with more memory, or a smaller --layers")  # fmt: skip
+        sys.exit(2)
     rows = []
     for _ in range(args.repeat):
         cmd = [sys.executable, __file__, "--child", path, "--device", args.device]

@@ -57,6 +57,10 @@ def _reward_terms(value: object) -> str:
     return "[" + ",".join(f"{{name:{n},weight:1.0}}" for n in names) + "]"
 
 
+def _log_probs_asked(value: object) -> str:
+    return "true" if value else "null"
+
+
 def _rollout_name(value: object) -> str:
     return "vllm" if value in (True, "true", "True") else "hf"
 
@@ -343,7 +347,8 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         "checkpoints always hold the optimizer state (trainer.save_freq=-1 saves none)"
     ),
     "no_save_rng": NoEffect("checkpoints always hold the data and sampling state"),
-    "log_rollout_offpolicy_metrics": NoEffect("rollout-vs-trainer mismatch metrics are always logged"),
+    # the rollout-vs-trainer mismatch metrics need the engine's log-probs; false leaves them to auto
+    "log_rollout_offpolicy_metrics": Alias(f"{R}.calculate_log_probs", _log_probs_asked),
     # ---- ms-swift: missing here
     "dataset": Unsupported(
         "dagrl reads parquet rows in verl's layout: data.train_files=... data.val_files=... "

@@ -28,6 +28,7 @@ from dagrl.config.validate_rollout import (
     check_off_policy_settings,
     check_overlap_placement,
     old_logprob_pass,
+    rollout_logprobs_on,
 )
 from dagrl.config.validate_teacher import check_teacher_group, check_teacher_placement
 from dagrl.errors import ConfigError
@@ -55,6 +56,7 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         cfg.actor_rollout_ref.model.path = tiny_calculator_path()  # taught the tool-call format
     cfg.dag = multi_turn_dag(cfg)  # multi_turn.enable=true alone runs the algorithm's multi-turn DAG
     cfg.actor_rollout_ref.actor.recompute_old_logprobs = old_logprob_pass(cfg)  # auto: where needed
+    cfg.actor_rollout_ref.rollout.calculate_log_probs = rollout_logprobs_on(cfg)  # auto: where read
     train = BACKENDS.find(Role.train, cfg.actor_rollout_ref.actor.strategy)
     if train is not None and train.resolve is not None:
         train.resolve(cfg)  # megatron: the ref takes the actor's layout, checkpointing is recompute

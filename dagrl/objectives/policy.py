@@ -29,7 +29,7 @@ from dagrl.algos.rollout_correction import (
     rollout_rs_mask,
 )
 from dagrl.config.schema import DagrlConfig, RolloutCorrectionConfig
-from dagrl.config.validate_rollout import old_logprob_pass
+from dagrl.config.validate_rollout import old_logprob_pass, rollout_logprobs_on
 from dagrl.core.batch import Batch
 from dagrl.errors import ConfigError
 from dagrl.objectives.base import TokenOutputs, TokenRequest, micro_batch_weights, register_objective
@@ -56,9 +56,7 @@ class PolicyGradientObjective:
         kl = ("ref_logprobs",)
         # the rollout's own log-probs, when real: mismatch metrics whenever the DAG passes them on,
         # required only when a correction is asked for (it must not silently fall away)
-        self.correction = (
-            cfg.algorithm.rollout_correction if cfg.actor_rollout_ref.rollout.calculate_log_probs else None
-        )
+        self.correction = cfg.algorithm.rollout_correction if rollout_logprobs_on(cfg) else None
         corrects = self.correction is not None and (
             self.correction.rollout_is is not None or self.correction.rollout_rs is not None
         )

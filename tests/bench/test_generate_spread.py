@@ -49,7 +49,7 @@ def test_the_dry_run_lists_every_setting_and_shape_without_torch_or_vllm():
     plan = dry_run()
     assert "IMPORTED []" in plan
     lines = plan.splitlines()
-    for name in ("ours", "nologprobs", "noasync", "threads1", "numa", "mp"):
+    for name in ("ours", "logprobs", "noasync", "threads1", "numa", "mp"):
         assert any(line.split()[:2] == [name, "32x8x256"] and "reps 7" in line for line in lines), name
     assert any(line.split()[:2] == ["ours", "64x8x512"] and "reps 4" in line for line in lines)
     assert any(line.split()[:2] == ["best", "64x8x512"] for line in lines)
@@ -234,7 +234,7 @@ def test_each_setting_changes_only_its_lever_in_the_engines_arguments():
         changed[name] = {k: other.get(k) for k in ours.keys() | other.keys() if ours.get(k) != other.get(k)}
     assert changed == {
         "ours": {}, "threads1": {}, "numa": {}, "numa_worker": {}, "mp": {},  # the process's, not the engine's
-        "nologprobs": {"sampling.logprobs": None, "sampling.flat_logprobs": None},
+        "logprobs": {"sampling.logprobs": 0, "sampling.flat_logprobs": True},
         "noasync": {"async_scheduling": False},
         "noprefix": {"enable_prefix_caching": False},
     }  # fmt: skip

@@ -45,6 +45,9 @@ def test_ms_swift_keys():
     assert [t.name for t in cfg.reward.functions] == ["gsm8k", "arith"]
     assert cfg.actor_rollout_ref.rollout.name == "vllm"
     assert cfg.placement.gpus["train"] == 2
+    # the mismatch metrics need the engine's log-probs: true asks for them, false leaves the auto
+    assert typed("log_rollout_offpolicy_metrics=true").actor_rollout_ref.rollout.calculate_log_probs is True
+    assert typed("log_rollout_offpolicy_metrics=false").actor_rollout_ref.rollout.calculate_log_probs is None
 
 
 def test_only_value_keys_accept_what_dagrl_does():

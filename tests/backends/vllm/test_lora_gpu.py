@@ -37,6 +37,7 @@ CTX = ParallelContext(0, 1, torch.device("cuda", 0))
 def cfg():
     return compose_config(
         "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",  # compared with the trainer's below
         "actor_rollout_ref.rollout.lora_sync=adapter",  # auto beside the trainer: merged
         f"actor_rollout_ref.model.dtype={DTYPE}",
         "actor_rollout_ref.model.lora_rank=8",

@@ -34,6 +34,7 @@ def _config(layer_spec: str):
 
     return compose_config(
         "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",  # compared with the trainer's below
         "actor_rollout_ref.rollout.lora_sync=adapter",  # auto beside the trainer: merged
         "actor_rollout_ref.actor.strategy=megatron",
         "actor_rollout_ref.actor.megatron.param_dtype=bfloat16",

@@ -40,6 +40,7 @@ def setup():
     load_plugins(["tests/plugins/quiz_env.py"])
     cfg = validated_config(
         "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",  # compared with the trainer's below
         f"actor_rollout_ref.model.dtype={DTYPE}",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
         "actor_rollout_ref.rollout.enforce_eager=true",  # start in seconds: test_vllm_gpu.py runs the compiled engine

@@ -149,11 +149,36 @@ def test_sampling_arguments_train_and_validation():
     train = sampling_kwargs(rollout_spec(cfg), [5, 7], validate=False)
     assert (train["temperature"], train["top_p"], train["top_k"]) == (0.7, 0.9, 20)
     assert train["max_tokens"] == cfg.data.max_response_length and train["stop_token_ids"] == [5, 7]
-    assert train["logprobs"] == 0 and train["flat_logprobs"] is True and train["detokenize"] is False
+    assert train["detokenize"] is False
+    assert "logprobs" not in train  # auto: nothing in GRPO's step reads the engine's log-probs
     val = sampling_kwargs(rollout_spec(cfg), [5], validate=True)
     assert (val["temperature"], val["top_p"], val["top_k"]) == (0.0, 1.0, 0)  # greedy
-    cfg = checked(VLLM, f"{R}.calculate_log_probs=false")
-    assert "logprobs" not in sampling_kwargs(rollout_spec(cfg), [5], validate=False)
+    asked = sampling_kwargs(rollout_spec(checked(VLLM, f"{R}.calculate_log_probs=true")), [5], validate=False)
+    assert asked["logprobs"] == 0 and asked["flat_logprobs"] is True  # the sampled token's only
+
+
+def test_engine_logprobs_auto_asks_for_them_only_where_the_step_reads_them():
+    """calculate_log_probs=null (the default) resolves before Ray: on for a rollout correction or the
+    distill reward without the old-log-prob pass (which then reads them as the student's), off
+    otherwise (vLLM's per-token log-probs cost ~45 % of a 32x8x256 rollout on an H200); false
+    beside such a reader is refused, naming what reads them."""
+    rc, on_policy = (
+        "algorithm.rollout_correction",
+        (f"{A}.ppo_mini_batch_size=16", "data.train_batch_size=16"),
+    )
+    assert compose_config(VLLM).actor_rollout_ref.rollout.calculate_log_probs is None
+    assert checked(VLLM).actor_rollout_ref.rollout.calculate_log_probs is False
+    assert checked(VLLM, f"{rc}.rollout_is=token").actor_rollout_ref.rollout.calculate_log_probs is True
+    assert checked(VLLM, f"{rc}.rollout_rs=geometric").actor_rollout_ref.rollout.calculate_log_probs is True
+    distill = (*on_policy, "algorithm.distill_reward.coef=0.5")
+    assert checked(VLLM, *distill).actor_rollout_ref.rollout.calculate_log_probs is False  # the old pass runs
+    no_pass = (*distill, f"{A}.recompute_old_logprobs=false")
+    assert checked(VLLM, *no_pass).actor_rollout_ref.rollout.calculate_log_probs is True
+    exc = config_error(VLLM, *no_pass, f"{R}.calculate_log_probs=false")
+    assert exc.key == f"{R}.calculate_log_probs" and "distill_reward" in str(exc)
+    assert (
+        checked(VLLM, f"{R}.calculate_log_probs=true").actor_rollout_ref.rollout.calculate_log_probs is True
+    )
 
 
 def test_ignore_eos_lists_no_stop_ids():
@@ -213,7 +238,7 @@ def test_rollout_correction_needs_rollout_logprobs_and_sane_thresholds():
     rc = "algorithm.rollout_correction"
     checked(f"{rc}.rollout_is=token", f"{rc}.rollout_rs=geometric", f"{rc}.rollout_rs_threshold=1.01")
     exc = config_error(VLLM, f"{R}.calculate_log_probs=false", f"{rc}.rollout_is=sequence")
-    assert exc.key == f"{R}.calculate_log_probs"
+    assert exc.key == f"{R}.calculate_log_probs" and "rollout_correction" in str(exc)
     assert config_error(f"{rc}.rollout_is_threshold=0").key == f"{rc}.rollout_is_threshold"
     exc = config_error(
         f"{rc}.rollout_rs=token", f"{rc}.rollout_rs_threshold=1.5", f"{rc}.rollout_rs_threshold_lower=2"

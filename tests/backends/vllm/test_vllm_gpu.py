@@ -38,6 +38,7 @@ CTX = ParallelContext(0, 1, torch.device("cuda", 0))
 def cfg():
     return compose_config(
         "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",  # compared with the trainer's below
         f"actor_rollout_ref.model.dtype={DTYPE}",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
         "actor_rollout_ref.rollout.sleep_level=1",
