@@ -118,8 +118,8 @@ FILES = {
         "tests/rewards/test_judge_gpu.py": 70,  # s19 47; s29 cut it after ~39 s: s19's x1.5
     },
     "tests_c": {
-        "tests/backends/vllm/test_lora_gpu.py": 93,  # s19 (85 s in pytest); s29 67
-        "tests/backends/vllm/test_lora_megatron_gpu.py": 73,  # s29; s19 51 s in pytest
+        "tests/backends/vllm/test_lora_gpu.py": 93,  # s19 (85 s in pytest); s29 67; s30 60 (warm)
+        "tests/backends/vllm/test_lora_megatron_gpu.py": 73,  # s29; s19 51 s in pytest; s30 44 (warm)
     },
     # s29: the first of its two tests done ~130 s in, cut at 155 s; s19 151 s for both
     "tests_d": {"tests/e2e/test_dapo_gpu.py": 230},
@@ -141,15 +141,15 @@ GROUPS = {
     # s, s19's 93); s19 188 s in all: ~1.4x s19's
     "docs_b": Seconds(260),
     # alone on the host (measured on fresh machines: cold figures)
-    "side": Seconds(520, 520),  # s21 cut it at 405 s, TRL's part ~5.5 minutes; s28 434 s
-    "side_64": Seconds(540, 540),  # ~9 minutes: TRL ~5, dagrl ~4; s23 (one H100) 484 s, s28 468
+    "side": Seconds(520, 520),  # s21 cut it at 405 s, TRL's part ~5.5 minutes; s28 434 s; s30 252 (warm)
+    "side_64": Seconds(540, 540),  # ~9 minutes: TRL ~5, dagrl ~4; s23 (one H100) 484 s, s28 468, s30 477
     "side_lora": Seconds(380, 380),  # s16 377 s; s15 336, s18 313
     "side_algos": Seconds(480, 480),  # not timed on an H200 host: ~8 minutes; s15 (one H100) 377 s
     "side_dapo": Seconds(360, 360),  # not timed: ~6 minutes (DAPO's two rounds a step)
     "side_ppo": Seconds(300, 300),  # not timed: ~5 minutes
     "side_awake": Seconds(420, 420),  # not timed: two dagrl runs at 32x8x256, ~3.5 minutes each
     "side_64_awake": Seconds(480, 480),  # not timed: ~8 minutes
-    "spread": Seconds(500, 500),  # its budget, SPREAD_SECONDS (480) from its start, and its row
+    "spread": Seconds(500, 500),  # its budget, SPREAD_SECONDS (480) from its start, and its row; s30 474
     "memory": Seconds(560, 560),  # not timed as a group: its run's limit
     "throughput": Seconds(560, 560),  # not timed as a group: its two runs' limits, 280 s each
     # bench/acceptance_multi_gpu.sh: their figures hold their builds and starts (cold = warm)

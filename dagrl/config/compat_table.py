@@ -61,6 +61,20 @@ def _log_probs_asked(value: object) -> str:
     return "true" if value else "null"
 
 
+def _swift_rollout_is(value: object) -> str:
+    """ms-swift's rollout_importance_sampling_mode: token_truncate is verl's and dagrl's token-level
+    TIS (min(ratio, threshold) per token); its other modes have no exact counterpart here."""
+    if value is None or value == "token_truncate":
+        return "null" if value is None else "token"
+    raise ValueError(
+        "only token_truncate (= algorithm.rollout_correction.rollout_is=token) maps exactly: ms-swift's"
+        " sequence modes take the geometric mean of the token ratios, dagrl's rollout_is=sequence their"
+        " product, and its masks weight by the ratio below the threshold; set"
+        " algorithm.rollout_correction.rollout_is=token|sequence and rollout_rs=token|sequence|geometric"
+        " with rollout_rs_threshold (and _lower) instead (docs/vllm.md)"
+    )
+
+
 def _rollout_name(value: object) -> str:
     return "vllm" if value in (True, "true", "True") else "hf"
 
@@ -349,6 +363,8 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "no_save_rng": NoEffect("checkpoints always hold the data and sampling state"),
     # the rollout-vs-trainer mismatch metrics need the engine's log-probs; false leaves them to auto
     "log_rollout_offpolicy_metrics": Alias(f"{R}.calculate_log_probs", _log_probs_asked),
+    "rollout_importance_sampling_mode": Alias("algorithm.rollout_correction.rollout_is", _swift_rollout_is),
+    "rollout_importance_sampling_threshold": Alias("algorithm.rollout_correction.rollout_is_threshold"),
     # ---- ms-swift: missing here
     "dataset": Unsupported(
         "dagrl reads parquet rows in verl's layout: data.train_files=... data.val_files=... "

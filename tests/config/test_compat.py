@@ -48,6 +48,14 @@ def test_ms_swift_keys():
     # the mismatch metrics need the engine's log-probs: true asks for them, false leaves the auto
     assert typed("log_rollout_offpolicy_metrics=true").actor_rollout_ref.rollout.calculate_log_probs is True
     assert typed("log_rollout_offpolicy_metrics=false").actor_rollout_ref.rollout.calculate_log_probs is None
+    # ms-swift's token-level truncated IS is verl's and dagrl's; its other modes differ and are refused
+    rc = typed("rollout_importance_sampling_mode=token_truncate", "rollout_importance_sampling_threshold=3.0")
+    correction = rc.algorithm.rollout_correction
+    assert (correction.rollout_is.value, correction.rollout_is_threshold) == ("token", 3.0)
+    for mode in ("sequence_truncate", "token_mask", "sequence_mask"):
+        with pytest.raises(ConfigError) as info:
+            typed(f"rollout_importance_sampling_mode={mode}")
+        assert info.value.key == "rollout_importance_sampling_mode" and "rollout_is=token" in str(info.value)
 
 
 def test_only_value_keys_accept_what_dagrl_does():
