@@ -29,11 +29,11 @@ A = "actor_rollout_ref.actor"
 def rollout_logprobs_read(cfg: DagrlConfig) -> list[str]:
     """What in the step reads the rollout engine's log-probs (empty: nothing but the mismatch
     metrics, which alone do not turn them on)."""
-    rc, a = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.actor
-    readers = []
+    rc, readers = cfg.algorithm.rollout_correction, []
     if rc.rollout_is is not None or rc.rollout_rs is not None:
         readers.append("algorithm.rollout_correction (rollout_is / rollout_rs)")
-    if cfg.algorithm.distill_reward.coef and a.recompute_old_logprobs is False:
+    # the student's log-probs of the distill reward without that pass (nodes/reward_terms.py)
+    if cfg.algorithm.distill_reward.coef and not old_logprob_pass(cfg):
         readers.append(f"algorithm.distill_reward with {A}.recompute_old_logprobs=false")
     return readers
 
