@@ -42,7 +42,14 @@ SETUPS = {
     "torch-cpuopt": (f"{A}.optimizer_cpu_offload=true", f"{M}.gradient_checkpointing=true"),
     # LoRA rank 64 on every linear layer: frozen bf16 base, bf16 adapters with fp32 masters, merged
     # sync to the colocated vLLM (lora_sync auto)
-    "torch-lora": (f"{M}.lora_rank=64", f"{M}.lora_alpha=128", f"{A}.optim.lr=1e-5"),
+    # (the engine's log-probs asked for: the rows report rollout_corr/logprob_abs_diff, the adapter
+    # as the engine serves it against the trainer's)
+    "torch-lora": (
+        f"{M}.lora_rank=64",
+        f"{M}.lora_alpha=128",
+        f"{A}.optim.lr=1e-5",
+        f"{R}.calculate_log_probs=true",
+    ),
     "megatron": (f"{A}.strategy=megatron",),
     # the same LoRA on megatron's fused layers (backends/megatron/lora.py), merged sync (auto)
     "megatron-lora": (
@@ -50,6 +57,7 @@ SETUPS = {
         f"{M}.lora_rank=64",
         f"{M}.lora_alpha=128",
         f"{A}.optim.lr=1e-5",
+        f"{R}.calculate_log_probs=true",
     ),
     "megatron-cpuopt": (
         f"{A}.strategy=megatron",

@@ -3,8 +3,10 @@
 Same engine (one per process), prompts, lengths and sampling parameters; the two are alternated
 so each pair sees the same machine state, and the ratio of the pair is reported:
     ours  = VLLMRolloutBackend.generate on the collated batch (P prompts × n rows, per-request
-            seeds, flat log-probs, conversion to padded tensors) — what every rollout worker runs
-    plain = llm.generate(P prompts, SamplingParams(n=n, logprobs=0)) as a user would write it
+            seeds, conversion to padded tensors; flat log-probs where calculate_log_probs asks for
+            them, off by default) — what every rollout worker runs
+    plain = llm.generate(P prompts, SamplingParams(n=n)) as a user would write it, with
+            logprobs=0 exactly where ours asks for them
 Then the weight refresh: an HF copy of the model on the GPU (the trainer's tensors) loaded into
 the engine resident, and staged from sleep (sleep -> wake weights -> load -> wake KV cache).
 
@@ -82,7 +84,8 @@ def rollout_pairs(backend, batch, prompt_ids, args) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    plain_params = SamplingParams(n=args.n, max_tokens=args.len, ignore_eos=True, temperature=1.0, logprobs=0)
+    logprobs = {"logprobs": 0} if backend.settings.calculate_log_probs else {}  # the same work as ours
+    plain_params = SamplingParams(n=args.n, max_tokens=args.len, ignore_eos=True, temperature=1.0, **logprobs)
     plain_prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
 
     def ours():

@@ -45,6 +45,36 @@ def rollout_logprobs_on(cfg: DagrlConfig) -> bool:
     return bool(rollout_logprobs_read(cfg)) if asked is None else asked
 
 
+def check_logprob_readers(cfg: DagrlConfig, specs) -> None:
+    """A node of the DAG that requires the rollout's log-probs (a plugin's, or a custom DAG's) while
+    calculate_log_probs is off would read the engine's zeros: refused, naming the node, before Ray.
+    The built-in readers turn the auto on themselves (rollout_logprobs_read)."""
+    if cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        return
+    for spec in specs:
+        if "rollout_logprobs" in (spec.required_inputs or ()):
+            raise ConfigError(
+                f"{R}.calculate_log_probs",
+                cfg.actor_rollout_ref.rollout.calculate_log_probs,
+                f"node {spec.name!r} (kind {spec.kind}) of dag {cfg.dag} requires rollout_logprobs, the"
+                " rollout engine's log-probs, which are off here; set calculate_log_probs=true",
+            )
+
+
+def refuse_rollout_correction(cfg: DagrlConfig) -> None:
+    """For an objective without a policy-gradient term (GKD, OPSD, SFT): rollout_correction would
+    reweight nothing while the engine's log-probs it asks for slow every rollout."""
+    rc = cfg.algorithm.rollout_correction
+    for name in ("rollout_is", "rollout_rs"):
+        value = getattr(rc, name)
+        if value is not None:
+            raise ConfigError(
+                f"algorithm.rollout_correction.{name}",
+                value.value,
+                f"algorithm={cfg.algorithm.name} has no policy-gradient term to correct; remove it (null)",
+            )
+
+
 def check_off_policy_settings(cfg: DagrlConfig) -> None:
     """Skipping the old-log-prob pass and the rollout correction: each only where it is sound."""
     a, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction

@@ -29,7 +29,7 @@ KEYS: dict[str, str] = {
     "turn_ids": "[B, R] multi-turn: assistant turn of each response token (its observation too); -1 pad",
     "turn_rewards": "[B, T] multi-turn: the environment's reward after each assistant turn",
     "env_rewards": "[B] multi-turn: the environment's rewards of an episode, summed",
-    "rollout_logprobs": "[B, R] log-probs of the sampled tokens under the rollout policy",
+    "rollout_logprobs": "[B, R] the sampled tokens' log-probs under the rollout policy (vLLM: 0 unless asked)",
     "old_logprobs": "[B, R] log-probs under the actor before this step's update",
     "ref_logprobs": "[B, R] log-probs under the reference model",
     "teacher_topk_ids": "[B, R, K] teacher's top-k token ids",

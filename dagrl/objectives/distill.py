@@ -36,6 +36,7 @@ from dagrl.algos import LossAggMode, agg_loss
 from dagrl.algos.distillation import topk_divergence
 from dagrl.config.roles import teacher_model_path
 from dagrl.config.schema import DagrlConfig, SelfTeacher, TeacherPlacement
+from dagrl.config.validate_rollout import refuse_rollout_correction
 from dagrl.core.batch import Batch
 from dagrl.data.builtin import tiny_model_path
 from dagrl.errors import ConfigError
@@ -129,6 +130,7 @@ def _student_path(cfg: DagrlConfig) -> str:
 def _check_gkd(cfg: DagrlConfig) -> None:
     """GKD's own rules: what is implemented (on-policy, no SFT term) and what fits the models."""
     g = cfg.algorithm.gkd
+    refuse_rollout_correction(cfg)
     if not 0.0 <= g.beta <= 1.0:
         raise ConfigError(f"{G}.beta", g.beta, "must be in [0, 1] (0 = forward KL, 1 = reverse KL)")
     if g.temperature <= 0:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from dagrl.algos import LossAggMode, agg_loss
 from dagrl.config.schema import DagrlConfig
+from dagrl.config.validate_rollout import refuse_rollout_correction
 from dagrl.core.batch import Batch, declare_key
 from dagrl.errors import ConfigError
 from dagrl.objectives.base import TokenOutputs, TokenRequest, register_objective
@@ -59,6 +60,7 @@ def _loss_mask(batch: Batch) -> Tensor:
 def _check_sft(cfg: DagrlConfig) -> None:
     """SFT's own rules: one pass over each row (no sampling), and responses in the data."""
     arr = cfg.actor_rollout_ref
+    refuse_rollout_correction(cfg)
     if arr.rollout.n != 1:
         raise ConfigError(
             "actor_rollout_ref.rollout.n",

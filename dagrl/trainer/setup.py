@@ -29,6 +29,7 @@ from dagrl.config.validate import (
 )
 from dagrl.config.validate_dapo import check_dapo_dag
 from dagrl.config.validate_multi_turn import check_turn_rewards_dag
+from dagrl.config.validate_rollout import check_logprob_readers
 from dagrl.core.dag import (
     Dag,
     build_dag,
@@ -70,6 +71,7 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     dag_file = load_dag_file(cfg.dag)
     source, specs = dag_file.source, prune_unconsumed(prune_disabled(dag_file.specs, cfg), dag_file.sinks)
     check_node_rules(specs, cfg)  # each node kind's own rules, for the nodes this config runs
+    check_logprob_readers(cfg, specs)  # a node that requires the engine's log-probs has them
     check_turn_rewards_dag(cfg, {s.kind for s in specs})
     check_dapo_dag(cfg, {s.kind for s in specs})
     role_names = {s.role for s in specs if s.role} | validation_roles(cfg)

@@ -189,7 +189,12 @@ def test_rollout_backend_contract(name):
     device = torch.device("cuda" if name == "vllm" else "cpu")
     # vLLM: a share of the card that fits beside the engines other GPU tests of the session keep;
     # eager, a start of seconds (the compiled engine's sleep, wake and refresh: test_vllm_gpu.py)
-    engine = ("gpu_memory_utilization=0.2", "enforce_eager=true") if name == "vllm" else ()
+    # and its log-probs asked for: auto leaves them off where nothing in the step reads them
+    engine = (
+        ("gpu_memory_utilization=0.2", "enforce_eager=true", "calculate_log_probs=true")
+        if name == "vllm"
+        else ()
+    )
     cfg = compose_config(*COMMON, f"actor_rollout_ref.rollout.name={name}", *(f"{R}.{e}" for e in engine))
     resolve_defaults(cfg)
     ctx = ParallelContext(0, 1, device)

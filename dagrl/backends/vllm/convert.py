@@ -50,7 +50,8 @@ def responses_to_tensors(
     each [B, width], right-padded (pad_id / 0 / 0.0).
 
     A request that stopped at EOS keeps the EOS token (mask 1), as the hf rollout does. Without
-    log-probs (rollout.calculate_log_probs=false) rollout_logprobs is all zeros.
+    log-probs (rollout.calculate_log_probs off: false, or auto where nothing reads them)
+    rollout_logprobs is all zeros.
     """
     rows = len(token_ids)
     responses = torch.full((rows, width), pad_id, dtype=torch.long)
