@@ -75,6 +75,38 @@ def _swift_rollout_is(value: object) -> str:
     )
 
 
+def _swift_loss_type(value: object) -> str:
+    """ms-swift's (TRL's) loss_type as the aggregation it is: grpo averages each response's tokens
+    then the responses, bnpo and dapo average every token of the batch, dr_grpo sums each response's
+    tokens over the maximum response length."""
+    modes = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean"}
+    modes["dr_grpo"] = "seq-mean-token-sum-norm"
+    if value not in modes:
+        raise ValueError(
+            f"dagrl has grpo, bnpo, dapo and dr_grpo ({A}.loss_agg_mode); other objectives are presets:"
+            " algorithm=grpo|dr_grpo|gspo|dapo"
+        )
+    return modes[value]
+
+
+def _swift_scale_rewards(value: object) -> str:
+    """ms-swift's scale_rewards: group divides each advantage by its group's std, none does not."""
+    if value in ("group", True):
+        return "true"
+    if value in ("none", False):
+        return "false"
+    raise ValueError(
+        "dagrl divides by the group's std (group) or not at all (none); batch has no counterpart"
+    )
+
+
+def _swift_max_resample_times(value: object) -> str:
+    """ms-swift counts the resamples after the first round, dagrl's cap every round."""
+    if not isinstance(value, int) or value < 0:
+        raise ValueError("give a count of resamples >= 0")
+    return str(value + 1)
+
+
 def _rollout_name(value: object) -> str:
     return "vllm" if value in (True, "true", "True") else "hf"
 
@@ -365,16 +397,33 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "log_rollout_offpolicy_metrics": Alias(f"{R}.calculate_log_probs", _log_probs_asked),
     "rollout_importance_sampling_mode": Alias("algorithm.rollout_correction.rollout_is", _swift_rollout_is),
     "rollout_importance_sampling_threshold": Alias("algorithm.rollout_correction.rollout_is_threshold"),
+    "max_grad_norm": Alias(f"{A}.grad_clip"),
+    "weight_decay": Alias(f"{A}.optim.weight_decay"),
+    "loss_type": Alias(f"{A}.loss_agg_mode", _swift_loss_type),
+    "scale_rewards": Alias("algorithm.norm_adv_by_std_in_grpo", _swift_scale_rewards),
+    "dynamic_sample": Alias("algorithm.filter_groups.enable"),
+    "max_resample_times": Alias("algorithm.filter_groups.max_num_gen_batches", _swift_max_resample_times),
+    "kl_in_reward": OnlyValue(
+        (False,),
+        "the KL as a reward is algorithm.use_kl_in_reward=true with algorithm.kl_ctrl.kl_coef (not beta)",
+    ),
+    "vllm_mode": OnlyValue(
+        ("colocate",),
+        "the engine shares the trainer's cards by default; on cards of its own: placement=separate",
+    ),
+    "lr_scheduler_type": OnlyValue(
+        ("constant_with_warmup",),
+        f"dagrl's learning rate rises linearly over {A}.optim.lr_warmup_steps (10; 0 = none), then stays",
+    ),
+    "top_entropy_quantile": OnlyValue((1.0, 1), "every response token is in the loss"),
+    "delta": OnlyValue((None,), f"the dual clip is {A}.clip_ratio_c (a bound on negative-advantage tokens)"),
+    "move_model_batches": NoEffect("the weight sync moves the weights in buckets of its own"),
     # ---- ms-swift: missing here
     "dataset": Unsupported(
         "dagrl reads parquet rows in verl's layout: data.train_files=... data.val_files=... "
         "(examples/data_preprocess writes them; docs/data.md)"
     ),
     "system": Unsupported("put the system turn into the rows' prompt messages when preprocessing"),
-    "loss_type": Unsupported(
-        f"the loss is chosen with algorithm=grpo|dr_grpo|gspo and {A}.loss_agg_mode (token-mean, "
-        "seq-mean-token-mean, seq-mean-token-sum-norm)"
-    ),
     "min_lr": Unsupported("dagrl's learning rate is constant after warm-up: remove min_lr"),
     "generation_batch_size": Unsupported(
         "give global_batch_size and steps_per_generation (rollout prompts = their product / num_generations)"

@@ -58,6 +58,41 @@ def test_ms_swift_keys():
         assert info.value.key == "rollout_importance_sampling_mode" and "rollout_is=token" in str(info.value)
 
 
+def test_ms_swift_grpo_keys_say_what_they_mean_here():
+    """ms-swift's GRPO command-line keys: the same concept under dagrl's key (converted where the
+    values differ), the one value dagrl implements, or refused naming what to set instead."""
+    cfg = typed(
+        "max_grad_norm=0.5", "weight_decay=0.1", "loss_type=grpo", "scale_rewards=none",
+        "dynamic_sample=true", "max_resample_times=3", "kl_in_reward=false", "vllm_mode=colocate",
+        "lr_scheduler_type=constant_with_warmup", "top_entropy_quantile=1.0", "delta=null", "move_model_batches=4",
+    )  # fmt: skip
+    actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    assert (actor.grad_clip, actor.optim.weight_decay) == (0.5, 0.1)
+    assert (
+        actor.loss_agg_mode.value == "seq-mean-token-mean"
+    )  # each response's tokens averaged, then responses
+    assert algo.norm_adv_by_std_in_grpo is False
+    assert (
+        algo.filter_groups.enable is True and algo.filter_groups.max_num_gen_batches == 4
+    )  # 1 + 3 resamples
+    losses = {"bnpo": "token-mean", "dapo": "token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
+    for name, mode in losses.items():
+        assert typed(f"loss_type={name}").actor_rollout_ref.actor.loss_agg_mode.value == mode
+    assert typed("scale_rewards=group").algorithm.norm_adv_by_std_in_grpo is True
+    refused = {
+        "loss_type=cispo": "algorithm=grpo|dr_grpo|gspo|dapo",
+        "scale_rewards=batch": "no counterpart",
+        "kl_in_reward=true": "algorithm.use_kl_in_reward=true",
+        "vllm_mode=server": "placement=separate",
+        "lr_scheduler_type=cosine": "lr_warmup_steps",
+        "top_entropy_quantile=0.2": "every response token",
+    }
+    for override, says in refused.items():
+        with pytest.raises(ConfigError) as info:
+            typed(override)
+        assert info.value.key == override.split("=")[0] and says in str(info.value), override
+
+
 def test_only_value_keys_accept_what_dagrl_does():
     typed("data.truncation=error", "actor_rollout_ref.actor.use_dynamic_bsz=false")
     with pytest.raises(ConfigError, match="data.truncation.*dagrl supports only error"):
