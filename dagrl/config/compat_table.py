@@ -79,8 +79,12 @@ def _swift_loss_type(value: object) -> str:
     """ms-swift's (TRL's) loss_type as the aggregation it is: grpo averages each response's tokens
     then the responses, bnpo and dapo average every token of the batch, dr_grpo sums each response's
     tokens over the maximum response length."""
-    modes = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean"}
-    modes["dr_grpo"] = "seq-mean-token-sum-norm"
+    modes = {
+        "grpo": "seq-mean-token-mean",
+        "bnpo": "token-mean",
+        "dapo": "token-mean",
+        "dr_grpo": "seq-mean-token-sum-norm",
+    }
     if value not in modes:
         raise ValueError(
             f"dagrl has grpo, bnpo, dapo and dr_grpo ({A}.loss_agg_mode); other objectives are presets:"
