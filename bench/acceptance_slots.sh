@@ -88,7 +88,7 @@
 #      sleeping without it is faster (~8 minutes, 6 steps each):
 #        bash bench/acceptance_slots.sh $OUT 0:side_64_awake
 #   3. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
-#      +-15 % of it; 1g-0.6b-colocate, the separate rows and dp2 ask for the engine's log-probs, for
+#      +-15 % of it; 1g-0.6b-colocate, the separate rows, dp2 and dp4 ask for the engine's log-probs, for
 #      the mismatch metric): pp, tp, the gkd pairs, then separate, dp2, big, two_nodes (each alone):
 #        bash bench/acceptance_slots.sh $OUT 0,1:pp
 #        bash bench/acceptance_slots.sh $OUT 0,1:tp

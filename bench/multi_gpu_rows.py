@@ -100,7 +100,7 @@ SCRIPT_RUN = {
 ROWS: dict[str, GrpoRow | SwiftRow | ScriptRow] = {
     # issue 30: two GPUs, 0.6B GRPO at the README's 32 x 8 x 256 unless said
     # the engine's log-probs asked for (auto leaves them off): the separate rows' mismatch beside the
-    # colocated one's; dp2 as its 1g reference does
+    # colocated one's; dp2 and dp4 as their 1g reference does (a scaling ratio of the same work)
     "1g-0.6b-colocate": GrpoRow(1, "0.6b", extra=LOGPROBS),
     "2g-0.6b-separate": GrpoRow(2, "0.6b", extra=_layout(2, "placement=separate", *LOGPROBS)),
     "2g-0.6b-separate-overlap": GrpoRow(
@@ -147,7 +147,7 @@ ROWS: dict[str, GrpoRow | SwiftRow | ScriptRow] = {
     "4g-8b-tp2pp2": ScriptRow(4, {"TOTAL_STEPS": "10", "SAVE_FREQ": "-1"}),
     "4g-8b-tp2pp2-save5": ScriptRow(4, {"TOTAL_STEPS": "5", "SAVE_FREQ": "5"}, RESUME_DIR),
     "4g-8b-tp2pp2-resume10": ScriptRow(4, {"TOTAL_STEPS": "10", "SAVE_FREQ": "-1"}, RESUME_DIR),
-    "4g-0.6b-dp4": GrpoRow(4, "0.6b", prompts=128, extra=_layout(4)),
+    "4g-0.6b-dp4": GrpoRow(4, "0.6b", prompts=128, extra=_layout(4, *LOGPROBS)),  # as its 1g reference
 }  # fmt: skip
 # dry-run only: the eight-GPU TP2 x PP4 plan of the same script (its per-stage memory beside 4g's)
 PLAN_ONLY = {"8g-8b-tp2pp4-plan": ScriptRow(8, {"PP": "4", "N_GPUS_PER_NODE": "8", "TOTAL_STEPS": "10"})}
