@@ -69,37 +69,40 @@
 #     Every command below passes it where it stands (tests/bench/test_acceptance_slots.py: in order,
 #     on one machine, fresh again where the text says "fresh machine").
 #
-# FIRST (after session 30: one H200, 2x H200 and 4x H200 lent; a one-GPU lease counted all its held
-# time in session 30, so the 4-GPU host does four times the work for the same device time). Session
-# 30 timed the rollout's levers (`spread`): vLLM's per-token log-probs were half the 32x8x256
-# rollout (2.59 s against 1.44 s without), so rollout.calculate_log_probs became auto (off unless the
-# step reads them); with it off both side-by-sides passed issue 29's bar on one H200 (0.43x, 0.49x)
-# on 585b4f6 with that default in the working tree. `dagrl/` changed, so:
-#   1. The whole record on this `dagrl/`: the CALL PLAN below (three calls on a fresh 4-GPU host, one
-#      30-minute lease; or six calls in two leases on 2 GPUs). torch_startup's 8B needs a host of
-#      more than ~152 GiB (it refuses a smaller one; session 30's one-GPU host has 125):
-#        python bench/torch_startup.py --hidden 4096 --layers 36 --heads 32 --intermediate 12288 --repeat 1
-#   2. The side-by-sides again on that `dagrl/`, a fresh machine (any kind), a call each, the host
-#      alone, carry .anchors:
+# FIRST (after session 31: one H200, 2x H200 and 4x H200 lent). Session 31 ran the CALL PLAN below
+# as written on a fresh 4x H200 host: the whole one-GPU record passed on 0a628b8 (three calls of 477,
+# 538 and 429 s; every row and file, none cut; docs/gpu_acceptance.md "Session 31"). `dagrl/` has not
+# changed since. What is left, in this order, each on that `dagrl/`:
+#   1. The side-by-sides, the host alone, carry .anchors; then issue 30's first pairs on the same
+#      warm machine (on a 4-GPU host: ~1,530 s with the installs, one lease), a fresh machine:
 #        bash bench/acceptance_slots.sh $OUT 0:side
 #        bash bench/acceptance_slots.sh $OUT 0:side_64
-#      Each median <= 0.6x TRL's and the last three within 10 % of it: issue 29 closes with the record.
-#      At 64x8x512 the awake auto turns recomputation on (update 7.35-7.75 s of a 14.9 s step); whether
-#      sleeping without it is faster (~8 minutes, 6 steps each):
-#        bash bench/acceptance_slots.sh $OUT 0:side_64_awake
-#   3. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
-#      +-15 % of it; 1g-0.6b-colocate, the separate rows, dp2 and dp4 ask for the engine's log-probs, for
-#      the mismatch metric): pp, tp, the gkd pairs, then separate, dp2, big, two_nodes (each alone):
-#        bash bench/acceptance_slots.sh $OUT 0,1:pp
-#        bash bench/acceptance_slots.sh $OUT 0,1:tp
+#        bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
+#      Each side's median <= 0.6x TRL's and the last three within 10 % of it: issue 29 closes with
+#      those two rows and session 31's record (session 30 measured 0.43x and 0.49x on 585b4f6 with
+#      today's default in the working tree). At 64x8x512 the awake auto turns recomputation on
+#      (update 7.35-7.75 s of a 14.9 s step); whether sleeping without it is faster is
+#      `0:side_64_awake` (~8 minutes), after issue 29 closes.
+#   2. Issue 30 (the plan counts the communicators; its rows are to read within +-15 % of it;
+#      1g-0.6b-colocate, the separate rows, dp2 and dp4 ask for the engine's log-probs, for the
+#      mismatch metric). A 4-GPU lease, a fresh machine (pp runs tp's one-GPU row itself where no
+#      call of its machine ran tp; ~1,565 s with the installs):
+#        bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
 #        bash bench/acceptance_slots.sh $OUT 0,1:separate
-#      (on a 4-GPU host two pairs a call: 0,1:tp 2,3:gkd3a, then 0,1:pp 2,3:gkd3b).
-#   4. Issue 34's 4-GPU groups (below) when a 4-GPU host is lent.
+#        bash bench/acceptance_slots.sh $OUT 0,1:dp2
+#      then, a fresh machine (the 8B's build in big; ~985 s with the installs):
+#        bash bench/acceptance_slots.sh $OUT 0,1:big
+#        bash bench/acceptance_slots.sh $OUT 0,1:two_nodes
+#   3. Issue 34's 4-GPU groups (below, "The 4-GPU groups") when a 4-GPU host is lent: dp4 (~540 s)
+#      fits 2.'s second lease on such a host; mega8b, mega8b_save, mega8b_resume one lease (~1,345 s);
+#      gkd4_colocate, gkd4_split another (~1,070 s).
 # A group a deadline cuts: its rows say which files it did not start; run those with
 #   `files GROUP FILE...` (bench/acceptance_gpu.sh), e.g. 0:"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py".
-#   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these.
-# CALL PLAN for the whole one-GPU record on nvidia-h200-x4 (5 install calls, then 3 calls of ~510,
-# ~525 and ~535 s at the estimates: ~1,700 s with the installs, one 30-minute lease):
+#   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these; a
+#   change made while these are open goes on a branch until a lease can run the record on it.
+# CALL PLAN for the whole one-GPU record on nvidia-h200-x4 (5 install calls, then 3 calls of ~550,
+# ~555 and ~535 s at the estimates; session 31 took 477, 538 and 429 s, 1,618 s held with the
+# installs and torch_startup's 73 s: one 30-minute lease):
 # docs/gpu_acceptance.md's rows but the side-by-sides, on one commit. ~6,100 card-seconds at
 # bench/slot_estimate.py's figures (session 29's 4x H200, the slowest host; session 18's ~4,100).
 # At most one host-heavy row a call (8b-torch, 8b-megatron, 4b-megatron-80gib). The groups measured
@@ -129,16 +132,19 @@
 #     bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
 #   A group that is cut or fails is named in its SLOT line; re-run it (alone or in a slot) next.
 # On nvidia-h200-x2 or h100-x2 (2 cards; the lease counts all of its held time): six calls of two
-#   slots in two leases of three (~1,510 and ~1,565 s at the estimates, ~1,650 and ~1,710 with the
-#   installs), `dagrl/` unchanged between them (a record names one `dagrl/`). Each lease starts on a
-#   fresh machine (its first call on empty caches, the models to build). The first lease:
-#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora calculator-vllm" 1:ray_probe+"matrix 4b-torch"+tests_d
-#     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix sample-vllm-rm gkd-0.6b-1.7b" 1:"matrix 8b-torch"
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 1.7b-torch"+handover 1:"matrix 4b-megatron"+docs_b
+#   slots in two leases of three (~1,600 and ~1,500 s at the estimates with the installs), then
+#   tests_d beside the side-by-sides' lease; `dagrl/` unchanged between them (a record names one
+#   `dagrl/`). Each lease starts on a fresh machine (its first call on empty caches, the models to
+#   build). The first lease:
+#     bash bench/acceptance_slots.sh $OUT 0:ray_probe+tests_b1 1:ray_probe+"matrix 4b-megatron-80gib"
+#     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_a+tests_b2
+#     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 4b-megatron"+docs_b
 #   the second, on a fresh machine:
-#     bash bench/acceptance_slots.sh $OUT 0:tests_b1 1:"matrix 4b-megatron-80gib"
-#     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:tests_a+tests_b2
-#     bash bench/acceptance_slots.sh $OUT 0:tests_c+docs_a 1:"matrix 8b-torch-lora"+tests_ppo
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-torch"+tests_c 1:"matrix 8b-megatron-lora"
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix sample-vllm-rm gkd-0.6b-1.7b" 1:"matrix 8b-torch-lora"+tests_ppo
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 1.7b-torch"+handover 1:"matrix calculator-vllm"+docs_a
+#   and with the side-by-sides (alone, below), on a third:
+#     bash bench/acceptance_slots.sh $OUT 0:tests_d
 #   (8b-torch and 4b-megatron-80gib in one call filled the 251 GiB host in session 28: one
 #   host-heavy row a call.)
 # Run alone (a one-GPU lease, or a call of one slot here): side (~7: TRL ~3.5 then dagrl's
