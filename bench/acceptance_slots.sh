@@ -78,6 +78,8 @@
 #        bash bench/acceptance_slots.sh $OUT 0:side
 #        bash bench/acceptance_slots.sh $OUT 0:side_64
 #        bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
+#      (A one-GPU lease whose `lease` reads a `counts` below 1 costs less for the two sides: there,
+#      then the pairs on a 4-GPU lease. Session 30's one-GPU lease counted all of its held time.)
 #      Each side's median <= 0.6x TRL's and the last three within 10 % of it: issue 29 closes with
 #      those two rows and session 31's record (session 30 measured 0.43x and 0.49x on 585b4f6 with
 #      today's default in the working tree). At 64x8x512 the awake auto turns recomputation on
