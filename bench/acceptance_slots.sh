@@ -101,7 +101,9 @@
 # A group a deadline cuts: its rows say which files it did not start; run those with
 #   `files GROUP FILE...` (bench/acceptance_gpu.sh), e.g. 0:"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py".
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these; a
-#   change made while these are open goes on a branch until a lease can run the record on it.
+#   change made while these are open goes on a branch until a lease can run the record on it (branch
+#   `next`, session 31: CPU fixes found walking the docs as a new user; merge it once issue 29 has
+#   closed on 0a628b8, before issue 30's rows run, and those rows then run on the merged `dagrl/`).
 # CALL PLAN for the whole one-GPU record on nvidia-h200-x4 (5 install calls, then 3 calls of ~550,
 # ~555 and ~535 s at the estimates; session 31 took 477, 538 and 429 s, 1,618 s held with the
 # installs and torch_startup's 73 s: one 30-minute lease):
