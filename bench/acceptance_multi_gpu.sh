@@ -85,7 +85,8 @@ case $WHAT in
 separate)
     # the broadcast alone first: the pipelined direct path against a plain broadcast of the same bytes
     CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f1,2) timeout 75 python3 bench/weight_broadcast_gpu.py 2>&1 | tee "$OUT/weight_broadcast.log" | cut -c1-600
-    ROW_TIMEOUT=${ROW_TIMEOUT:-220} rows 2g-0.6b-separate 2g-0.6b-separate-overlap
+    # 300: on a fresh machine the first row's start takes ~140 s (s32 cut it at 220 s, step 8)
+    ROW_TIMEOUT=${ROW_TIMEOUT:-300} rows 2g-0.6b-separate 2g-0.6b-separate-overlap
     BYTES=$(field 2g-0.6b-separate weight_sync/bytes)
     # the same bytes between the same two cards, raw: the sync's GB/s should be >= 0.8 of this
     [ -n "$BYTES" ] && CUDA_VISIBLE_DEVICES=$(echo "$CARDS" | cut -d, -f1,2) timeout 60 python3 bench/nccl_broadcast.py --bytes "${BYTES%.*}" | tee "$OUT/nccl.log"

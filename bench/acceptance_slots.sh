@@ -69,45 +69,43 @@
 #     Every command below passes it where it stands (tests/bench/test_acceptance_slots.py: in order,
 #     on one machine, fresh again where the text says "fresh machine").
 #
-# FIRST (after session 31: one H200, 2x H200 and 4x H200 lent). Session 31 ran the CALL PLAN below
-# as written on a fresh 4x H200 host: the whole one-GPU record passed on 0a628b8 (three calls of 477,
-# 538 and 429 s; every row and file, none cut; docs/gpu_acceptance.md "Session 31"). `dagrl/` has not
-# changed since. What is left, in this order:
-#   1. On that `dagrl/`: the side-by-sides, the host alone, carry .anchors; then whether sleeping
-#      without recomputation is faster at 64x8x512 (the awake auto turns recomputation on there:
-#      update 7.35-7.75 s of a 14.9 s step), on the same warm machine (~1,600 s with the installs,
-#      one lease), a fresh machine:
-#        bash bench/acceptance_slots.sh $OUT 0:side
-#        bash bench/acceptance_slots.sh $OUT 0:side_64
-#        bash bench/acceptance_slots.sh $OUT 0:side_64_awake
-#      (A one-GPU lease whose `lease` reads a `counts` below 1 costs less: there. Session 30's
-#      one-GPU lease counted all of its held time.) Each side's median <= 0.6x TRL's and the last
-#      three within 10 % of it: issue 29 closes with those two rows and session 31's record (session
-#      30 measured 0.43x and 0.49x on 585b4f6 with today's default in the working tree). Then merge
-#      branch `next` (below) on the CPU.
-#   2. Issue 30 on the merged `dagrl/` (the plan counts the communicators; its rows are to read within
+# FIRST (after session 32: one H200 and 2x H200 lent, no 4x). Session 31 ran the whole one-GPU record
+# (the CALL PLAN below) on 0a628b8; session 32 the side-by-sides on the same `dagrl/` (0.47x and
+# 0.49x TRL: issue 29 closed) and `0,1:separate` on a fresh 2x H200 (its synchronous row cut at 220 s,
+# step 8 of 10, by the group's row limit, now 300). What is left, in this order:
+#   1. On the CPU: bring back the fixes that wait for a GPU lease (session 32 landed them on main and
+#      reverted them at once, so that issue 29 closed on the record's `dagrl/`: `git log --grep
+#      "held back"`, then `git revert` that revert), CI green. They touch CPU paths mostly (verl-form
+#      reward functions called by keyword, greedy rollouts under group baselines refused, ms-swift's
+#      step counts, trainer.val_only, the hf rollout's cache, error lines); the record re-runs on them
+#      at the end (the CALL PLAN), before the final acceptance.
+#   2. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
 #      +-15 % of it; 1g-0.6b-colocate, the separate rows, dp2 and dp4 ask for the engine's log-probs,
-#      for the mismatch metric). A 4-GPU lease, a fresh machine (pp after tp on the same warm
-#      machine: it compares with tp's one-GPU row; ~1,430 s with the installs):
-#        bash bench/acceptance_slots.sh $OUT 0,1:tp 2,3:gkd3a
-#        bash bench/acceptance_slots.sh $OUT 0,1:pp 2,3:gkd3b
+#      for the mismatch metric). On 2x H200, a fresh machine (pp after tp on the same warm machine:
+#      it compares with tp's one-GPU row; ~1,525 s with the installs):
 #        bash bench/acceptance_slots.sh $OUT 0,1:separate
-#      then, a fresh machine (the 8B's build in big; ~1,525 s with the installs):
+#        bash bench/acceptance_slots.sh $OUT 0,1:tp
+#        bash bench/acceptance_slots.sh $OUT 0,1:pp
+#      then a fresh machine (~1,430 s with the installs):
+#        bash bench/acceptance_slots.sh $OUT 0,1:gkd3a
+#        bash bench/acceptance_slots.sh $OUT 0,1:gkd3b
 #        bash bench/acceptance_slots.sh $OUT 0,1:dp2
+#      then a fresh machine (the 8B's build in big; ~980 s with the installs):
 #        bash bench/acceptance_slots.sh $OUT 0,1:big
 #        bash bench/acceptance_slots.sh $OUT 0,1:two_nodes
+#      (On 4x H200 two pairs at once: `0,1:tp 2,3:gkd3a`, then `0,1:pp 2,3:gkd3b`, then the rest
+#      alone.) The separate sync's broadcast read 0.41 of a raw NCCL broadcast of the 0.6B's 1.19 GB
+#      in session 32 (0.88 at the 8B's 16.4 GB alone): issue 30 asks 0.8.
 #   3. Issue 34's 4-GPU groups (below, "The 4-GPU groups") on the same `dagrl/`, when a 4-GPU host is
 #      lent: mega8b, mega8b_save, mega8b_resume one lease (~1,345 s); gkd4_colocate, gkd4_split and
 #      dp4 another (~1,610 s).
 #   Issues 30 and 34 close on one `dagrl/`: a change of `dagrl/` between their leases re-runs the
-#   rows before it.
+#   rows before it. Not measured yet: whether sleeping without recomputation beats the awake engine
+#   at 64x8x512 (`bash bench/acceptance_slots.sh $OUT 0:side_64_awake`, ~480 s, carry .anchors).
 # A group a deadline cuts: its rows say which files it did not start; run those with
 #   `files GROUP FILE...` (bench/acceptance_gpu.sh), e.g. 0:"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py".
-#   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of these; a
-#   change made while these are open goes on a branch until a lease can run the record on it (branch
-#   `next`, session 31: CPU fixes found walking the docs as a new user and ms-swift's step counts;
-#   merged after 1., before 2.; the one-GPU record then runs again at the end, before the final
-#   acceptance).
+#   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of the final
+#   acceptance.
 # CALL PLAN for the whole one-GPU record on nvidia-h200-x4 (5 install calls, then 3 calls of ~550,
 # ~555 and ~535 s at the estimates; session 31 took 477, 538 and 429 s, 1,618 s held with the
 # installs and torch_startup's 73 s: one 30-minute lease):
