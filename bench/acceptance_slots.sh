@@ -77,8 +77,11 @@
 #      reverted them at once, so that issue 29 closed on the record's `dagrl/`: `git log --grep
 #      "held back"`, then `git revert` that revert), CI green. They touch CPU paths mostly (verl-form
 #      reward functions called by keyword, greedy rollouts under group baselines refused, ms-swift's
-#      step counts, trainer.val_only, the hf rollout's cache, error lines); the record re-runs on them
-#      at the end (the CALL PLAN), before the final acceptance.
+#      step counts, trainer.val_only, the hf rollout's cache, error lines, checkpoint trimming) and
+#      one GPU path: the separate sync's sender packs from a recipe made once per plan
+#      (bench/pack_gpu.py on one H200: the 0.6B's packs 3.9 -> 2.3 ms a sync, the 8B's unchanged,
+#      bytes equal); the record re-runs on them at the end (the CALL PLAN), before the final
+#      acceptance.
 #   2. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
 #      +-15 % of it; 1g-0.6b-colocate, the separate rows, dp2 and dp4 ask for the engine's log-probs,
 #      for the mismatch metric). On 2x H200, a fresh machine (pp after tp on the same warm machine:
@@ -95,7 +98,8 @@
 #        bash bench/acceptance_slots.sh $OUT 0,1:two_nodes
 #      (On 4x H200 two pairs at once: `0,1:tp 2,3:gkd3a`, then `0,1:pp 2,3:gkd3b`, then the rest
 #      alone.) The separate sync's broadcast read 0.41 of a raw NCCL broadcast of the 0.6B's 1.19 GB
-#      in session 32 (0.88 at the 8B's 16.4 GB alone): issue 30 asks 0.8.
+#      in session 32 (0.88 at the 8B's 16.4 GB alone): issue 30 asks 0.8. Its sender's host loop set
+#      the pace (packs 5.25 ms of an 8.0 ms span); `separate`'s rows on the recipe say how far it got.
 #   3. Issue 34's 4-GPU groups (below, "The 4-GPU groups") on the same `dagrl/`, when a 4-GPU host is
 #      lent: mega8b, mega8b_save, mega8b_resume one lease (~1,345 s); gkd4_colocate, gkd4_split and
 #      dp4 another (~1,610 s).
