@@ -156,9 +156,11 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     f"{A}.optim.clip_grad": Alias(f"{A}.grad_clip"),
     f"{R}.prompt_length": Alias("data.max_prompt_length"),
     f"{R}.response_length": Alias("data.max_response_length"),
-    "custom_reward_function.name": Alias(
-        "reward.functions", _reward_terms
-    ),  # the file itself goes in external_plugins
+    # verl's custom reward: the three keys make one reward term together (dagrl/config/custom_reward.py
+    # translates them before this table; they are listed here for docs/compat.md)
+    "custom_reward_function.path": Alias("external_plugins"),  # appended to the given entries
+    "custom_reward_function.name": Alias("reward.functions", _reward_terms),  # verl's default: compute_score
+    "custom_reward_function.reward_kwargs": Alias("reward.functions"),  # the term's kwargs
     **{  # verl/siiRL's megatron optimizer overrides: megatron-core's CPU optimizer (HybridDeviceOptimizer)
         f"{A}.optim.override_optimizer_config.{k}": Alias(f"{A}.megatron.{k}") for k in _CPU_OPTIMIZER
     },
@@ -309,10 +311,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "sampler_type": Alias("sample.sampler_type"),
     "prm_model": Alias("sample.prm_model"),
     "orm_model": Alias("sample.orm_model"),
-    "custom_reward_function.path": Unsupported(
-        "put the file in external_plugins and name its function in reward.functions "
-        "(verl's compute_score(...) and TRL's f(completions, **kwargs) forms both work)"
-    ),
     "trainer.default_hdfs_dir": Unsupported("checkpoints go to trainer.default_local_dir"),
     "trainer.resume_from_path": Unsupported("give the global_step_N directory as trainer.resume_mode"),
     "trainer.log_val_generations": Unsupported("validation logs its reward and length metrics"),

@@ -116,6 +116,9 @@ class RewardTermConfig:
     """A registered reward function (built-in or from external_plugins)."""
     weight: float = ranged(1.0, hint="any finite weight; negative ones penalise")
     """Its weight in the sum."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to the function on every call (verl's
+    custom_reward_function.reward_kwargs); refused before the run if its signature does not take them."""
 
 
 @dataclass

@@ -54,6 +54,9 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         from dagrl.data.builtin_calculator import tiny_calculator_path
 
         cfg.actor_rollout_ref.model.path = tiny_calculator_path()  # taught the tool-call format
+    rollout = cfg.actor_rollout_ref.rollout
+    if not rollout.do_sample:  # verl's greedy switch: the engines and the trainer read temperature 0
+        rollout.temperature = 0.0
     cfg.dag = multi_turn_dag(cfg)  # multi_turn.enable=true alone runs the algorithm's multi-turn DAG
     cfg.actor_rollout_ref.actor.recompute_old_logprobs = old_logprob_pass(cfg)  # auto: where needed
     cfg.actor_rollout_ref.rollout.calculate_log_probs = rollout_logprobs_on(cfg)  # auto: where read

@@ -237,7 +237,7 @@ def load_data(cfg: DagrlConfig, model_path: str):
 
 
 def rewarder_for(cfg: DagrlConfig) -> RewardComposer:
-    return RewardComposer([RewardTerm(t.name, t.weight) for t in cfg.reward.functions])
+    return RewardComposer([RewardTerm(t.name, t.weight, dict(t.kwargs)) for t in cfg.reward.functions])
 
 
 def init_ray(cfg: DagrlConfig) -> None:
