@@ -323,7 +323,9 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "max_turns": Alias(f"{R}.multi_turn.max_assistant_turns"),
     "max_completion_length": Alias("data.max_response_length"),
     "num_train_epochs": Alias("trainer.total_epochs"),
-    "train_iters": Alias("trainer.total_training_steps"),
+    "max_epochs": Alias("trainer.total_epochs"),  # ms-swift's megatron name before 4.0
+    # train_iters, save_steps, eval_steps count optimizer steps: dagrl/config/swift_keys.py
+    "save_total_limit": Alias("trainer.max_actor_ckpt_to_keep"),
     "lr": Alias(f"{A}.optim.lr"),
     "seed": Alias("trainer.seed"),
     "micro_batch_size": Alias(f"{A}.ppo_micro_batch_size_per_gpu"),

@@ -225,7 +225,9 @@ class TrainerConfig:
     resume_mode: str = "auto"
     """auto (latest checkpoint in default_local_dir), disable, or a global_step_N directory."""
     max_actor_ckpt_to_keep: Optional[int] = ranged(2, ge=1, hint="or null = keep all")
-    """Checkpoints kept (oldest removed first); None = all."""
+    """Checkpoints kept in default_local_dir after each save: the highest-numbered global_step_N up
+    to the step saved, lower ones (an earlier run's too) deleted; higher ones, an earlier run's that
+    went further, are left alone. None = all, verl's default. ms-swift: save_total_limit."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     """Where checkpoints and metrics.jsonl go."""
     max_consecutive_skipped_steps: int = ranged(3, ge=0)

@@ -57,3 +57,21 @@ def test_missing_wandb_is_named(monkeypatch):
     with pytest.raises(ConfigError, match="trainer.logger.*pip install wandb"):
         check_loggers(["console", "wandb"])
     check_loggers(["console", "tensorboard"])
+
+
+@pytest.mark.parametrize(
+    "missing,given,rest",
+    [
+        ("wandb", ["console", "tensorboard", "wandb"], "[console,tensorboard]"),
+        ("wandb", ["wandb"], "[console]"),
+        ("tensorboard", ["tensorboard", "wandb"], "[wandb]"),
+    ],
+)
+def test_a_logger_that_cannot_start_shows_the_list_without_it(monkeypatch, missing, given, rest):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == missing else real(name))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with pytest.raises(ConfigError) as info:
+        check_loggers(given)
+    assert (info.value.key, info.value.value) == ("trainer.logger", missing)
+    assert info.value.fix.endswith(f"drop it from the list: 'trainer.logger={rest}'"), info.value.fix
