@@ -257,6 +257,14 @@ def _check_trainer(cfg: DagrlConfig) -> None:
             t.resume_mode,
             "use auto, disable, or the path of an existing global_step_N checkpoint directory",
         )
+    d = cfg.data
+    if t.val_only and d.train_files is not None and d.val_files is None:
+        raise ConfigError(
+            "trainer.val_only",
+            True,
+            "validation runs on data.val_files, which is not set: give data.val_files=<parquet>"
+            " (or leave data.train_files unset for the built-in task's test rows)",
+        )
 
 
 def _check_teacher(cfg: DagrlConfig) -> None:
