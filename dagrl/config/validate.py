@@ -215,6 +215,10 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
 
 
 def _check_data(cfg: DagrlConfig) -> None:
+    import pyarrow.parquet as pq
+
+    from dagrl.data.schema import check_prompt_column
+
     d = cfg.data
     for key in ("train_files", "val_files"):
         for path in data_files(getattr(d, key)):
@@ -225,6 +229,11 @@ def _check_data(cfg: DagrlConfig) -> None:
                     "no such file; give parquet files written by examples/data_preprocess/*.py"
                     " (leave unset for the built-in task)",
                 )
+            try:  # the footer only: a dry run names a wrong data.prompt_key too
+                columns = pq.read_schema(os.path.expanduser(path)).names
+            except (OSError, ValueError):
+                continue  # not parquet: reading the rows says so, naming the file
+            check_prompt_column(columns, path, f"data.{key}", d.prompt_key)
     if (d.train_files is None) != (d.val_files is None) and d.val_files is not None:
         raise ConfigError(
             "data.train_files", None, "data.val_files is set but data.train_files is not; set both"
