@@ -178,7 +178,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         (False,), "megatron starts from the HF weights at actor_rollout_ref.model.path"
     ),
     "trainer.balance_batch": OnlyValue((False,), "rows are split over DP ranks in order"),
-    "trainer.val_only": OnlyValue((False,), "run with trainer.total_training_steps=... instead"),
     "algorithm.use_pf_ppo": OnlyValue((False,), "dagrl has no PF-PPO reweighting"),
     # ---- verl: concepts dagrl does not have
     f"{A}.fsdp_config": Unsupported(_FSDP),

@@ -222,6 +222,10 @@ class TrainerConfig:
     """Validate every this many steps and at the end; -1 = never."""
     val_before_train: bool = True
     """Validate once before the first step."""
+    val_only: bool = False
+    """Validate once and stop, taking no step (verl's key): the current weights (the checkpoint
+    resume_mode picks, else the model's own), synced to the rollout engine first, on data.val_files
+    (the built-in task's test rows when data.train_files is unset)."""
     resume_mode: str = "auto"
     """auto (latest checkpoint in default_local_dir), disable, or a global_step_N directory."""
     max_actor_ckpt_to_keep: Optional[int] = ranged(2, ge=1, hint="or null = keep all")

@@ -218,6 +218,10 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
 
 
 def _check_data(cfg: DagrlConfig) -> None:
+    import pyarrow.parquet as pq
+
+    from dagrl.data.schema import check_prompt_column
+
     d = cfg.data
     for key in ("train_files", "val_files"):
         for path in data_files(getattr(d, key)):
@@ -228,6 +232,11 @@ def _check_data(cfg: DagrlConfig) -> None:
                     "no such file; give parquet files written by examples/data_preprocess/*.py"
                     " (leave unset for the built-in task)",
                 )
+            try:  # the footer only: a dry run names a wrong data.prompt_key too
+                columns = pq.read_schema(os.path.expanduser(path)).names
+            except (OSError, ValueError):
+                continue  # not parquet: reading the rows says so, naming the file
+            check_prompt_column(columns, path, f"data.{key}", d.prompt_key)
     if (d.train_files is None) != (d.val_files is None) and d.val_files is not None:
         raise ConfigError(
             "data.train_files", None, "data.val_files is set but data.train_files is not; set both"
@@ -259,6 +268,14 @@ def _check_trainer(cfg: DagrlConfig) -> None:
             "trainer.resume_mode",
             t.resume_mode,
             "use auto, disable, or the path of an existing global_step_N checkpoint directory",
+        )
+    d = cfg.data
+    if t.val_only and d.train_files is not None and d.val_files is None:
+        raise ConfigError(
+            "trainer.val_only",
+            True,
+            "validation runs on data.val_files, which is not set: give data.val_files=<parquet>"
+            " (or leave data.train_files unset for the built-in task's test rows)",
         )
 
 

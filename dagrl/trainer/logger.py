@@ -23,6 +23,8 @@ CONSOLE_KEYS = [
     ("val/reward/mean", "val", "{:.3f}"),
     ("response_length/mean", "len", "{:.1f}"),
     ("actor/pg_loss", "loss", "{:+.4f}"),
+    ("train/loss", "nll", "{:.4f}"),  # SFT's training NLL (dagrl/objectives/sft.py)
+    ("val/loss", "val_nll", "{:.4f}"),  # SFT's validation NLL (the val_loss node)
     ("actor/kl_loss", "kl", "{:.4f}"),
     ("distill/divergence", "div", "{:.4f}"),
     ("distill/reverse_kl", "rkl", "{:.4f}"),
