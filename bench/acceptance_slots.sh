@@ -75,7 +75,8 @@
 # step 8 of 10, by the group's row limit, now 300). What is left, in this order:
 #   1. On the CPU: bring back the fixes that wait for a GPU lease (session 32 landed them on main and
 #      reverted them at once, so that issue 29 closed on the record's `dagrl/`: `git log --grep
-#      "held back"`, then `git revert` that revert), CI green. They touch CPU paths mostly (verl-form
+#      "Held back"`, then `git revert` that revert; its CI ran green but for one test's expected
+#      message, fixed after), CI green. They touch CPU paths mostly (verl-form
 #      reward functions called by keyword, greedy rollouts under group baselines refused, ms-swift's
 #      step counts, trainer.val_only, the hf rollout's cache, error lines, checkpoint trimming) and
 #      one GPU path: the separate sync's sender packs from a recipe made once per plan
