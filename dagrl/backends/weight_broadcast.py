@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from dagrl.backends.weight_layout import Slot, UnpackViews, bucket_bytes, pack_into, sources_for
+from dagrl.backends.weight_layout import PackViews, Slot, UnpackViews, bucket_bytes, sources_for
 from dagrl.backends.weight_pipeline import BUFFERS, Op, PhaseClock, SyncPhases, schedule
 
 _ALIGN = 16  # byte offset of every tensor in a packed bucket: any dtype's view stays aligned
@@ -36,6 +36,7 @@ class BroadcastGroup:
         self.transfer_s, self.transfer_bytes = 0.0, 0  # the last receive's payload broadcasts (the wire)
         self.phases = SyncPhases()  # the last direct send's or receive's time, by phase
         self._unpack_views: UnpackViews | None = None  # a receiver's buffers and views, kept
+        self._pack_views: PackViews | None = None  # a sender's recipe for its plan, kept
         self._unpack_key: tuple | None = None
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=_TIMEOUT)
         store = dist.PrefixStore("dagrl-weights/", store)
@@ -113,6 +114,8 @@ class BroadcastGroup:
         time went."""
         assert self.rank == 0
         sizes = [bucket_bytes(b) for b in plan]
+        if self._pack_views is None or self._pack_views.plan is not plan:
+            self._pack_views = PackViews(plan)
         pool = [
             torch.empty(max(sizes, default=0), dtype=torch.uint8, device=self.device) for _ in range(buffers)
         ]
@@ -125,7 +128,7 @@ class BroadcastGroup:
                 drawn = next(sources)
                 draw_s += time.perf_counter() - t
                 begin = clock.mark()
-                pack_into(plan[i], drawn, pool[i % buffers][: sizes[i]])
+                self._pack_views.pack(i, drawn, pool[i % buffers][: sizes[i]])
                 clock.add(begin, clock.mark())
             elif op is Op.LAUNCH:
                 works[i] = self._launch(pool[i % buffers][: sizes[i]])

@@ -23,6 +23,7 @@ from dagrl.config.compat_table import (  # noqa: F401  (re-exported: the table's
     OnlyValue,
     Unsupported,
 )
+from dagrl.config.custom_reward import translate_custom_reward
 from dagrl.config.override_text import render_key, render_value
 from dagrl.errors import ConfigError
 
@@ -49,8 +50,8 @@ def translate(overrides: list[str], notes: bool = True) -> list[str]:
 
     parser = OverridesParser.create()
     out = []
-    for text in overrides:
-        text = json_override(text)
+    # verl's custom_reward_function.{path,name,reward_kwargs} make one reward term together
+    for text in translate_custom_reward(parser, [json_override(t) for t in overrides]):
         try:
             override, text = override_values.parse(parser, text)  # unreadable values: one line
         except ConfigError:

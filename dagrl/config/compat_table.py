@@ -156,9 +156,11 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     f"{A}.optim.clip_grad": Alias(f"{A}.grad_clip"),
     f"{R}.prompt_length": Alias("data.max_prompt_length"),
     f"{R}.response_length": Alias("data.max_response_length"),
-    "custom_reward_function.name": Alias(
-        "reward.functions", _reward_terms
-    ),  # the file itself goes in external_plugins
+    # verl's custom reward: the three keys make one reward term together (dagrl/config/custom_reward.py
+    # translates them before this table; they are listed here for docs/compat.md)
+    "custom_reward_function.path": Alias("external_plugins"),  # appended to the given entries
+    "custom_reward_function.name": Alias("reward.functions", _reward_terms),  # verl's default: compute_score
+    "custom_reward_function.reward_kwargs": Alias("reward.functions"),  # the term's kwargs
     **{  # verl/siiRL's megatron optimizer overrides: megatron-core's CPU optimizer (HybridDeviceOptimizer)
         f"{A}.optim.override_optimizer_config.{k}": Alias(f"{A}.megatron.{k}") for k in _CPU_OPTIMIZER
     },
@@ -176,7 +178,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
         (False,), "megatron starts from the HF weights at actor_rollout_ref.model.path"
     ),
     "trainer.balance_batch": OnlyValue((False,), "rows are split over DP ranks in order"),
-    "trainer.val_only": OnlyValue((False,), "run with trainer.total_training_steps=... instead"),
     "algorithm.use_pf_ppo": OnlyValue((False,), "dagrl has no PF-PPO reweighting"),
     # ---- verl: concepts dagrl does not have
     f"{A}.fsdp_config": Unsupported(_FSDP),
@@ -309,10 +310,6 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "sampler_type": Alias("sample.sampler_type"),
     "prm_model": Alias("sample.prm_model"),
     "orm_model": Alias("sample.orm_model"),
-    "custom_reward_function.path": Unsupported(
-        "put the file in external_plugins and name its function in reward.functions "
-        "(verl's compute_score(...) and TRL's f(completions, **kwargs) forms both work)"
-    ),
     "trainer.default_hdfs_dir": Unsupported("checkpoints go to trainer.default_local_dir"),
     "trainer.resume_from_path": Unsupported("give the global_step_N directory as trainer.resume_mode"),
     "trainer.log_val_generations": Unsupported("validation logs its reward and length metrics"),
@@ -325,7 +322,9 @@ TABLE: dict[str, Alias | OnlyValue | Unsupported] = {
     "max_turns": Alias(f"{R}.multi_turn.max_assistant_turns"),
     "max_completion_length": Alias("data.max_response_length"),
     "num_train_epochs": Alias("trainer.total_epochs"),
-    "train_iters": Alias("trainer.total_training_steps"),
+    "max_epochs": Alias("trainer.total_epochs"),  # ms-swift's megatron name before 4.0
+    # train_iters, save_steps, eval_steps count optimizer steps: dagrl/config/swift_keys.py
+    "save_total_limit": Alias("trainer.max_actor_ckpt_to_keep"),
     "lr": Alias(f"{A}.optim.lr"),
     "seed": Alias("trainer.seed"),
     "micro_batch_size": Alias(f"{A}.ppo_micro_batch_size_per_gpu"),

@@ -29,6 +29,7 @@ class KeyInfo:
     default: object
     doc: str
     open: bool  # a dict or Any field: sub-keys are the user's (placement.gpus.<role>, roles.<name>)
+    names: bool = False  # a list of strings or enum values: one name alone is a list of one
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -64,6 +65,11 @@ def _is_open(tp) -> bool:
     return any(t is typing.Any or typing.get_origin(t) is dict or t is dict for t in inner)
 
 
+def _is_name_list(tp) -> bool:
+    item = typing.get_args(tp)[0] if typing.get_origin(tp) is list and typing.get_args(tp) else None
+    return item is str or (isinstance(item, type) and issubclass(item, Enum))
+
+
 def _default(f: dataclasses.Field):
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -86,7 +92,8 @@ def schema_keys() -> dict[str, KeyInfo]:
             default = default.value if isinstance(default, Enum) else default
             if isinstance(default, list):
                 default = [d.value if isinstance(d, Enum) else d for d in default]
-            out[key] = KeyInfo(key, _type_name(tp), default, docs.get(f.name, ""), _is_open(tp))
+            doc = docs.get(f.name, "")
+            out[key] = KeyInfo(key, _type_name(tp), default, doc, _is_open(tp), _is_name_list(tp))
 
     walk(DagrlConfig, "")
     return out

@@ -12,6 +12,10 @@ meaning is plain. The rule, exactly (`plain_path`): Hydra cannot parse the overr
 it has none of `'`, `"`, `\\`, `$`, `,` nor a control character, and no leading or trailing blank.
 Such an override is passed on with the value in single quotes, unchanged. Everything else that
 Hydra cannot parse is a ConfigError naming the key and the value and showing the quoted form.
+
+A key holding a list of names (`trainer.logger`, `external_plugins`) takes one name alone as a list
+of one (`trainer.logger=console`, as verl accepts it); an error about any list-valued key shows the
+list form (`'placement.colocate_groups=[[train,rollout,ref]]'`), never a quoted string.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import difflib
 import re
 
 from dagrl.config import keys
+from dagrl.config.override_text import render_value
 from dagrl.errors import ConfigError
 
 PATH_TYPES = frozenset({"str", "str|null", "any", "any|null"})
@@ -42,14 +47,27 @@ def parse(parser, text: str):
     if override.is_sweep_override():
         key, _, value = text.partition("=")
         info = keys.schema_keys().get(key.lstrip("+"))
-        as_list = info is None or info.type.startswith("list") or info.type in ("any", "any|null")
+        listed = f"give a list: '{key}=[{value}]'"
+        if info is not None and info.type.startswith("list"):  # quoted, it would be one string
+            fix = listed
+        else:
+            may_list = info is None or info.type in ("any", "any|null")
+            fix = f"quote the value: '{key}=\"{value}\"'" + (f", or {listed}" if may_list else "")
         raise ConfigError(
-            key.lstrip("+"),
-            value,
-            f"an unquoted comma makes Hydra read several values (a sweep); quote the value:"
-            f" '{key}=\"{value}\"'" + (f", or give a list: '{key}=[{value}]'" if as_list else ""),
+            key.lstrip("+"), value, f"an unquoted comma makes Hydra read several values (a sweep); {fix}"
         )
-    return override, text
+    return _one_name_as_list(parser, override, text)
+
+
+def _one_name_as_list(parser, override, text: str):
+    """`trainer.logger=console` as `trainer.logger=[console]`: a key holding a list of names takes
+    one name alone too (verl's Tracking accepts a string logger)."""
+    info = keys.schema_keys().get(override.key_or_group.lstrip("+"))
+    value = None if override.is_delete() else override.value()
+    if info is None or not info.names or not isinstance(value, str) or "${" in value:
+        return override, text
+    listed = f"{text.partition('=')[0]}=[{render_value(value)}]"
+    return parser.parse_override(listed), listed
 
 
 def plain_path(text: str) -> str | None:
@@ -87,12 +105,17 @@ def composition_error(exc: Exception, overrides: list[str], groups: dict[str, li
     """Hydra's multi-line composition failure as one ConfigError naming the full key path (inside
     list and dict values too: `reward.functions[0].weight`), the value and the nearest valid one."""
     cause = exc.__cause__ or exc
-    full_key = str(getattr(cause, "full_key", "") or "")
+    full_key = getattr(cause, "full_key", None)
+    full_key = "" if full_key is None else str(full_key)  # 0: the first item of a list
     value = getattr(cause, "value", None)
     reason = str(cause).strip().splitlines()[0]
     text = next((o for o in overrides if full_key and _key_of(o) == full_key), None)
     key = full_key
-    if text is None and full_key:  # a key inside an override's list or dict value
+    merging = _MERGING.search(str(exc))
+    if full_key.isdigit() and merging:  # an item of a list of lists: OmegaConf names its index only
+        text = merging.group(1)
+        key, value = f"{_key_of(text)}[{full_key}]", _item(text, int(full_key))
+    elif text is None and full_key:  # a key inside an override's list or dict value
         key, value = _inside_values(overrides, full_key, value)
     if not key:  # a config group option that does not exist (algorithm=foo)
         text = next((o for o in overrides if _key_of(o) in str(cause)), "")
@@ -103,7 +126,37 @@ def composition_error(exc: Exception, overrides: list[str], groups: dict[str, li
         near = difflib.get_close_matches(str(value), groups[key], n=1, cutoff=0.6)
         hint = f"did you mean '{near[0]}'? " if near else ""
         return ConfigError(key, value, f"no such preset; {hint}options: {', '.join(groups[key])}")
+    if _NOT_A_LIST in reason and key:
+        return ConfigError(key, value, f"takes a list: {_list_form(key.split('[')[0], value)}")
     return ConfigError(key or "command line", value, _fix(reason, cause))
+
+
+def _item(text: str, index: int):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    items = OverridesParser.create().parse_override(text).value()
+    return items[index] if isinstance(items, list) and index < len(items) else None
+
+
+def _list_form(key: str, value: object) -> str:
+    """`'key=[...]'` for a list-valued key: the schema's default when it has one, else `value` as
+    the list's one item (a mapping naming it, for a list of sections: `[{name: arith}]`)."""
+    info = keys.schema_keys().get(key)
+    if info is not None and info.default:
+        return f"'{key}={_plain(info.default)}'"
+    item_type = info.type.removeprefix("list[").removesuffix("]") if info is not None else ""
+    fields = _fields_of(item_type)
+    item = f"{{{fields[0]}: {_plain(value)}}}" if fields else _plain(value)
+    return f"'{key}=[{item}]'"
+
+
+def _plain(value: object) -> str:
+    """A value as a user types it in an override: `[[train,rollout,ref]]`, `[0.9,0.999]`."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_plain(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_plain(v)}" for k, v in value.items()) + "}"
+    return str(value)
 
 
 def _key_of(override: str) -> str:
@@ -145,6 +198,8 @@ def _find(node, leaf: str, value, path: str = "") -> tuple[str, object] | None:
     return None
 
 
+_MERGING = re.compile(r"Error merging override (.+)")
+_NOT_A_LIST = "is not a ListConfig, list or tuple"
 _CONVERT = re.compile(r"could not be converted to (\w+)")
 _CHOICES = re.compile(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]")
 _NOT_IN = re.compile(r"Key '([^']*)' not in '(\w+)'")

@@ -95,6 +95,9 @@ class RolloutConfig:
     """Nucleus sampling mass; 1 = off."""
     top_k: int = ranged(-1, ge=1, also=(-1,), hint="-1 = off")
     """Top-k sampling; -1 = off."""
+    do_sample: bool = True
+    """verl's switch: true samples at temperature / top_p / top_k; false decodes greedily (as
+    temperature=0, whatever temperature says), which a group baseline (grpo, rloo) refuses."""
     tensor_model_parallel_size: int = ranged(1, ge=1)
     """vllm: tensor parallel size of each engine replica (hf: 1)."""
     gpu_memory_utilization: Optional[float] = ranged(None, gt=0, le=1, hint="or null = auto")

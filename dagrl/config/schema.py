@@ -116,6 +116,9 @@ class RewardTermConfig:
     """A registered reward function (built-in or from external_plugins)."""
     weight: float = ranged(1.0, hint="any finite weight; negative ones penalise")
     """Its weight in the sum."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to the function on every call (verl's
+    custom_reward_function.reward_kwargs); refused before the run if its signature does not take them."""
 
 
 @dataclass
@@ -219,10 +222,16 @@ class TrainerConfig:
     """Validate every this many steps and at the end; -1 = never."""
     val_before_train: bool = True
     """Validate once before the first step."""
+    val_only: bool = False
+    """Validate once and stop, taking no step (verl's key): the current weights (the checkpoint
+    resume_mode picks, else the model's own), synced to the rollout engine first, on data.val_files
+    (the built-in task's test rows when data.train_files is unset)."""
     resume_mode: str = "auto"
     """auto (latest checkpoint in default_local_dir), disable, or a global_step_N directory."""
     max_actor_ckpt_to_keep: Optional[int] = ranged(2, ge=1, hint="or null = keep all")
-    """Checkpoints kept (oldest removed first); None = all."""
+    """Checkpoints kept in default_local_dir after each save: the highest-numbered global_step_N up
+    to the step saved, lower ones (an earlier run's too) deleted; higher ones, an earlier run's that
+    went further, are left alone. None = all, verl's default. ms-swift: save_total_limit."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     """Where checkpoints and metrics.jsonl go."""
     max_consecutive_skipped_steps: int = ranged(3, ge=0)

@@ -5,6 +5,11 @@
 `temperature` samples and, under GKD, also scales the divergence (ms-swift uses one temperature for
 both); `global_batch_size` counts completions per optimizer step, so the prompts per mini-batch are
 `global_batch_size / rollout.n` and a step samples `steps_per_generation` mini-batches.
+`train_iters`, `save_steps` / `save_interval` and `eval_steps` / `eval_interval` count optimizer
+steps, as in ms-swift's megatron trainer, where one generation feeds `steps_per_generation` of them;
+dagrl counts steps of one rollout each, so they are divided by it (a count that is not a multiple
+is refused). A save interval without an eval interval sets both, as ms-swift's `eval_steps` defaults
+to `save_steps`.
 `tuner_type: lora` turns LoRA on with ms-swift's defaults (rank 8, alpha 32, dropout 0.05) where
 the LoRA keys are not given; `tuner_type: full` with a LoRA rank set is a contradiction, refused.
 
@@ -22,6 +27,16 @@ A = "actor_rollout_ref.actor"
 M = "actor_rollout_ref.model"
 TUNER_KEYS = ("tuner_type", "train.tuner_type")
 SWIFT_LORA_DEFAULTS = {"lora_rank": 8, "lora_alpha": 32, "lora_dropout": 0.05}
+# ms-swift's optimizer-step counts and the dagrl keys (counting rollouts) they set
+STEP_COUNTS = {
+    "train_iters": "trainer.total_training_steps",
+    "save_steps": "trainer.save_freq",
+    "save_interval": "trainer.save_freq",  # ms-swift before 4.0 (Megatron-LM's name)
+    "eval_steps": "trainer.test_freq",
+    "eval_interval": "trainer.test_freq",
+}
+SAVE_KEYS = ("save_steps", "save_interval")
+EVAL_KEYS = ("eval_steps", "eval_interval")
 DEFERRED = (
     *TUNER_KEYS,
     "offload_model",
@@ -30,6 +45,7 @@ DEFERRED = (
     "temperature",
     "global_batch_size",
     "steps_per_generation",
+    *STEP_COUNTS,
 )
 
 
@@ -78,14 +94,38 @@ def _targets(dcfg: DictConfig, key: str, value: object, given: dict) -> list[tup
     if key == "temperature":
         out = [("actor_rollout_ref.rollout.temperature", value)]
         return out + ([("algorithm.gkd.temperature", value)] if distill else [])
+    if key in STEP_COUNTS:
+        return _step_count_targets(key, value, given)
     return _batch_targets(dcfg, key, value, given)
+
+
+def _step_count_targets(key: str, value: object, given: dict) -> list[tuple[str, object]]:
+    """An optimizer-step count as dagrl's steps: one rollout feeds `steps_per_generation` updates."""
+    steps = _steps_per_generation(given)
+    targets = [STEP_COUNTS[key]]
+    if key == "train_iters" and value is None:
+        return [(targets[0], None)]  # ms-swift's default: the epochs decide
+    if key in SAVE_KEYS and not any(k in given for k in EVAL_KEYS):
+        targets.append("trainer.test_freq")  # ms-swift evaluates at the save interval unless told
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        never = {"trainer.save_freq": "no checkpoints", "trainer.test_freq": "no validation"}.get(targets[0])
+        extra = f" ({never}: {targets[0]}=-1)" if never else ""
+        raise ConfigError(key, value, f"ms-swift counts optimizer steps: give a whole number >= 1{extra}")
+    if value % steps:
+        near = sorted({m for m in (value // steps * steps, (value // steps + 1) * steps) if m > 0})
+        raise ConfigError(
+            key,
+            value,
+            f"ms-swift counts optimizer steps and one rollout feeds steps_per_generation = {steps} of them:"
+            f" give a multiple of {steps} (e.g. {' or '.join(map(str, near))}),"
+            f" or dagrl's {targets[0]}, which counts rollouts",
+        )
+    return [(target, value // steps) for target in targets]
 
 
 def _batch_targets(dcfg: DictConfig, key: str, value: object, given: dict) -> list[tuple[str, object]]:
     n = int(dcfg.actor_rollout_ref.rollout.n)
-    steps = given.get("steps_per_generation", 1)
-    if not isinstance(steps, int) or steps < 1:
-        raise ConfigError("steps_per_generation", steps, "a whole number of mini-batches per rollout (>= 1)")
+    steps = _steps_per_generation(given)
     if key == "steps_per_generation":
         if "global_batch_size" in given:
             return []  # global_batch_size sets both keys
@@ -99,6 +139,13 @@ def _batch_targets(dcfg: DictConfig, key: str, value: object, given: dict) -> li
             f" (actor_rollout_ref.rollout.n = {n})",
         )
     return [(f"{A}.ppo_mini_batch_size", value // n), ("data.train_batch_size", value // n * steps)]
+
+
+def _steps_per_generation(given: dict) -> int:
+    steps = given.get("steps_per_generation", 1)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ConfigError("steps_per_generation", steps, "a whole number of mini-batches per rollout (>= 1)")
+    return steps
 
 
 def _check_tuner(dcfg: DictConfig, key: str, value: object, given: set[str]) -> None:

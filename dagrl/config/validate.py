@@ -54,6 +54,9 @@ def resolve_defaults(cfg: DagrlConfig) -> None:
         from dagrl.data.builtin_calculator import tiny_calculator_path
 
         cfg.actor_rollout_ref.model.path = tiny_calculator_path()  # taught the tool-call format
+    rollout = cfg.actor_rollout_ref.rollout
+    if not rollout.do_sample:  # verl's greedy switch: the engines and the trainer read temperature 0
+        rollout.temperature = 0.0
     cfg.dag = multi_turn_dag(cfg)  # multi_turn.enable=true alone runs the algorithm's multi-turn DAG
     cfg.actor_rollout_ref.actor.recompute_old_logprobs = old_logprob_pass(cfg)  # auto: where needed
     cfg.actor_rollout_ref.rollout.calculate_log_probs = rollout_logprobs_on(cfg)  # auto: where read
@@ -215,6 +218,10 @@ def validate_with_plan(cfg: DagrlConfig, plan: Plan) -> None:
 
 
 def _check_data(cfg: DagrlConfig) -> None:
+    import pyarrow.parquet as pq
+
+    from dagrl.data.schema import check_prompt_column
+
     d = cfg.data
     for key in ("train_files", "val_files"):
         for path in data_files(getattr(d, key)):
@@ -225,6 +232,11 @@ def _check_data(cfg: DagrlConfig) -> None:
                     "no such file; give parquet files written by examples/data_preprocess/*.py"
                     " (leave unset for the built-in task)",
                 )
+            try:  # the footer only: a dry run names a wrong data.prompt_key too
+                columns = pq.read_schema(os.path.expanduser(path)).names
+            except (OSError, ValueError):
+                continue  # not parquet: reading the rows says so, naming the file
+            check_prompt_column(columns, path, f"data.{key}", d.prompt_key)
     if (d.train_files is None) != (d.val_files is None) and d.val_files is not None:
         raise ConfigError(
             "data.train_files", None, "data.val_files is set but data.train_files is not; set both"
@@ -256,6 +268,14 @@ def _check_trainer(cfg: DagrlConfig) -> None:
             "trainer.resume_mode",
             t.resume_mode,
             "use auto, disable, or the path of an existing global_step_N checkpoint directory",
+        )
+    d = cfg.data
+    if t.val_only and d.train_files is not None and d.val_files is None:
+        raise ConfigError(
+            "trainer.val_only",
+            True,
+            "validation runs on data.val_files, which is not set: give data.val_files=<parquet>"
+            " (or leave data.train_files unset for the built-in task's test rows)",
         )
 
 

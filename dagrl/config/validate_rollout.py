@@ -45,6 +45,20 @@ def rollout_logprobs_on(cfg: DagrlConfig) -> bool:
     return bool(rollout_logprobs_read(cfg)) if asked is None else asked
 
 
+def greedy_setting(cfg: DagrlConfig) -> tuple[str, object, str] | None:
+    """(key, value, how to sample instead) of the rollout setting that makes decoding greedy, so
+    that every response to a prompt is the same; None when the rollout samples. do_sample=false
+    comes first: it is what the user wrote (resolve_defaults has set temperature 0 for it)."""
+    r = cfg.actor_rollout_ref.rollout
+    if not r.do_sample:
+        return f"{R}.do_sample", False, "set do_sample=true"
+    if r.temperature == 0:
+        return f"{R}.temperature", r.temperature, "raise temperature (e.g. 1.0)"
+    if r.top_k == 1:
+        return f"{R}.top_k", r.top_k, "set top_k=-1 (off) or > 1"
+    return None
+
+
 def check_logprob_readers(cfg: DagrlConfig, specs) -> None:
     """A node of the DAG that requires the rollout's log-probs (a plugin's, or a custom DAG's) while
     calculate_log_probs is off would read the engine's zeros: refused, naming the node, before Ray.

@@ -20,7 +20,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dagrl.data.messages import MESSAGES, conversation_ids, fill_from_messages, render_messages
-from dagrl.data.schema import response_text, teacher_messages, validate_columns, validate_row
+from dagrl.data.schema import (
+    check_prompt_column,
+    response_text,
+    teacher_messages,
+    validate_columns,
+    validate_row,
+)
 from dagrl.data.transforms import apply_row_transforms
 from dagrl.errors import ConfigError, DataError
 
@@ -84,6 +90,7 @@ def _read_file(path: str, *, key: str, prompt_key: str) -> list[dict]:
     if MESSAGES in table.column_names and prompt_key not in table.column_names:  # multi-turn SFT rows
         rows = [fill_from_messages(row) for row in rows]
     else:
+        check_prompt_column(table.column_names, path, key, prompt_key)
         validate_columns(table.column_names, path, prompt_key=prompt_key)
     rows = apply_row_transforms(rows)  # plugins' transforms, validated as any row
     for index, row in enumerate(rows):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from dagrl.errors import DataError
+from dagrl.errors import ConfigError, DataError
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 OPTIONAL_COLUMNS: tuple[str, ...] = ("teacher_prompt", "response")
@@ -39,6 +39,28 @@ def validate_columns(column_names: Iterable[str], source: str, *, prompt_key: st
     missing = [col for col in required_columns(prompt_key) if col not in present]
     if missing:
         raise DataError(f"{source}: missing column(s) {missing}; the file has {present} — {_LAYOUT_HINT}")
+
+
+def check_prompt_column(column_names: Iterable[str], path: str, files_key: str, prompt_key: str) -> None:
+    """The column data.prompt_key names is in a file of the layout (a `messages` file fills its
+    prompt from the conversation); else one ConfigError naming the key, its value, the file, its
+    columns and the fix. A file missing more of the layout is left to validate_columns."""
+    from difflib import get_close_matches
+
+    present = list(column_names)
+    if prompt_key in present or "messages" in present:
+        return
+    if any(col not in present for col in required_columns(prompt_key) if col != prompt_key):
+        return
+    if "prompt" in present:
+        fix = "set data.prompt_key=prompt (the layout's name; it is the default)"
+    else:
+        near = get_close_matches(prompt_key, present, n=1)
+        fix = f"did you mean data.prompt_key={near[0]}? " if near else ""
+        fix += "set data.prompt_key to the column holding the chat messages (docs/data.md)"
+    raise ConfigError(
+        "data.prompt_key", prompt_key, f"{files_key} file {path} has no such column (it has {present}); {fix}"
+    )
 
 
 def validate_messages(messages: Any, what: str) -> str | None:

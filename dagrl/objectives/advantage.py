@@ -20,6 +20,7 @@ from dagrl.algos.advantages import (
 )
 from dagrl.algos.value import compute_gae_advantages
 from dagrl.config.schema import AlgorithmConfig, DagrlConfig
+from dagrl.config.validate_rollout import greedy_setting
 from dagrl.core.batch import Batch
 from dagrl.errors import ConfigError
 from dagrl.registry import ESTIMATORS, EstimatorEntry
@@ -57,14 +58,32 @@ def estimator(name: str) -> Estimator:
 
 
 def _check_groups(cfg: DagrlConfig) -> None:
-    n = cfg.actor_rollout_ref.rollout.n
+    """A group baseline needs a group, whose responses can differ: with greedy decoding every
+    response to a prompt is the same, so every advantage is 0 and the run learns nothing, unless
+    another term gives a signal (an entropy bonus, the distillation reward's per-token term, or
+    multi-turn episodes whose tool outputs may differ)."""
+    n, name = cfg.actor_rollout_ref.rollout.n, cfg.algorithm.adv_estimator
     if n < 2:
-        name = cfg.algorithm.adv_estimator
         raise ConfigError(
             "actor_rollout_ref.rollout.n",
             n,
             f"algorithm.adv_estimator={name} compares responses within a group: use rollout.n >= 2"
             " (e.g. 8), or algorithm.adv_estimator=reinforce_plus_plus, which needs no group",
+        )
+    greedy = greedy_setting(cfg)
+    other_signal = (
+        cfg.actor_rollout_ref.actor.entropy_coeff > 0
+        or cfg.algorithm.distill_reward.coef != 0
+        or cfg.actor_rollout_ref.rollout.multi_turn.enable
+    )
+    if greedy is not None and not other_signal:
+        key, value, sample = greedy
+        raise ConfigError(
+            key,
+            value,
+            f"greedy decoding makes the {n} responses to a prompt identical, so algorithm.adv_estimator="
+            f"{name}, which compares them, gives every advantage 0 and the run learns nothing: {sample}"
+            " to sample, or use rollout.n=1 with algorithm.adv_estimator=reinforce_plus_plus (no group)",
         )
 
 

@@ -6,11 +6,20 @@ routes each row to the default reward of its ``data_source`` (see ``default_rewa
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from dagrl.errors import ConfigError, DataError
-from dagrl.rewards.registry import RewardFn, RewardForm, default_reward_name, get_reward, reward_form
+from dagrl.rewards.registry import (
+    VERL_KEYWORDS,
+    RewardFn,
+    RewardForm,
+    default_reward_name,
+    get_reward,
+    reward_form,
+)
 
 NONFINITE_REWARDS = "train/nonfinite_rewards"  # the step metric: rows whose reward was inf/NaN
 
@@ -19,10 +28,11 @@ _SOLUTION_PREVIEW_CHARS = 200
 
 @dataclass
 class RewardTerm:
-    """One weighted reward: ``weight * registered_reward[name](...)``."""
+    """One weighted reward: ``weight * registered_reward[name](..., **kwargs)``."""
 
     name: str
     weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed on every call (verl's reward_kwargs)
 
 
 class RewardComposer:
@@ -41,11 +51,14 @@ class RewardComposer:
             seen.add(term.name)
         self.terms = list(terms)
         self._functions: dict[str, RewardFn] = {}
+        self._forms: dict[str, RewardForm] = {}
         for index, term in enumerate(terms):
             try:
-                self._functions[term.name] = get_reward(term.name)
+                fn = get_reward(term.name)
             except ConfigError as exc:  # name the entry of the list, not just the list
                 raise ConfigError(f"reward.functions[{index}].name", term.name, exc.fix) from None
+            self._forms[term.name] = check_call(fn, term, f"reward.functions[{index}]")
+            self._functions[term.name] = fn
 
     def _terms_for(self, data_source: str) -> list[tuple[RewardTerm, RewardFn]]:
         if self.terms:
@@ -53,6 +66,7 @@ class RewardComposer:
         name = default_reward_name(data_source)
         if name not in self._functions:
             self._functions[name] = get_reward(name)
+            self._forms[name] = reward_form(self._functions[name])
         return [(RewardTerm(name), self._functions[name])]
 
     def score(
@@ -65,14 +79,7 @@ class RewardComposer:
         """
         total, raw_scores = 0.0, {}
         for term, fn in self._terms_for(data_source):
-            try:
-                raw = float(fn(solution_str, ground_truth, extra_info or {}))
-            except Exception as exc:
-                raise DataError(
-                    f"reward {term.name!r} failed on a row of data_source {data_source!r} "
-                    f"({type(exc).__name__}: {exc}); "
-                    f"response starts: {solution_str[:_SOLUTION_PREVIEW_CHARS]!r}"
-                ) from exc
+            raw = self._one(term, fn, data_source, solution_str, ground_truth, extra_info)
             raw_scores[term.name] = raw
             total += term.weight * raw
         return total, raw_scores
@@ -115,22 +122,23 @@ class RewardComposer:
     @property
     def wants_prompts(self) -> bool:
         """Whether a term is in TRL's form (it receives the decoded prompts)."""
-        return any(reward_form(fn) == RewardForm.trl for fn in self._functions.values())
+        return RewardForm.trl in self._forms.values()
 
     def _score_terms(self, solutions, columns, prompts, completion_ids):
         n = len(solutions)
         raw_by_name: dict[str, list[float]] = {}
         for term in self.terms:
             fn = self._functions[term.name]
-            if reward_form(fn) == RewardForm.trl:
-                raw_by_name[term.name] = _call_trl(term.name, fn, solutions, columns, prompts, completion_ids)
-            else:
-                raw_by_name[term.name] = [
-                    self._one(term, fn, row, src, sol, gt, extra)
-                    for row, (src, sol, gt, extra) in enumerate(
-                        zip(columns["data_source"], solutions, columns["ground_truth"], columns["extra_info"])
-                    )
-                ]
+            if self._forms[term.name] == RewardForm.trl:
+                raw_by_name[term.name] = _call_trl(term, fn, solutions, columns, prompts, completion_ids)
+                continue
+            rows = zip(columns["data_source"], solutions, columns["ground_truth"], columns["extra_info"])
+            raw_by_name[term.name] = []
+            for row, (src, sol, gt, extra) in enumerate(rows):
+                try:
+                    raw_by_name[term.name].append(self._one(term, fn, src, sol, gt, extra))
+                except DataError as exc:
+                    raise DataError(f"{describe_row(row, extra)}: {exc}") from exc.__cause__
         # a TRL-form reward's None (not applicable to that row) adds nothing; a NaN a reward
         # returns stays NaN in the total, so the step's non-finite check sees it
         totals = [
@@ -141,27 +149,78 @@ class RewardComposer:
             name: [math.nan if v is None else v for v in raw] for name, raw in raw_by_name.items()
         }
 
-    def _one(self, term, fn, row, data_source, solution_str, ground_truth, extra_info) -> float:
+    def _one(self, term, fn, data_source, solution_str, ground_truth, extra_info) -> float:
+        """One response's raw score from a per-response reward (verl's form by keyword, dagrl's
+        positionally; the term's kwargs on top); a failure is a DataError naming the reward."""
+        extra_info = extra_info or {}
         try:
-            return float(fn(solution_str, ground_truth, extra_info or {}))
+            if self._forms[term.name] == RewardForm.verl:  # as verl's reward manager calls it
+                row = dict(zip(VERL_KEYWORDS, (data_source, solution_str, ground_truth, extra_info)))
+                out = fn(**{**row, **term.kwargs})
+            else:
+                out = fn(solution_str, ground_truth, extra_info, **term.kwargs)
+            return _as_score(out)
         except Exception as exc:
             raise DataError(
-                f"{describe_row(row, extra_info)}: reward {term.name!r} failed on a row of data_source {data_source!r} "
+                f"reward {term.name!r} failed on a row of data_source {data_source!r} "
                 f"({type(exc).__name__}: {exc}); "
                 f"response starts: {solution_str[:_SOLUTION_PREVIEW_CHARS]!r}"
             ) from exc
 
 
-def _call_trl(name, fn, solutions, columns, prompts, completion_ids) -> list[float | None]:
+def _as_score(out: object) -> float:
+    """A per-response reward's result as a float: verl lets compute_score return a dict whose
+    "score" is the reward (its other entries are extra information dagrl does not log)."""
+    if isinstance(out, dict):
+        if "score" not in out:
+            raise ValueError(f"it returned a dict without a 'score' entry (keys: {sorted(out)})")
+        out = out["score"]
+    return float(out)
+
+
+def check_call(fn, term: RewardTerm, key: str) -> RewardForm:
+    """The form of `fn`, after checking that the call the composer will make binds to its
+    signature (the term's kwargs included): a reward that cannot take its arguments is refused
+    before any worker starts, not on the first batch."""
+    form, signature = reward_form(fn), inspect.signature(fn)
+    try:
+        if form == RewardForm.verl:
+            signature.bind(**{**dict.fromkeys(VERL_KEYWORDS), **term.kwargs})
+        elif form == RewardForm.per_response:
+            signature.bind("", "", {}, **term.kwargs)
+        else:  # TRL's: the dataset's columns vary; only the term's own keywords are checked
+            signature.bind_partial(completions=[], **term.kwargs)
+    except TypeError as exc:
+        forms = (
+            "verl's compute_score(data_source, solution_str, ground_truth, extra_info=None), dagrl's"
+            " fn(solution_str, ground_truth, extra_info) or TRL's fn(completions, **kwargs)"
+        )
+        if term.kwargs:
+            fix = (
+                f"{term.name}{signature} cannot take them ({exc}); pass only keywords it names (verl's"
+                " custom_reward_function.reward_kwargs.* land here), or give it **kwargs"
+            )
+            raise ConfigError(f"{key}.kwargs", term.kwargs, fix) from None
+        fix = (
+            f"{term.name}{signature} cannot be called as a reward ({exc}): write it as {forms}; values"
+            f" for parameters of its own go in {key}.kwargs"
+        )
+        raise ConfigError(f"{key}.name", term.name, fix) from None
+    return form
+
+
+def _call_trl(term, fn, solutions, columns, prompts, completion_ids) -> list[float | None]:
     """One call of a TRL-form reward on the batch: completions, prompts, and the rows' columns
-    (plus the keys inside extra_info, as TRL passes every dataset column) as keyword lists."""
-    kwargs = dict(columns)
+    (plus the keys inside extra_info, as TRL passes every dataset column) as keyword lists, and the
+    term's own kwargs."""
+    name, kwargs = term.name, dict(columns)
     for key in sorted({k for extra in columns["extra_info"] for k in (extra or {})} - set(columns)):
         kwargs[key] = [(extra or {}).get(key) for extra in columns["extra_info"]]
     if prompts is not None:
         kwargs["prompts"] = prompts
     if completion_ids is not None:
         kwargs["completion_ids"] = completion_ids
+    kwargs.update(term.kwargs)
     try:
         out = list(fn(completions=list(solutions), **kwargs))
     except Exception as exc:

@@ -1,15 +1,23 @@
 """Name -> reward function registry, and the default reward for each known data source.
 
-Two forms, told apart by the signature:
+Three forms, told apart by the signature (`reward_form`):
 
-- dagrl / verl: ``fn(solution_str, ground_truth, extra_info) -> float`` scores one response;
-- TRL's GRPOTrainer: ``fn(completions, **kwargs) -> list[float]`` scores a batch, with ``prompts``,
-  ``completion_ids`` and the dataset's columns (``data_source``, ``ground_truth``, ``extra_info`` and
-  the keys inside ``extra_info``) as keyword lists; ``None`` in the result means "does not apply".
+- verl: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` scores one
+  response, called by keyword as verl's reward manager calls it (any function that takes those four
+  names, by name or through ``**kwargs``); it returns a float or a dict whose ``"score"`` is the score;
+- dagrl: ``fn(solution_str, ground_truth, extra_info) -> float`` scores one response, called
+  positionally (the built-in rewards);
+- TRL's GRPOTrainer: ``fn(completions, **kwargs) -> list[float]`` (a parameter named
+  ``completions``, wherever it stands) scores a batch, with ``prompts``, ``completion_ids`` and the
+  dataset's columns (``data_source``, ``ground_truth``, ``extra_info`` and the keys inside
+  ``extra_info``) as keyword lists; ``None`` in the result means "does not apply".
+
+Every form also receives its term's ``kwargs`` (``reward.functions[i].kwargs``, verl's
+``custom_reward_function.reward_kwargs``) as keywords on every call.
 
 Built-in rewards register themselves on import of ``dagrl.rewards``; user rewards register
 the same way from a module listed in ``external_plugins``, or are found there by function name
-without a decorator (a TRL reward file works as it is).
+without a decorator (a verl or TRL reward file works as it is).
 """
 
 from __future__ import annotations
@@ -62,14 +70,27 @@ def _qualname(fn: Callable) -> str:
 
 
 class RewardForm(str, Enum):
+    verl = "verl"  # fn(data_source=, solution_str=, ground_truth=, extra_info=) -> float | {"score": ...}
     per_response = "per_response"  # fn(solution_str, ground_truth, extra_info) -> float
     trl = "trl"  # fn(completions, **kwargs) -> list[float | None]
 
 
+# the keywords verl's reward manager calls compute_score with
+VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
 def reward_form(fn: Callable) -> RewardForm:
-    """TRL's form names its first argument ``completions``; anything else is dagrl's per-response form."""
-    params = list(inspect.signature(fn).parameters)
-    return RewardForm.trl if params and params[0] == "completions" else RewardForm.per_response
+    """TRL's form has a parameter named ``completions``; verl's takes ``data_source``,
+    ``solution_str``, ``ground_truth`` and ``extra_info`` by keyword; anything else is dagrl's
+    positional per-response form."""
+    signature = inspect.signature(fn)
+    if "completions" in signature.parameters:
+        return RewardForm.trl
+    try:
+        signature.bind_partial(**dict.fromkeys(VERL_KEYWORDS))
+    except TypeError:
+        return RewardForm.per_response
+    return RewardForm.verl
 
 
 def get_reward(name: str) -> RewardFn:

@@ -70,7 +70,7 @@ def commit(root: str, staging: str, step: int, trainer_state: dict, keep: int | 
     os.replace(staging, final)
     _atomic_write(os.path.join(root, TRACKER), str(step))
     manifest.fsync_dir(root)
-    trim(root, keep)
+    trim(root, keep, upto=step)
     return final
 
 
@@ -134,14 +134,18 @@ def read_state(path: str) -> dict:
         return json.load(f)
 
 
-def trim(root: str, keep: int | None) -> None:
-    """Keep the newest `keep` checkpoints; drop leftovers of interrupted saves."""
+def trim(root: str, keep: int | None, upto: int | None = None) -> None:
+    """Keep the newest `keep` checkpoints; drop leftovers of interrupted saves. After a save of
+    step `upto`, only checkpoints up to it count: higher steps are an earlier run's that went
+    further (trainer.resume_mode=disable in the same directory) and are left alone; trimming by
+    step alone deleted each new save at once."""
     for name in os.listdir(root):
         if name.startswith(".tmp-global_step_"):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     if keep is None or keep <= 0:
         return
-    for step in sorted(_steps(root))[:-keep]:
+    steps = sorted(s for s in _steps(root) if upto is None or s <= upto)
+    for step in steps[:-keep]:
         shutil.rmtree(os.path.join(root, f"global_step_{step}"), ignore_errors=True)
 
 

@@ -23,6 +23,8 @@ CONSOLE_KEYS = [
     ("val/reward/mean", "val", "{:.3f}"),
     ("response_length/mean", "len", "{:.1f}"),
     ("actor/pg_loss", "loss", "{:+.4f}"),
+    ("train/loss", "nll", "{:.4f}"),  # SFT's training NLL (dagrl/objectives/sft.py)
+    ("val/loss", "val_nll", "{:.4f}"),  # SFT's validation NLL (the val_loss node)
     ("actor/kl_loss", "kl", "{:.4f}"),
     ("distill/divergence", "div", "{:.4f}"),
     ("distill/reverse_kl", "rkl", "{:.4f}"),
@@ -47,13 +49,15 @@ def check_loggers(loggers: list[str]) -> None:
             "trainer.logger",
             "tensorboard",
             "tensorboard is not installed (torch.utils.tensorboard needs it): pip install tensorboard,"
-            " or drop it from the list, e.g. 'trainer.logger=[console]'",
+            f" or drop it from the list: {_without(loggers, 'tensorboard')}",
         )
     if "wandb" not in loggers:
         return
     if not _importable("wandb"):
         raise ConfigError(
-            "trainer.logger", "wandb", "wandb is not installed: pip install wandb, or drop it from the list"
+            "trainer.logger",
+            "wandb",
+            f"wandb is not installed: pip install wandb, or drop it from the list: {_without(loggers, 'wandb')}",
         )
     where = wandb_credentials()
     if where is None:
@@ -64,6 +68,12 @@ def check_loggers(loggers: list[str]) -> None:
             f" {_wandb_host()} in {_netrc_path()}): export WANDB_API_KEY=<key>, run `wandb login`,"
             " or log offline with WANDB_MODE=offline (wandb sync uploads it later)",
         )
+
+
+def _without(loggers: list[str], name: str) -> str:
+    """The override that logs to the other sinks (console when none is left)."""
+    rest = [x for x in loggers if x != name] or ["console"]
+    return f"'trainer.logger=[{','.join(rest)}]'"
 
 
 def _importable(name: str) -> bool:

@@ -90,6 +90,8 @@ class Trainer:
         self.metrics = MetricsLogger(
             self.out_dir, loggers, t.experiment_name, t.project_name, self.step, run_config(self.cfg)
         )
+        if t.val_only:  # verl's trainer.val_only: the current weights scored once, no step taken
+            return self.validate_only()
         last: dict[str, float] = {}
         if t.val_before_train and self.step == 0 and self.val_dataset is not None:
             with phase("validation"):
@@ -182,10 +184,23 @@ class Trainer:
             upcoming = self.next_batch(self.step + 1)
         return self.ahead.step(self.step, current, upcoming, state)
 
-    def validate(self) -> dict[str, float]:
-        """Run the validation DAG on the validation prompts (rollout.val_kwargs) and score them."""
+    def validate_only(self) -> dict[str, float]:
+        """trainer.val_only: validate the weights the train role holds (a resumed checkpoint's, else
+        the model's own), synced to the rollout engine first, and stop."""
+        with phase("validation"):
+            metrics = self.validate(sync=True)
+        self.metrics.write(self.step, metrics)
+        self.metrics.close()
+        if self.ahead is not None:
+            self.ahead.close()
+        log(f"trainer.val_only: validated the weights of step {self.step}; no training step taken")
+        return metrics
+
+    def validate(self, sync: bool = False) -> dict[str, float]:
+        """Run the validation DAG on the validation prompts (rollout.val_kwargs) and score them.
+        The rollout engine gets the train role's weights first after an update, or when `sync`."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        scheduler = self.validators[1 if self.step > 0 else 0]  # after an update: sync weights first
+        scheduler = self.validators[1 if sync or self.step > 0 else 0]
         examples = [self.val_dataset[i] for i in range(len(self.val_dataset))]
         width = self.cfg.data.max_response_length
         pad = self.runtime.tokenizer.pad_token_id

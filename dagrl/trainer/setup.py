@@ -41,6 +41,7 @@ from dagrl.core.dag import (
 )
 from dagrl.core.plugins import absolute_plugin_paths, load_plugins
 from dagrl.data.parquet import PromptDataset, PromptLoader
+from dagrl.errors import ConfigError
 from dagrl.rewards import RewardComposer, RewardTerm
 from dagrl.trainer.capacity import check_dataset_size, device_memory_gib, plan_device_memory
 from dagrl.trainer.logger import check_loggers
@@ -93,6 +94,12 @@ def prepare(cfg: DagrlConfig) -> Prepared:
     check_run_outside(cfg, plan, _count_params(cfg, model_path)[0] if cfg.trainer.save_freq > 0 else None)
     warnings = (warning,) if warning else ()
     val_dags = validation_dags(set(plan.roles), validation_dag_name(cfg))
+    if cfg.trainer.val_only and val_dags is None:
+        raise ConfigError(
+            "trainer.val_only",
+            True,
+            f"the DAG ({cfg.dag}) has no rollout and train roles to validate with; drop trainer.val_only",
+        )
     return Prepared(cfg, device, plan, dag, model_path, val_dags, warnings, memory)
 
 
@@ -165,10 +172,9 @@ def validation_roles(cfg: DagrlConfig) -> set[str]:
     """Roles only the DAG's own validation runs on (SFT's rollout role, for greedy sampling): they
     get pools too. The shared validation DAG runs on the training DAG's roles."""
     name = validation_dag_name(cfg)
-    if (
-        name in ("validate", "validate_multi_turn")
-        or cfg.trainer.test_freq <= 0
-        and not cfg.trainer.val_before_train
+    t = cfg.trainer
+    if name in ("validate", "validate_multi_turn") or (
+        t.test_freq <= 0 and not t.val_before_train and not t.val_only
     ):
         return set()
     return {s.role for s in load_dag_specs(name)[1] if s.role}
@@ -237,7 +243,7 @@ def load_data(cfg: DagrlConfig, model_path: str):
 
 
 def rewarder_for(cfg: DagrlConfig) -> RewardComposer:
-    return RewardComposer([RewardTerm(t.name, t.weight) for t in cfg.reward.functions])
+    return RewardComposer([RewardTerm(t.name, t.weight, dict(t.kwargs)) for t in cfg.reward.functions])
 
 
 def init_ray(cfg: DagrlConfig) -> None:

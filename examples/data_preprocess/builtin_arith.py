@@ -10,7 +10,6 @@ in train.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -19,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # find `common` when l
 import common  # noqa: E402
 
 from dagrl.data.builtin import DEFAULT_TEST_ROWS, DEFAULT_TRAIN_ROWS, generate_rows  # noqa: E402
-from dagrl.data.writer import write_parquet  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,14 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body():
-        reports, written = [], []
-        for split, size in (("train", args.train_size), ("test", args.test_size)):
-            rows = generate_rows(split, size, args.seed)
-            path = os.path.join(os.path.expanduser(args.local_dir), f"{split}.parquet")
-            write_parquet(rows, path)
-            reports.append(common.SplitReport(split, rows_in=len(rows), rows_out=len(rows)))
-            written.append(path)
-        common.print_summary("arith", reports, written)
+        sizes = {"train": args.train_size, "test": args.test_size}
+        rows = {split: generate_rows(split, size, args.seed) for split, size in sizes.items()}
+        reports = [common.SplitReport(split, rows_in=len(r), rows_out=len(r)) for split, r in rows.items()]
+        common.write_splits("arith", rows, reports, args.local_dir)  # --test_size 0: no test.parquet
         return reports
 
     return common.run_main(body)

@@ -2,7 +2,8 @@
 
 Each script supplies `make_row(raw, index, split, opts) -> row` for its source (raising `RowError` for a
 bad row) and a loader; this module turns raw records into dagrl rows, counts what was skipped and why,
-and writes `<local_dir>/<split>.parquet` through `dagrl.data.write_parquet`.
+and writes `<local_dir>/<split>.parquet` through `dagrl.data.write_parquet` (a split left with no
+rows is not written, and the summary says so).
 """
 
 from __future__ import annotations
@@ -355,22 +356,48 @@ def convert_and_write(name: str, sources: dict[str, SplitSource], make_row: Make
             f"{name} {first.split} row {indices[0]}: {reason} ({sum(r.num_skipped for r in bad)} bad rows in "
             "all, listed above; nothing written) — fix the source rows or pass --on_error skip"
         )
-    written = []
-    for split, (rows, _) in results.items():
-        path = os.path.join(os.path.expanduser(opts.local_dir), f"{split}.parquet")
-        write_parquet(rows, path)
-        written.append(path)
-    print_summary(name, reports, written)
+    write_splits(name, {split: rows for split, (rows, _) in results.items()}, reports, opts.local_dir)
     return reports
 
 
-def print_summary(name: str, reports: list[SplitReport], written: list[str]) -> None:
+def write_splits(name: str, rows: dict[str, list[dict]], reports: list[SplitReport], local_dir: str) -> None:
+    """Write each split's rows to `<local_dir>/<split>.parquet`, then print the summary.
+
+    A split with no rows is not written (an empty parquet only fails later, when training reads
+    it) and the summary says so; an earlier run's file of that split is removed, so the directory
+    holds what this run converted rather than a stale split beside a new one. No rows in any
+    split is an error.
+    """
+    if not any(rows.values()):
+        print_summary(name, reports, written=[])
+        raise DataError(
+            f"{name}: no rows in any split ({', '.join(rows)}); nothing written — check the source"
+            " (--local_src) and the skipped rows listed above"
+        )
+    written, notes = [], []
+    for split, split_rows in rows.items():
+        path = os.path.join(os.path.expanduser(local_dir), f"{split}.parquet")
+        if split_rows:
+            write_parquet(split_rows, path)
+            written.append(path)
+            continue
+        note = f"{split}: no rows, {path} not written"
+        if os.path.exists(path):
+            os.remove(path)
+            note += " (the file an earlier run wrote there is removed)"
+        notes.append(note)
+    print_summary(name, reports, written, notes)
+
+
+def print_summary(name: str, reports: list[SplitReport], written: list[str], notes: list[str] = ()) -> None:
     print(f"[{name}] summary")
     for report in reports:
         for line in report.describe():
             print(f"  {line}")
     for path in written:
         print(f"  wrote {path}")
+    for note in notes:
+        print(f"  {note}")
 
 
 def run_main(main: Callable[[], Any]) -> int:

@@ -8,7 +8,17 @@ import pytest
 import torch
 
 from dagrl.backends.weight_broadcast import BroadcastGroup
-from dagrl.backends.weight_layout import RecipeBuilder, find_rows, pack_into, plan_buckets, unpack_into
+from dagrl.backends.weight_layout import (
+    PackViews,
+    Piece,
+    RecipeBuilder,
+    Slot,
+    bucket_bytes,
+    find_rows,
+    pack_into,
+    plan_buckets,
+    unpack_into,
+)
 from tests.gloo_threads import free_port, on_threads
 
 H, Q, KV, FF, V = 8, 8, 4, 12, 10  # hidden, q rows, k/v rows, intermediate, vocabulary
@@ -129,15 +139,48 @@ def test_pack_then_unpack_equals_the_engines_own_loader(limit):
     new = hf_weights(7, torch.bfloat16)  # the trainer's dtype differs: the copy casts
     reference = FusedEngine()
     reference.load_weights({k: v.float() for k, v in new.items()})
-    direct = FusedEngine()
     plan = plan_buckets(slots, limit)
-    for bucket in plan:
-        size = bucket[-1][1] + bucket[-1][0].nbytes
-        buffer = torch.empty(size, dtype=torch.uint8)
-        pack_into(bucket, new, buffer)
-        unpack_into(bucket, buffer, direct.params())
-    for name, p in reference.params().items():
-        assert torch.equal(direct.params()[name], p), name
+    views = PackViews(plan)  # the sender's recipe: the same bytes as pack_into's
+    for pack in (pack_into, lambda bucket, sources, buffer: views.pack(plan.index(bucket), sources, buffer)):
+        direct = FusedEngine()
+        for bucket in plan:
+            size = bucket[-1][1] + bucket[-1][0].nbytes
+            buffer = torch.empty(size, dtype=torch.uint8)
+            pack(bucket, new, buffer)
+            unpack_into(bucket, buffer, direct.params())
+        for name, p in reference.params().items():
+            assert torch.equal(direct.params()[name], p), name
+
+
+def test_the_senders_recipe_packs_gaps_cut_rows_and_mixed_dtypes_as_pack_into():
+    """PackViews against pack_into byte for byte: a 3-float vector (a 4-byte gap after it), a
+    matrix cut over buckets (pieces from a source's middle rows), a bucket of two dtypes."""
+    g = torch.Generator().manual_seed(3)
+    sources = {
+        "v": torch.randn(3, generator=g),
+        "w": torch.randn(6, 2, generator=g),
+        "u": torch.randn(2, 4, generator=g).bfloat16(),
+        "x": torch.randn(5, 4, generator=g),
+    }
+    slots = [
+        Slot("p.v", torch.float32, (3,), (Piece("v", 0, 3),)),
+        Slot("p.w", torch.float32, (6, 2), (Piece("w", 0, 6),)),
+        Slot("p.ux", torch.bfloat16, (7, 4), (Piece("u", 0, 2), Piece("x", 2, 5))),  # casts x
+    ]
+    for limit in (40, 64, 10**6):
+        plan = plan_buckets(slots, limit)
+        views = PackViews(plan)
+        assert any(r is None for r in views.recipes) == (limit == 10**6)  # all in one: mixed
+        assert any(p.src_row for b in plan for s, _ in b for p in s.pieces) == (limit == 40)
+        # at 64, v and w share a bucket of one dtype: w starts after a 4-byte gap
+        gap = any(b[0][0].param == "p.v" and len(b) > 1 for b, r in zip(plan, views.recipes) if r is not None)
+        assert gap == (limit == 64)
+        for i, bucket in enumerate(plan):
+            expected = torch.zeros(bucket_bytes(bucket), dtype=torch.uint8)
+            got = torch.zeros(bucket_bytes(bucket), dtype=torch.uint8)
+            pack_into(bucket, sources, expected)
+            views.pack(i, sources, got)
+            assert torch.equal(got, expected), (limit, i)
 
 
 def test_a_loader_that_transforms_values_keeps_the_ordinary_path():

@@ -202,3 +202,37 @@ def test_help_text_groups_come_from_the_conf_dir():
 def test_docs_table_lists_every_entry():
     text = (REPO / "docs" / "compat.md").read_text()
     assert [key for key in compat.TABLE if f"| `{key}" not in text] == []
+
+
+def test_verl_custom_reward_function_makes_one_reward_term():
+    """verl's custom_reward_function.{path,name,reward_kwargs}: the file joins external_plugins (after
+    the given entries), the function is a reward term with the kwargs (verl's default name is
+    compute_score)."""
+    cfg = typed(
+        "external_plugins=[my_pkg.rewards]",
+        "custom_reward_function.path=/data/my_reward.py",
+        "custom_reward_function.name=my_score",
+        "+custom_reward_function.reward_kwargs.format_score=0.1",
+        "custom_reward_function.reward_kwargs.method=strict",
+    )
+    assert cfg.external_plugins == ["my_pkg.rewards", "/data/my_reward.py"]
+    [term] = cfg.reward.functions
+    assert (term.name, term.weight, term.kwargs) == (
+        "my_score",
+        1.0,
+        {"format_score": 0.1, "method": "strict"},
+    )
+    [term] = typed("custom_reward_function.path=/data/my_reward.py").reward.functions
+    assert (term.name, term.kwargs) == ("compute_score", {})
+    assert typed("custom_reward_function.path=null").reward.functions == []  # verl's: no custom reward
+
+
+def test_verl_custom_reward_function_refusals_name_the_key():
+    with pytest.raises(ConfigError) as info:
+        typed("custom_reward_function.path=/data/r.py", "custom_reward_function.nme=f")
+    assert (
+        info.value.key == "custom_reward_function.nme"
+        and "did you mean custom_reward_function.name" in str(info.value)
+    )
+    with pytest.raises(ConfigError, match="reward.functions is given too"):
+        typed("custom_reward_function.path=/data/r.py", "reward.functions=[{name: gsm8k}]")

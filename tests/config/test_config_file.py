@@ -259,3 +259,44 @@ def test_cfg_job_shows_what_the_file_became(capsys):
     main(["--config", str(SWIFT / "rollout_colocate_teacher_standalone.yaml"), "--cfg", "job"])
     out = capsys.readouterr().out
     assert "placement: standalone" in out and "max_logprobs: 64" in out and "lr: 1.0e-06" in out
+
+
+def swift_file(tmp_path, text: str) -> str:
+    path = tmp_path / "swift.yaml"
+    path.write_text("rlhf_type: grpo\nnum_generations: 8\nglobal_batch_size: 64\n" + text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "save_key,eval_key", [("save_steps", "eval_steps"), ("save_interval", "eval_interval")]
+)
+def test_ms_swift_step_counts_are_optimizer_steps(tmp_path, save_key, eval_key):
+    """ms-swift counts optimizer steps; one dagrl step is one rollout feeding steps_per_generation."""
+    text = f"steps_per_generation: 4\ntrain_iters: 400\n{save_key}: 40\n{eval_key}: 20\n"
+    t = typed("--config", swift_file(tmp_path, text)).trainer
+    assert (t.total_training_steps, t.save_freq, t.test_freq) == (100, 10, 5)
+    one = typed("--config", swift_file(tmp_path, f"train_iters: 30\n{save_key}: 6\n{eval_key}: 3\n")).trainer
+    assert (one.total_training_steps, one.save_freq, one.test_freq) == (30, 6, 3)
+
+
+def test_ms_swift_eval_interval_defaults_to_the_save_interval(tmp_path):
+    t = typed("--config", swift_file(tmp_path, "steps_per_generation: 2\nsave_steps: 10\n")).trainer
+    assert (t.save_freq, t.test_freq) == (5, 5)
+    later = typed("--config", swift_file(tmp_path, "save_steps: 10\n"), "trainer.test_freq=3").trainer
+    assert (later.save_freq, later.test_freq) == (10, 3)
+
+
+@pytest.mark.parametrize("key", ["train_iters", "save_steps", "save_interval", "eval_steps", "eval_interval"])
+def test_ms_swift_step_count_not_a_multiple_is_one_line(tmp_path, key):
+    with pytest.raises(ConfigError) as info:
+        typed("--config", swift_file(tmp_path, f"steps_per_generation: 4\n{key}: 42\n"))
+    assert (info.value.key, info.value.value) == (key, 42)
+    text = str(info.value)
+    assert "\n" not in text and "give a multiple of 4 (e.g. 40 or 44)" in text, text
+
+
+def test_ms_swift_epochs_and_checkpoints_kept(tmp_path):
+    t = typed("--config", swift_file(tmp_path, "max_epochs: 3\nsave_total_limit: 4\n")).trainer
+    assert (t.total_epochs, t.total_training_steps, t.max_actor_ckpt_to_keep) == (3, None, 4)
+    t = typed("--config", swift_file(tmp_path, "num_train_epochs: 2\nsave_total_limit: null\n")).trainer
+    assert (t.total_epochs, t.total_training_steps, t.max_actor_ckpt_to_keep) == (2, None, None)

@@ -218,3 +218,50 @@ def test_loader_over_a_real_dataset(tmp_path):
     batch = loader.next_batch()
     assert len(batch) == 4 and all(isinstance(e, Example) for e in batch)
     assert len({e.index for e in batch}) == 4
+
+
+def _renamed_prompt_file(tmp_path, column: str) -> str:
+    """A file of the layout with its prompt column under another name (written without the
+    writer's checks, which expect `prompt`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [make_row(i, f"{i}+1=") for i in range(2)]
+    rows = [{(column if k == "prompt" else k): v for k, v in row.items()} for row in rows]
+    path = str(tmp_path / "renamed.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_a_prompt_key_the_file_lacks_is_one_error_naming_key_value_file_columns_and_fix(tmp_path):
+    path = write_rows(tmp_path, "train.parquet", [make_row(0, "1+1=")])
+    with pytest.raises(ConfigError) as info:
+        read_rows(path, prompt_key="question")
+    exc, text = info.value, str(info.value)
+    assert (exc.key, exc.value) == ("data.prompt_key", "question")
+    assert "\n" not in text and "data.train_files" in text and path in text
+    assert "'reward_model'" in text and "set data.prompt_key=prompt" in text
+
+
+def test_a_misspelt_prompt_key_is_told_the_nearest_column(tmp_path):
+    path = _renamed_prompt_file(tmp_path, "question")
+    with pytest.raises(ConfigError, match=r"did you mean data.prompt_key=question\?"):
+        read_rows(path, key="data.val_files", prompt_key="questoin")
+    assert [r["question"][0]["content"] for r in read_rows(path, prompt_key="question")] == ["0+1=", "1+1="]
+
+
+def test_a_prompt_key_the_file_lacks_is_refused_by_the_dry_run(tmp_path, capsys):
+    from tests.conftest import main_in_process
+
+    path = write_rows(tmp_path, "train.parquet", [make_row(i, f"{i}+1=") for i in range(16)])
+    code, out = main_in_process(
+        capsys,
+        f"data.train_files={path}",
+        f"data.val_files={path}",
+        "data.prompt_key=question",
+        "trainer.dry_run=true",
+    )
+    errors = [line for line in out.splitlines() if line.startswith("error")]
+    assert code != 0 and len(errors) == 1, out
+    assert "data.prompt_key" in errors[0] and "'question'" in errors[0] and path in errors[0]
+    assert "dry run: plan printed" not in out  # refused before the plan

@@ -362,3 +362,55 @@ def test_problem_placeholder_and_response_column_load_for_distillation(tmp_path)
     assert "Natalia sold clips" in teacher_text
     assert "\nReference solution: Natalia sold 48/2 = 24 clips in May." in teacher_text
     assert data[0].response_ids[-1] == tok.eos_token_id
+
+
+# ---------------------------------------------------------------------------------------------- empty splits
+
+
+def test_an_empty_split_writes_nothing_and_says_so(tmp_path, capsys):
+    """A test split with no rows: train.parquet is written, no empty test.parquet, the script
+    succeeds and its summary says why test.parquet is missing; a test.parquet an earlier run left
+    there is removed rather than kept beside the new train split."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.jsonl").write_text((FIXTURES / "gsm8k" / "train.jsonl").read_text())
+    (source / "test.jsonl").write_text("")
+    out = tmp_path / "out"
+    out.mkdir()
+    pq.write_table(pa.table({"stale": [1]}), out / "test.parquet")
+
+    status, rows = run(gsm8k, tmp_path, "--local_src", source)
+    summary = capsys.readouterr().out
+    assert status == 0, summary
+    assert list(rows) == ["train"] and len(rows["train"]) > 0
+    assert f"test: no rows, {out / 'test.parquet'} not written" in summary
+    assert "earlier run" in summary and "test: 0 rows in, 0 rows out" in summary
+
+
+def test_a_split_whose_rows_are_all_skipped_is_not_written(tmp_path, capsys):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.jsonl").write_text((FIXTURES / "gsm8k" / "train.jsonl").read_text())
+    (source / "test.jsonl").write_text(json.dumps({"question": "q", "answer": "no final answer"}) + "\n")
+    status, rows = run(gsm8k, tmp_path, "--local_src", source)
+    assert status == 0 and list(rows) == ["train"]
+    assert "test: 1 rows in, 0 rows out, 1 skipped" in capsys.readouterr().out
+
+
+def test_no_rows_in_any_split_is_an_error_and_writes_nothing(tmp_path, capsys):
+    source = tmp_path / "src"
+    source.mkdir()
+    for split in ("train", "test"):
+        (source / f"{split}.jsonl").write_text("")
+    status, rows = run(gsm8k, tmp_path, "--local_src", source)
+    captured = capsys.readouterr()
+    assert status == 1 and rows == {}
+    assert "no rows in any split (train, test); nothing written" in captured.err
+
+
+def test_builtin_arith_without_a_test_split(tmp_path, capsys):
+    builtin_arith = load_script("builtin_arith")
+    status = builtin_arith.main(["--local_dir", str(tmp_path), "--train_size", "8", "--test_size", "0"])
+    assert status == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.parquet"]
+    assert "test: no rows" in capsys.readouterr().out

@@ -194,3 +194,22 @@ def test_every_documented_mode_has_a_test_that_runs_it():
     assert "teacher.model=self_current" in modes
     assert modes <= set(MODES), f"documented modes without a test: {sorted(modes - set(MODES))}"
     assert not missing_tests(MODES)
+
+
+def test_the_checkpoints_kept_are_documented_as_the_code_keeps_them():
+    """README and docs/compat.md state trainer.max_actor_ckpt_to_keep's default and its ms-swift and
+    verl counterparts as the schema and the compatibility table have them."""
+    from dagrl.config import compat, keys
+
+    default = keys.schema_keys()["trainer.max_actor_ckpt_to_keep"].default
+    readme = (ROOT / "README.md").read_text()
+    compat_md = (ROOT / "docs" / "compat.md").read_text()
+    assert f"`trainer.max_actor_ckpt_to_keep` (default {default})" in readme
+    assert f"the newest {default} by default" in readme
+    assert (
+        f"`trainer.max_actor_ckpt_to_keep` is {default}, where verl's null keeps every checkpoint"
+        in compat_md
+    )
+    assert compat.TABLE["save_total_limit"].target == "trainer.max_actor_ckpt_to_keep"
+    assert "| `save_total_limit` | same concept | `trainer.max_actor_ckpt_to_keep` |" in compat_md
+    assert "max_actor_ckpt_to_keep keeps both" in compat.TABLE["trainer.max_critic_ckpt_to_keep"].fix

@@ -84,6 +84,10 @@ ELSEWHERE = {
     "python -m dagrl.main 'external_plugins=[my_rewards.py]' 'reward.functions=[{name: exact_answer}]'": (
         "tests/e2e/test_loggers_run.py::test_a_step_twice_with_wandb_offline_and_a_trl_reward"
     ),
+    "python -m dagrl.main custom_reward_function.path=my_reward.py custom_reward_function.name=compute_score"
+    " +custom_reward_function.reward_kwargs.format_score=0.1": (
+        "tests/e2e/test_verl_reward_run.py::test_a_verl_compute_score_file_scores_a_real_step"
+    ),
     "python -m dagrl.main actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32"
     " actor_rollout_ref.actor.optim.lr=1e-3": "tests/e2e/test_lora_run.py::test_lora_run_takes_its_reference_from_the_base",
     "python -m dagrl.main algorithm=dapo": "tests/e2e/test_dapo_run.py::test_dapo_refills_the_batch",

@@ -168,7 +168,7 @@ DATA = [
     ("not_parquet.parquet", b"data_source,prompt\nx,y\n", [], "not a readable parquet file"),
     ("empty.parquet", b"", [], "not a readable parquet file"),
     ("no_data_source.parquet", _without("data_source"), [], "missing column(s) ['data_source']"),
-    ("no_prompt.parquet", _without("prompt"), [], "missing column(s) ['prompt']"),
+    ("no_prompt.parquet", _without("prompt"), [], "data.prompt_key' = 'prompt'"),
     ("prompt_string.parquet", [dict(r, prompt="What is 2+3?") for r in _rows()], [], "row 0"),
     ("bad_role.parquet", _rows(r2={"prompt": [{"role": "bot", "content": "hi"}]}), [], "row 2"),
     ("empty_prompt.parquet", _rows(r5={"prompt": []}), [], "row 5"),

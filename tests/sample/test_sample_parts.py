@@ -93,3 +93,24 @@ def test_ms_swift_device_groups_plan_sampler_and_reward_models(tmp_path):
     assert set(groups) == {("sampler",), ("orm", "prm")}
     assert plan.roles["sampler"].dp == 2 and plan.roles["prm"].dp == 2 and plan.roles["orm"].dp == 2
     assert plan.roles["prm"].group == plan.roles["orm"].group != plan.roles["sampler"].group
+
+
+def test_a_sampling_job_takes_any_batch_size(tmp_path):
+    """Nothing trains in pipeline=sample: the actor's mini-batch follows data.train_batch_size, so
+    a job over 8 prompts with data.train_batch_size=8 (what the dataset-size rule asks for) is
+    planned rather than refused for the actor's default mini-batch of 16."""
+    from dagrl.data import write_parquet
+    from dagrl.data.builtin import generate_rows
+    from dagrl.trainer.setup import prepare
+
+    train = tmp_path / "train.parquet"
+    write_parquet(generate_rows("train", 8, 0), str(train))
+    for size in (8, 4, 3):
+        cfg = compose_config(
+            "pipeline=sample",
+            f"data.train_files={train}",
+            f"data.train_batch_size={size}",
+            "trainer.dry_run=true",
+        )
+        assert "sampler" in prepare(cfg).plan.roles
+        assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == size

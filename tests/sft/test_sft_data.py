@@ -9,6 +9,7 @@ from dagrl.backends.hf_model import load_tokenizer
 from dagrl.data.builtin import tiny_model_path
 from dagrl.data.messages import conversation_ids, fill_from_messages
 from dagrl.errors import DataError
+from tests.conftest import compose_config
 
 CHAT = [
     {"role": "system", "content": "add"},
@@ -82,3 +83,18 @@ def test_sft_objective_is_the_nll_of_masked_tokens():
     assert loss.item() == pytest.approx((2 + 4 + 3) / 3)  # token mean over the loss mask only
     halves = [mb.index([0]), mb.index([1])]
     assert objective.micro_batch_weights(mb, halves) == pytest.approx([2 / 3, 1 / 3])
+
+
+@pytest.mark.parametrize("size", [8, 4])
+def test_sft_takes_one_optimizer_step_per_batch_of_any_size(size):
+    """The preset's mini-batch is data.train_batch_size (one step per batch), not a fixed 16 that
+    would refuse every smaller batch."""
+    from dagrl.trainer.setup import prepare
+
+    cfg = compose_config("algorithm=sft", f"data.train_batch_size={size}", "trainer.dry_run=true")
+    prepare(cfg)
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == size
+    override = compose_config(
+        "algorithm=sft", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2"
+    )
+    assert override.actor_rollout_ref.actor.ppo_mini_batch_size == 2

@@ -83,6 +83,20 @@ def test_trim_keeps_newest(tmp_path):
     assert listing(root) == ["global_step_30", "global_step_40", TRACKER]
 
 
+def test_a_fresh_run_beside_an_earlier_runs_higher_steps_keeps_its_own_saves(tmp_path):
+    """resume_mode=disable in a directory an earlier run left at step 100: the new run's saves
+    (5, 10, 15) are trimmed among themselves; step 100 is not theirs to delete, nor a reason to
+    delete the save just written."""
+    root = str(tmp_path)
+    save(root, 100, keep=2)
+    save(root, 5, keep=2)
+    assert listing(root) == ["global_step_100", "global_step_5", TRACKER]
+    save(root, 10, keep=2)
+    save(root, 15, keep=2)
+    assert listing(root) == ["global_step_10", "global_step_100", "global_step_15", TRACKER]
+    assert latest(root).endswith("global_step_15")  # the tracker names the last save
+
+
 def test_keep_none_or_zero_keeps_all(tmp_path):
     root = str(tmp_path)
     for step in (1, 2, 3):

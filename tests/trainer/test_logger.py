@@ -57,3 +57,32 @@ def test_missing_wandb_is_named(monkeypatch):
     with pytest.raises(ConfigError, match="trainer.logger.*pip install wandb"):
         check_loggers(["console", "wandb"])
     check_loggers(["console", "tensorboard"])
+
+
+@pytest.mark.parametrize(
+    "missing,given,rest",
+    [
+        ("wandb", ["console", "tensorboard", "wandb"], "[console,tensorboard]"),
+        ("wandb", ["wandb"], "[console]"),
+        ("tensorboard", ["tensorboard", "wandb"], "[wandb]"),
+    ],
+)
+def test_a_logger_that_cannot_start_shows_the_list_without_it(monkeypatch, missing, given, rest):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == missing else real(name))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with pytest.raises(ConfigError) as info:
+        check_loggers(given)
+    assert (info.value.key, info.value.value) == ("trainer.logger", missing)
+    assert info.value.fix.endswith(f"drop it from the list: 'trainer.logger={rest}'"), info.value.fix
+
+
+def test_sft_step_line_shows_the_training_and_validation_nll():
+    """SFT logs its NLL as train/loss and its validation's as val/loss (the trainer prefixes the
+    val_loss node's `loss`): the console line shows both."""
+    from dagrl.objectives.sft import SFT_LOSS
+    from dagrl.trainer.logger import format_line
+
+    line = format_line(3, {SFT_LOSS: 0.39813, "val/loss": 0.38836, "timing_s/step": 1.0})
+    assert "nll 0.3981" in line and "val_nll 0.3884" in line, line
+    assert "nll" not in format_line(3, {"actor/pg_loss": 0.1})  # GRPO's line is unchanged

@@ -20,6 +20,7 @@ from dagrl.backends.hf.multi_turn import HFTurnSampler
 from dagrl.backends.hf_model import eos_token_ids, load_causal_lm, load_tokenizer, resolve_model_path
 from dagrl.config.roles import RoleSpec
 from dagrl.core.batch import Batch
+from dagrl.errors import DagrlError
 from dagrl.rollout.multi_turn import MultiTurnRollout, batch_rows
 
 
@@ -119,7 +120,8 @@ class HFRolloutBackend:
         ids, attn = mb["prompts"].to(dev), mb["prompt_mask"].to(dev)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1].float()
+        cache_name, past = _kv_cache(self.model, out)
+        logits = out.logits[:, -1].float()
         next_pos = pos[:, -1:] + 1
         alive = torch.ones(ids.shape[0], dtype=torch.bool, device=dev)
         tokens, masks, logps = [], [], []
@@ -138,11 +140,31 @@ class HFRolloutBackend:
                 input_ids=token[:, None],
                 attention_mask=attn,
                 position_ids=next_pos,
-                past_key_values=past,
                 use_cache=True,
+                **{cache_name: past},
             )
-            past, logits, next_pos = out.past_key_values, out.logits[:, -1].float(), next_pos + 1
+            past, logits, next_pos = getattr(out, cache_name), out.logits[:, -1].float(), next_pos + 1
         return torch.stack(tokens, 1).cpu(), torch.stack(masks, 1).cpu(), torch.stack(logps, 1).cpu()
+
+
+# transformers 5.x names the KV cache `cache` (argument and output); 4.x `past_key_values`. 5.x
+# still reads the old name with a deprecation warning, until it drops it: a cache passed under a
+# name the forward no longer knows lands in its **kwargs and is ignored, and every step would
+# decode from the last token alone. So the cache goes back under the name the output gave it.
+CACHE_NAMES = ("cache", "past_key_values")
+
+
+def _kv_cache(model, out) -> tuple[str, object]:
+    """(name, cache) of the KV cache in the prefill's output; a model that returns none is refused."""
+    for name in CACHE_NAMES:
+        cache = getattr(out, name, None)
+        if cache is not None:
+            return name, cache
+    raise DagrlError(
+        f"the hf rollout's model ({type(model).__name__}) returned no KV cache (neither `cache` nor"
+        " `past_key_values` in its output with use_cache=True), so it cannot decode token by token;"
+        " use a transformers causal LM that returns one, or actor_rollout_ref.rollout.name=vllm"
+    )
 
 
 def _sample(logits: torch.Tensor, gen, temperature: float, top_p: float, top_k: int, greedy: bool):
