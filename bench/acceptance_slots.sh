@@ -69,21 +69,31 @@
 #     Every command below passes it where it stands (tests/bench/test_acceptance_slots.py: in order,
 #     on one machine, fresh again where the text says "fresh machine").
 #
-# FIRST (after session 32: one H200 and 2x H200 lent, no 4x). Session 31 ran the whole one-GPU record
-# (the CALL PLAN below) on 0a628b8; session 32 the side-by-sides on the same `dagrl/` (0.47x and
-# 0.49x TRL: issue 29 closed) and `0,1:separate` on a fresh 2x H200 (its synchronous row cut at 220 s,
-# step 8 of 10, by the group's row limit, now 300). What is left, in this order:
-#   1. On the CPU: bring back the fixes that wait for a GPU lease (session 32 landed them on main and
-#      reverted them at once, so that issue 29 closed on the record's `dagrl/`: `git log --grep
-#      "Held back"`, then `git revert` that revert; its CI ran green but for one test's expected
-#      message, fixed after), CI green. They touch CPU paths mostly (verl-form
-#      reward functions called by keyword, greedy rollouts under group baselines refused, ms-swift's
-#      step counts, trainer.val_only, the hf rollout's cache, error lines, checkpoint trimming) and
-#      one GPU path: the separate sync's sender packs from a recipe made once per plan
-#      (bench/pack_gpu.py on one H200: the 0.6B's packs 3.9 -> 2.3 ms a sync, the 8B's unchanged,
-#      bytes equal); the record re-runs on them at the end (the CALL PLAN), before the final
-#      acceptance.
-#   2. Issue 30 on that `dagrl/` (the plan counts the communicators; its rows are to read within
+# FIRST (after session 33: only one H200 lent, no 2x or 4x). Session 33 brought back the fixes held
+# back in session 32 (a2db017: `git log --grep "Held back"`; CI green) and ran on its `dagrl/` what
+# one H200 lease holds of the one-GPU record: ray_probe, tests_b1, handover (its 0.6B row), tests_b2,
+# docs_a, calculator-vllm, docs_b, tests_d and tests_c all passed (docs/gpu_acceptance.md "Session
+# 33"; that host ran each group in ~0.7x its estimate). `dagrl/` stays a2db017's until the record and
+# issues 30 and 34 pass on it: any change of `dagrl/` puts the whole record (the CALL PLAN) back.
+# What is left, in this order, by the kind `status` lends:
+#   1. The rest of the one-GPU record: ten matrix rows, tests_a and tests_ppo. On 4x H200, a fresh
+#      machine (~1,600 s with the installs; one host-heavy row a call):
+#        bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix sample-vllm-rm" 1:ray_probe+tests_a 2:ray_probe+"matrix 4b-torch 1.7b-torch" 3:ray_probe+"matrix 4b-megatron-80gib"
+#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_ppo+"matrix gkd-0.6b-1.7b" 2:"matrix 4b-megatron" 3:"matrix 8b-megatron-lora"
+#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora"
+#      On one H200 (its held time counts whole: three calls a lease), three leases, each a fresh
+#      machine:
+#        bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 4b-megatron-80gib"
+#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch"
+#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron"
+#      then a fresh machine:
+#        bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-torch 1.7b-torch"
+#        bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch-lora sample-vllm-rm"
+#        bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron-lora gkd-0.6b-1.7b"
+#      then a fresh machine:
+#        bash bench/acceptance_slots.sh $OUT 0:tests_a
+#        bash bench/acceptance_slots.sh $OUT 0:tests_ppo+"matrix 4b-megatron"
+#   2. Issue 30 on the same `dagrl/` (the plan counts the communicators; its rows are to read within
 #      +-15 % of it; 1g-0.6b-colocate, the separate rows, dp2 and dp4 ask for the engine's log-probs,
 #      for the mismatch metric). On 2x H200, a fresh machine (pp after tp on the same warm machine:
 #      it compares with tp's one-GPU row; ~1,525 s with the installs):
@@ -100,7 +110,9 @@
 #      (On 4x H200 two pairs at once: `0,1:tp 2,3:gkd3a`, then `0,1:pp 2,3:gkd3b`, then the rest
 #      alone.) The separate sync's broadcast read 0.41 of a raw NCCL broadcast of the 0.6B's 1.19 GB
 #      in session 32 (0.88 at the 8B's 16.4 GB alone): issue 30 asks 0.8. Its sender's host loop set
-#      the pace (packs 5.25 ms of an 8.0 ms span); `separate`'s rows on the recipe say how far it got.
+#      the pace (packs 5.25 ms of an 8.0 ms span); a2db017's sender packs from a recipe made once per
+#      plan (bench/pack_gpu.py on one H200: the 0.6B's packs 3.9 -> 2.3 ms of host a sync, bytes
+#      equal): `separate`'s rows on it say how far that got.
 #   3. Issue 34's 4-GPU groups (below, "The 4-GPU groups") on the same `dagrl/`, when a 4-GPU host is
 #      lent: mega8b, mega8b_save, mega8b_resume one lease (~1,345 s); gkd4_colocate, gkd4_split and
 #      dp4 another (~1,610 s).
