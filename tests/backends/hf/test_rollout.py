@@ -10,6 +10,7 @@ import torch
 
 from dagrl.core.batch import Batch
 from tests.conftest import compose_config
+from tests.tiny_models import tiny_qwen2
 
 R = "actor_rollout_ref.rollout"
 LENGTH = 6
@@ -85,22 +86,6 @@ class _Named(torch.nn.Module):
         return SimpleNamespace(**fields)
 
 
-def _tiny_qwen2():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=48,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return Qwen2ForCausalLM(config).eval()
-
-
 def _decoder(model):
     """An hf rollout around `model` (no model directory: the decode loop is what is tested)."""
     from types import SimpleNamespace
@@ -132,7 +117,7 @@ def test_decode_reads_the_kv_cache_by_the_name_the_output_has(name):
     """Greedy decoding with the cache gives the tokens of a full recompute, whether the model takes
     and returns its cache as `cache` (transformers 5.x), as `past_key_values` (4.x) or is a plain
     transformers model; a cache dropped on the way would decode from the last token alone."""
-    qwen = _tiny_qwen2()
+    qwen = tiny_qwen2()
     model = qwen if name == "model's own" else _Named(qwen, name)
     prompts = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
     mask = (prompts != 0).long()
@@ -152,6 +137,6 @@ def test_a_model_that_returns_no_kv_cache_is_refused():
 
     prompts = torch.tensor([[5, 6, 7]])
     with torch.no_grad(), pytest.raises(DagrlError, match=r"_Named.*KV cache.*rollout.name=vllm"):
-        _decoder(_Named(_tiny_qwen2(), None))._generate(
+        _decoder(_Named(tiny_qwen2(), None))._generate(
             Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)}), None, 1.0, 1.0, 0, True
         )

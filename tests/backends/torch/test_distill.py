@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from dagrl.algos.distillation import full_vocab_divergence, logprobs_at, topk_logprobs
 from dagrl.backends.output_layer import output_layer
@@ -16,17 +16,15 @@ from dagrl.backends.torch.distill import (
     teacher_topk,
 )
 from dagrl.core.batch import left_pad, sequence_inputs, teacher_sequence_inputs
+from tests import tiny_models
 
 VOCAB = 40
 
 
 def tiny_qwen2(seed: int, tie: bool) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=32, tie_word_embeddings=tie,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config).double()
+    return tiny_models.tiny_qwen2(
+        seed, VOCAB, hidden=16, heads=2, kv_heads=1, tie=tie, max_positions=32
+    ).double()
 
 
 @pytest.fixture
