@@ -77,10 +77,12 @@
 # issues 30 and 34 pass on it: any change of `dagrl/` puts the whole record (the CALL PLAN) back.
 # What is left, in this order, by the kind `status` lends:
 #   1. The rest of the one-GPU record: ten matrix rows, tests_a and tests_ppo. On 4x H200, a fresh
-#      machine (~1,600 s with the installs; one host-heavy row a call):
-#        bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix sample-vllm-rm" 1:ray_probe+tests_a 2:ray_probe+"matrix 4b-torch 1.7b-torch" 3:ray_probe+"matrix 4b-megatron-80gib"
-#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_ppo+"matrix gkd-0.6b-1.7b" 2:"matrix 4b-megatron" 3:"matrix 8b-megatron-lora"
-#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora"
+#      machine (~1,600 s with the installs; one host-heavy row a call), with issue 30's tp beside it
+#      on cards 2,3 (pp still runs after tp on one warm machine in 2. below: it compares with tp's
+#      one-GPU row, kept only on the machine that ran it):
+#        bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 4b-megatron-80gib" 1:ray_probe+"matrix 4b-torch 1.7b-torch" 2,3:tp
+#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_ppo 2:tests_a 3:"matrix 8b-megatron-lora"
+#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 8b-torch-lora 4b-megatron" 2:"matrix sample-vllm-rm" 3:"matrix gkd-0.6b-1.7b"
 #      On one H200 (its held time counts whole: three calls a lease), three leases, each a fresh
 #      machine:
 #        bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 4b-megatron-80gib"
