@@ -23,23 +23,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from weight_broadcast_gpu import engine_slots  # noqa: E402
+from weight_broadcast_gpu import engine_slots, hf_tensors  # noqa: E402
 
 from dagrl.backends.weight_layout import PackViews, bucket_bytes, pack_into, plan_buckets  # noqa: E402
-
-
-def sources(slots, device) -> dict[str, torch.Tensor]:
-    """The trainer's HF tensors, random bf16, each as many rows as its pieces take."""
-    rows: dict[str, tuple[int, tuple]] = {}
-    for slot in slots:
-        for piece in slot.pieces:
-            n, width = rows.get(piece.source, (0, tuple(slot.shape[1:])))
-            rows[piece.source] = (max(n, piece.src_row + piece.rows), width)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    return {
-        name: torch.randn((n, *width), generator=g, dtype=torch.float32).to(torch.bfloat16).to(device)
-        for name, (n, width) in rows.items()
-    }
 
 
 def run(plan, srcs, buffer, pack, device, reps) -> tuple[float, float]:
@@ -74,7 +60,7 @@ def main() -> int:
     for shape in args.shapes:
         slots = engine_slots(shape)
         plan = plan_buckets(slots, args.bucket_mb * 2**20)
-        srcs = sources(slots, device)
+        srcs = hf_tensors(slots, device)  # the trainer's HF tensors, random
         size = max(bucket_bytes(b) for b in plan)
         views = PackViews(plan)
         cases = {
