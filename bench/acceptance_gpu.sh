@@ -15,7 +15,7 @@
 #   bash bench/acceptance_gpu.sh OUT matrix ROW.. # bench/gpu_matrix.py rows: 0.6b-32x8x256 (20 steps, the
 #                                                 #   hand-over flatness), 0.6b-64x8x512, 1.7b-torch, 4b-torch,
 #                                                 #   4b-megatron; 8b-megatron on one H200 (8b-torch on a host
-#                                                 #   of >152 GiB: a 4-GPU one); 4b-megatron-80gib (an H100's
+#                                                 #   of >=177 GiB: a 2x/4x one); 4b-megatron-80gib (an H100's
 #                                                 #   79.2 GiB on a larger card, a ballast holding the rest); gkd-0.6b-1.7b,
                                                  #   calculator-vllm, sample-vllm-rm (documented runs)
 #   bash bench/acceptance_gpu.sh OUT side         # TRL vs dagrl's defaults at 32x8x256, 10 steps each (same call)

@@ -79,9 +79,11 @@
 # change of `dagrl/` puts the whole record (the CALL PLAN) back.
 # What is left, in this order, by the kind `status` lends:
 #   1. The rest of the one-GPU record: 8b-megatron, 8b-megatron-lora, 4b-megatron and tests_ppo on
-#      any host; 8b-torch only on a host of more than 152 GiB (a 2x or 4x one: one H200 machine's
-#      126 GiB refuses its 159 GiB host plan, rc 2, session 34). On one H200, a fresh machine
-#      (~1,300 s held with the installs at the ~0.85x those hosts ran):
+#      any host; 8b-torch only on a 2x or 4x host (its plan keeps 159.3 GiB on the host; a plan may
+#      take 90 % of it: one H200 machine's 126 GiB refuses it, rc 2, session 34). 8b-megatron's plan
+#      keeps 103.8 GiB there, within one H200 machine's 113.4: it has only run on 2x/4x hosts so far,
+#      so its row on one H200 is the first check of that figure against the host. On one H200, a
+#      fresh machine (~1,300 s held with the installs at the ~0.85x those hosts ran):
 #        bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora"
 #        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron"
 #        bash bench/acceptance_slots.sh $OUT 0:tests_ppo+"matrix 4b-megatron"
