@@ -40,8 +40,9 @@ ROWS = {
     "4b-torch": ("4b", "torch", 16, 4, 160, 512, 10),
     "4b-megatron": ("4b", "megatron", 16, 4, 160, 512, 10),
     "8b-megatron": ("8b", "megatron", 16, 4, 160, 512, 10),
-    # the torch backend at 8B full parameters: the optimizer on the host (16 bytes a parameter,
-    # 137 GiB of host memory in all): a row for the x4 hosts; one H200's 128 GiB refuses it
+    # the torch backend at 8B full parameters: the optimizer on the host (16 bytes a parameter; the
+    # plan keeps 159.3 GiB there with the sleeping engine's weights): a row for the 2x/4x hosts; one
+    # H200 machine's 126 GiB refuses it before any GPU is taken (session 34)
     "8b-torch": ("8b", "torch", 16, 4, 160, 512, 10),
     # issue 31's acceptance: Qwen3-8B shape, LoRA rank 64, colocated vLLM, one H100, 10 steps
     "8b-torch-lora": ("8b", "torch-lora", 16, 4, 160, 512, 10),
