@@ -110,9 +110,10 @@
 #      (On 4x H200 tp and pp beside 1.'s 8B rows, then `0,1:gkd3a 2,3:gkd3b`; separate and dp2
 #      alone, each a call of its own; then big and two_nodes.) The separate sync's broadcast read
 #      0.41 of a raw NCCL broadcast of the 0.6B's 1.19 GB in session 32 (0.88 at the 8B's 16.4 GB
-#      alone): issue 30 asks 0.8. Its sender's host loop set the pace (packs 5.25 ms of an 8.0 ms span); a2db017's sender packs from a recipe made once per
-#      plan (bench/pack_gpu.py on one H200: the 0.6B's packs 3.9 -> 2.3 ms of host a sync, bytes
-#      equal): `separate`'s rows on it say how far that got.
+#      alone): issue 30 asks 0.8. Its sender's host loop set the pace (packs 5.25 ms of an 8.0 ms
+#      span); a2db017's sender packs from a recipe made once per plan (bench/pack_gpu.py on one
+#      H200: the 0.6B's packs 3.9 -> 2.3 ms of host a sync, bytes equal): `separate`'s rows on it
+#      say how far that got.
 #   3. Issue 34's 4-GPU groups (below, "The 4-GPU groups") on the same `dagrl/`, when a 4-GPU host is
 #      lent: mega8b, mega8b_save, mega8b_resume one lease (~1,345 s); gkd4_colocate, gkd4_split and
 #      dp4 another (~1,610 s).
