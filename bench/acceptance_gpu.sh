@@ -27,6 +27,7 @@
 #   bash bench/acceptance_gpu.sh OUT side_ppo     # PPO with the critic colocated beside GRPO's defaults, same call
 #   bash bench/acceptance_gpu.sh OUT side_algos   # side_dapo and side_ppo in one call: GRPO's defaults, DAPO, PPO
 #   bash bench/acceptance_gpu.sh OUT tests_ppo    # the critic on the GPU (tests/backends/{torch,megatron}/test_critic_gpu.py)
+#   bash bench/acceptance_gpu.sh OUT tests_e      # megatron's CPU optimizer against the device's (tests/backends/megatron/test_optimizer_gpu.py)
 #   bash bench/acceptance_gpu.sh OUT memory       # the memory plan's three held-out configurations
 #   bash bench/acceptance_gpu.sh OUT throughput   # sampler + RM prompts/s, multi-turn with the python tool
 #   bash bench/acceptance_gpu.sh OUT side_64      # TRL at 64x8x512, then dagrl's defaults at that shape, same call
@@ -46,7 +47,7 @@
 # before the deadline; a file or row cut by it says so in its row.
 set -u
 OUT=${1:?OUT}
-WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, side_algos, spread, memory, throughput, ray_probe or files}
+WHAT=${2:?tests_a, tests_b, tests_b1, tests_b2, tests_c, tests_d, tests_e, tests_ppo, handover, docs_a, docs_b, matrix, side, side_64, side_dapo, side_lora, side_ppo, side_algos, spread, memory, throughput, ray_probe or files}
 mkdir -p "$OUT"
 export PYTHONPATH=/root/site:$(pwd):${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
@@ -110,6 +111,7 @@ TESTS_B2=(tests/backends/vllm/test_vllm_gpu.py tests/backends/vllm/test_teacher_
 TESTS_C=(tests/backends/vllm/test_lora_gpu.py tests/backends/vllm/test_lora_megatron_gpu.py)
 TESTS_D=(tests/e2e/test_dapo_gpu.py)
 TESTS_PPO=(tests/backends/torch/test_critic_gpu.py tests/backends/megatron/test_critic_gpu.py)
+TESTS_E=(tests/backends/megatron/test_optimizer_gpu.py)
 
 group_files() {  # group_files GROUP: the test files of a tests group, one a line
     case $1 in
@@ -119,6 +121,7 @@ group_files() {  # group_files GROUP: the test files of a tests group, one a lin
     tests_c) printf '%s\n' "${TESTS_C[@]}" ;;
     tests_d) printf '%s\n' "${TESTS_D[@]}" ;;
     tests_ppo) printf '%s\n' "${TESTS_PPO[@]}" ;;
+    tests_e) printf '%s\n' "${TESTS_E[@]}" ;;
     esac
 }
 
@@ -206,6 +209,9 @@ side_algos)  # side_dapo and side_ppo on one reference run (issue 32's two rows,
     ;;
 tests_ppo)
     tests tests_ppo "${TESTS_PPO[@]}"
+    ;;
+tests_e)
+    tests tests_e "${TESTS_E[@]}"
     ;;
 memory)
     timeout "$(limit 560)" python3 bench/memory_plan_gpu.py --only 1.7b-megatron 0.6b-torch-teacher 0.6b-megatron-teacher \

@@ -43,11 +43,11 @@ MULTI_GPU = {
     "gkd4_colocate": 4, "gkd4_split": 4, "mega8b": 4, "mega8b_save": 4, "mega8b_resume": 4, "dp4": 4,
 }  # fmt: skip
 ONE_GPU = {
-    "tests_a", "tests_b", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo", "handover", "docs_a",
+    "tests_a", "tests_b", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_e", "tests_ppo", "handover", "docs_a",
     "docs_b", "matrix", "side", "side_64", "side_dapo", "side_lora", "side_ppo", "side_algos", "side_awake", "side_64_awake",
     "spread", "memory", "throughput", "ray_probe", "files",
 }  # fmt: skip
-TESTS_GROUPS = ("tests_a", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_ppo")  # `files GROUP FILE...`
+TESTS_GROUPS = ("tests_a", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_e", "tests_ppo")  # `files GROUP FILE...`
 # groups that must own the host: run them in a call of one slot
 TIMING = (
     "its figure is a ratio of timings taken one after the other in the call, which neighbours in other"

@@ -69,28 +69,24 @@
 #     Every command below passes it where it stands (tests/bench/test_acceptance_slots.py: in order,
 #     on one machine, fresh again where the text says "fresh machine").
 #
-# FIRST (after session 34: only one H200 lent, no 2x or 4x). Session 33 brought back the fixes held
-# back in session 32 (a2db017: `git log --grep "Held back"`; CI green); sessions 33 and 34 ran on its
-# `dagrl/` what one H200 lease each holds of the one-GPU record: ray_probe, tests_b1, handover (its
-# 0.6B row), tests_b2, docs_a, calculator-vllm, docs_b, tests_d, tests_c, tests_a and the rows
-# 4b-megatron-80gib, 4b-torch, 1.7b-torch, 8b-torch-lora, sample-vllm-rm and gkd-0.6b-1.7b all
-# passed (docs/gpu_acceptance.md "Session 33", "Session 34"; those hosts ran each group in ~0.6-0.9x
-# its estimate). `dagrl/` stays a2db017's until the record and issues 30 and 34 pass on it: any
-# change of `dagrl/` puts the whole record (the CALL PLAN) back.
+# FIRST (after session 35: only one H200 lent, no 2x or 4x). Session 33 brought back the fixes held
+# back in session 32 (a2db017: `git log --grep "Held back"`; CI green); sessions 33, 34 and 35 ran on
+# its `dagrl/` the whole one-GPU record that one H200 host holds: ray_probe, tests_a, tests_b1,
+# tests_b2, tests_c, tests_d, tests_ppo, handover (its 0.6B row), docs_a, calculator-vllm, docs_b
+# and the rows 4b-megatron, 4b-megatron-80gib, 4b-torch, 1.7b-torch, 8b-megatron, 8b-megatron-lora,
+# 8b-torch-lora, sample-vllm-rm and gkd-0.6b-1.7b all passed (docs/gpu_acceptance.md "Session 33",
+# "Session 34", "Session 35"; those hosts ran each group in ~0.6-0.9x its estimate). `dagrl/` stays
+# a2db017's until issues 30 and 34 pass on it: any change of `dagrl/` puts the whole record (the
+# CALL PLAN) back.
 # What is left, in this order, by the kind `status` lends:
-#   1. The rest of the one-GPU record: 8b-megatron, 8b-megatron-lora, 4b-megatron and tests_ppo on
-#      any host; 8b-torch only on a 2x or 4x host (its plan keeps 159.3 GiB on the host; a plan may
-#      take 90 % of it: one H200 machine's 126 GiB refuses it, rc 2, session 34). 8b-megatron's plan
-#      keeps 103.8 GiB there, within one H200 machine's 113.4: it has only run on 2x/4x hosts so far,
-#      so its row on one H200 is the first check of that figure against the host. On one H200, a
-#      fresh machine (~1,300 s held with the installs at the ~0.85x those hosts ran):
-#        bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora"
-#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron"
-#        bash bench/acceptance_slots.sh $OUT 0:tests_ppo+"matrix 4b-megatron"
-#      and 8b-torch in issue 30's last 2x H200 lease (below). On 4x H200, a fresh machine, with
-#      issue 30's tp beside the 8B (pp after it on the same machine, as in 2.):
-#        bash bench/acceptance_slots.sh $OUT 0:ray_probe+"matrix 8b-megatron-lora" 1:tests_ppo 2:"matrix 4b-megatron"
-#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 2,3:tp
+#   1. Of the one-GPU record: 8b-torch, only on a 2x or 4x host (its plan keeps 159.3 GiB on the host;
+#      a plan may take 90 % of it: one H200 machine's 126 GiB refuses it, rc 2, session 34), and
+#      tests_e on any lease (~125 s: megatron's CPU optimizer, all of its state on the host and 0.6 of
+#      it, against the device's; its test passed on an H200 in session 35 inside
+#      tests/backends/megatron/test_backend_gpu.py, since moved to a file of its own). On one H200,
+#      with a lease's spare minutes: `0:tests_e`. On 2x H200, in issue 30's last lease (below). On 4x
+#      H200, a fresh machine, with issue 30's tp and pp beside it:
+#        bash bench/acceptance_slots.sh $OUT 0:ray_probe+tests_e 2,3:tp
 #        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 2,3:pp
 #   2. Issue 30 on the same `dagrl/` (the plan counts the communicators; its rows are to read within
 #      +-15 % of it; 1g-0.6b-colocate, the separate rows, dp2 and dp4 ask for the engine's log-probs,
@@ -106,9 +102,9 @@
 #      then a fresh machine (the 8B's build in big; ~1,450 s with the installs and 1.'s 8b-torch):
 #        bash bench/acceptance_slots.sh $OUT 0,1:big
 #        bash bench/acceptance_slots.sh $OUT 0,1:two_nodes
-#        SLOTS_SECONDS=600 ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch"
-#      (On 4x H200 tp and pp beside 1.'s 8B rows, then `0,1:gkd3a 2,3:gkd3b`; separate and dp2
-#      alone, each a call of its own; then big and two_nodes.) The separate sync's broadcast read
+#        SLOTS_SECONDS=600 ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_e
+#      (On 4x H200 tp and pp beside 1.'s tests_e and 8b-torch, then `0,1:gkd3a 2,3:gkd3b`; separate
+#      and dp2 alone, each a call of its own; then big and two_nodes.) The separate sync's broadcast read
 #      0.41 of a raw NCCL broadcast of the 0.6B's 1.19 GB in session 32 (0.88 at the 8B's 16.4 GB
 #      alone): issue 30 asks 0.8. Its sender's host loop set the pace (packs 5.25 ms of an 8.0 ms
 #      span); a2db017's sender packs from a recipe made once per plan (bench/pack_gpu.py on one
@@ -139,8 +135,9 @@
 #     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_a+tests_b2 2:"matrix 4b-megatron"+tests_ppo 3:"matrix calculator-vllm"+docs_a
 #   call 3 (8b-megatron needs ROW_TIMEOUT ~480: 440 s for its 10 steps):
 #     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch-lora"+docs_b 1:"matrix 8b-megatron-lora"+tests_d 2:"matrix 8b-megatron" 3:"matrix gkd-0.6b-1.7b"+handover
-#   Groups a deadline cut anyway, one per card, e.g. (~272 s with the caches filled):
-#     SLOTS_SECONDS=300 bash bench/acceptance_slots.sh $OUT 0:tests_c 1:docs_b 2:tests_d 3:tests_ppo
+#   Groups a deadline cut anyway, one per card, e.g. (~291 s with the caches filled; tests_e, the CPU
+#   optimizer against the device's, beside tests_c):
+#     SLOTS_SECONDS=320 bash bench/acceptance_slots.sh $OUT 0:tests_c+tests_e 1:docs_b 2:tests_d 3:tests_ppo
 #   The side-by-sides (issue 31's and issue 29's ratios against TRL) run alone, a call each, on a
 #   later lease (side_lora took 313-377 s with 8 steps a system):
 #     bash bench/acceptance_slots.sh $OUT 0:side_lora
@@ -164,7 +161,7 @@
 #     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_a+tests_b2
 #     ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-megatron" 1:"matrix 4b-megatron"+docs_b
 #   the second, on a fresh machine:
-#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-torch"+tests_c 1:"matrix 8b-megatron-lora"
+#     bash bench/acceptance_slots.sh $OUT 0:"matrix 4b-torch"+tests_c 1:"matrix 8b-megatron-lora"+tests_e
 #     bash bench/acceptance_slots.sh $OUT 0:"matrix sample-vllm-rm gkd-0.6b-1.7b" 1:"matrix 8b-torch-lora"+tests_ppo
 #     bash bench/acceptance_slots.sh $OUT 0:"matrix 1.7b-torch"+handover 1:"matrix calculator-vllm"+docs_a
 #   and with the side-by-sides (alone, below), on a third:

@@ -237,12 +237,22 @@ def time_left(limit: float) -> tuple[float, bool]:
     return (left, True) if left < limit else (limit, False)
 
 
+def this_host(cmd: list[str]) -> list[str]:
+    """The override that gives a dry run this machine's memory, as the real run takes it
+    (trainer/capacity.py: a dry run has no host figure of its own). Its auto choices follow the
+    host (the 8B megatron's optimizer share on the host: 0.6 on a 126 GiB machine, 1.0 on a larger
+    one), so the row's plan column is the plan its run ran."""
+    if any(arg.startswith("trainer.host_memory_gib=") for arg in cmd):
+        return []
+    return [f"trainer.host_memory_gib={os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30!r}"]
+
+
 def run_row(out: str, name: str, timeout: int, command=None) -> dict:
     """Dry-run then run one row; command(name, run_dir) -> (argv, env, metrics path), row_command
     unless given. The run gets `timeout` seconds, fewer where a slot's deadline comes first."""
     run_dir = tempfile.mkdtemp(prefix=f"{name}_")  # under TMPDIR: a slot's own
     cmd, env, metrics = (command or row_command)(name, run_dir)
-    dry_cmd = cmd + ["trainer.dry_run=true"]
+    dry_cmd = cmd + ["trainer.dry_run=true"] + this_host(cmd)
     dry = subprocess.run(dry_cmd, env=env, capture_output=True, text=True, cwd=REPO)
     plan = plan_phases(dry.stdout)
     used = USED_LINE.findall(dry.stdout)

@@ -452,3 +452,27 @@ def test_logs_too_large_for_the_tarball_keep_their_ends(tmp_path, monkeypatch):
     with tarfile.open(tarball) as tar:
         assert sorted(tar.getnames()) == ["slot_0/rows.md", "slot_1/rows.md", "slot_1/tests_c.log.tail"]
         assert tar.extractfile("slot_1/tests_c.log.tail").read() == big[-8 * 1024 :]
+
+
+def test_every_gpu_test_file_is_a_groups():
+    """A GPU test file no group names never runs on a card: each file marked gpu is run by a group
+    of bench/acceptance_gpu.sh (a tests group, as bench/slot_estimate.py times it, or handover and
+    docs_a/docs_b by name; the 2-GPU weight broadcast check runs through its bench script in the
+    `separate` group)."""
+    tests_dir = os.path.join(BENCH, "..", "tests")
+    marked = set()
+    for root, _, files in os.walk(tests_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            if name.endswith(".py") and re.search(r"pytest\.mark\.gpu\b", open(path).read()):
+                marked.add(os.path.relpath(path, os.path.join(tests_dir, "..")))
+    script = open(os.path.join(BENCH, "acceptance_gpu.sh")).read()
+    arrays = {
+        "tests_" + m.group(1).lower(): m.group(2).split()
+        for m in re.finditer(r"^TESTS_(\w+)=\(([^)]*)\)", script, re.M)
+    }
+    assert arrays == {group: list(files) for group, files in slot_estimate.FILES.items()}
+    grouped = {f for files in arrays.values() for f in files}
+    assert grouped <= marked, grouped - marked
+    unnamed = {f for f in marked - grouped if f not in script}
+    assert unnamed == {"tests/bench/test_weight_broadcast_bench.py"}, unnamed

@@ -173,3 +173,33 @@ def test_a_card_rows_device_figures_are_read_less_its_ballast():
     assert row == {"update/device_memory_used_gib": 20.0, "memory/to_rollout/in_use_gib": 9.5,
                    "memory/to_rollout/allocated_gib": 5.0, "update/stage0_device_memory_used_gib": 20.5,
                    "timing_s/step": 3.0}  # fmt: skip
+
+
+def test_the_8b_megatron_row_plans_with_its_hosts_memory(
+    shapes, tmp_path, monkeypatch, capsys, isolated_plugins
+):
+    """The 8B megatron row's optimizer share on the host follows the host: all of it on a large one,
+    0.6 on a one-H200 machine's 126 GiB (the device then holds the rest: 122.8 GiB planned in its
+    rollout, and 124.3 read there, 2026-11-29). The row's dry run takes this machine's memory as
+    the real run does (gpu_matrix.this_host), so the plan column is the plan the run ran."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    monkeypatch.setattr(gpu_matrix, "build", lambda root, shape: shapes[shape])  # the shape, weightless
+    cmd, _, _ = gpu_matrix.row_command("8b-megatron", run_dir)
+    [given] = gpu_matrix.this_host(cmd)
+    assert given.startswith("trainer.host_memory_gib=") and float(given.split("=")[1]) > 1, given
+    assert gpu_matrix.this_host(cmd + ["trainer.host_memory_gib=500"]) == []
+    share = "actor_rollout_ref.actor.megatron.optimizer_offload_fraction: auto -> "
+    for host, fraction, rollout, on_host in (("500", "1.0", 86.16, 157.29), ("126", "0.6", 122.77, 103.83)):
+        keys = cmd[3:] + [
+            "trainer.dry_run=true",
+            "trainer.gpu_memory_gib=139.8",
+            f"trainer.host_memory_gib={host}",
+        ]
+        code, out = main_in_process(capsys, *keys)
+        assert code == 0 and "OVER" not in out, out
+        # the note names a share below 1.0 (1.0 is the default, said by no note)
+        assert (share + fraction in out) if fraction != "1.0" else (share not in out), out
+        assert gpu_matrix.plan_phases(out)["rollout"] == pytest.approx(rollout, abs=0.01), out
+        assert gpu_matrix.plan_host_gib(out) == pytest.approx(on_host, abs=0.01), out
