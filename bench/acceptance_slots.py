@@ -47,7 +47,7 @@ ONE_GPU = {
     "docs_b", "matrix", "side", "side_64", "side_dapo", "side_lora", "side_ppo", "side_algos", "side_awake", "side_64_awake",
     "spread", "memory", "throughput", "ray_probe", "files",
 }  # fmt: skip
-# `files GROUP FILE...`
+# the tests groups (`files GROUP FILE...` runs some of a group's files)
 TESTS_GROUPS = ("tests_a", "tests_b1", "tests_b2", "tests_c", "tests_d", "tests_e", "tests_ppo")
 # groups that must own the host: run them in a call of one slot
 TIMING = (
