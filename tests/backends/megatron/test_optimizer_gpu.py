@@ -37,21 +37,30 @@ def _updates(rank, world, cfg, batch, steps=3):
     return {
         "grad_norms": norms,
         "logprobs": after["ref_logprobs"],
-        "moved": (after["ref_logprobs"] - old["ref_logprobs"]),
+        "moved": after["ref_logprobs"] - old["ref_logprobs"],
     }
 
 
+LR = "actor_rollout_ref.actor.optim.lr=1e-4"  # bf16 weights move in three steps
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The model, the batch and the device optimizer's three updates: made once for both shares."""
+    model = qwen3_model(str(tmp_path_factory.mktemp("optimizer") / "m"))
+    batch = _batch()
+    device = run_on_gpus(_updates, 1, gpu_config(model, LR, f"{M}.optimizer_cpu_offload=false"), batch)[0]
+    return model, batch, device
+
+
 @pytest.mark.parametrize("fraction", [1.0, 0.6])
-def test_the_host_optimizer_trains_as_the_device_optimizer(tmp_path, fraction):
+def test_the_host_optimizer_trains_as_the_device_optimizer(reference, fraction):
     """optimizer_cpu_offload (megatron-core's HybridDeviceOptimizer), all of the state on the host or
     a share of it (the plan's auto choice on a host that cannot hold it all: 0.6 for the 8B on one
     H200 machine), against the optimizer on the device: the same grad norms step by step and the same
     log-probs after three updates, within bf16."""
-    model = qwen3_model(str(tmp_path / "m"))
-    batch = _batch()
-    lr = "actor_rollout_ref.actor.optim.lr=1e-4"  # bf16 weights move in three steps
-    device = run_on_gpus(_updates, 1, gpu_config(model, lr, f"{M}.optimizer_cpu_offload=false"), batch)[0]
-    flags = [lr, f"{M}.optimizer_cpu_offload=true", f"{M}.optimizer_offload_fraction={fraction}"]
+    model, batch, device = reference
+    flags = [LR, f"{M}.optimizer_cpu_offload=true", f"{M}.optimizer_offload_fraction={fraction}"]
     host = run_on_gpus(_updates, 1, gpu_config(model, *flags), batch)[0]
     mask = batch["response_mask"].bool()
     moved = device["moved"].abs()[mask].mean()
