@@ -80,14 +80,12 @@
 # CALL PLAN) back.
 # What is left, in this order, by the kind `status` lends:
 #   1. Of the one-GPU record: 8b-torch, only on a 2x or 4x host (its plan keeps 159.3 GiB on the host;
-#      a plan may take 90 % of it: one H200 machine's 126 GiB refuses it, rc 2, session 34), and
-#      tests_e on any lease (~125 s: megatron's CPU optimizer, all of its state on the host and 0.6 of
-#      it, against the device's; its test passed on an H200 in session 35 inside
-#      tests/backends/megatron/test_backend_gpu.py, since moved to a file of its own). On one H200,
-#      with a lease's spare minutes: `0:tests_e`. On 2x H200, in issue 30's last lease (below). On 4x
-#      H200, a fresh machine, with issue 30's tp and pp beside it:
-#        bash bench/acceptance_slots.sh $OUT 0:ray_probe+tests_e 2,3:tp
-#        ROW_TIMEOUT=480 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 2,3:pp
+#      a plan may take 90 % of it: one H200 machine's 126 GiB refuses it, rc 2, session 34). (tests_e,
+#      megatron's CPU optimizer against the device's, passed in its own file in session 36.) On 2x
+#      H200, in issue 30's last lease (below). On 4x H200, a fresh machine, with issue 30's tp and pp
+#      beside it:
+#        bash bench/acceptance_slots.sh $OUT 0:ray_probe 2,3:tp
+#        SLOTS_SECONDS=600 ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 2,3:pp
 #   2. Issue 30 on the same `dagrl/` (the plan counts the communicators; its rows are to read within
 #      +-15 % of it; 1g-0.6b-colocate, the separate rows, dp2 and dp4 ask for the engine's log-probs,
 #      for the mismatch metric). On 2x H200, a fresh machine (pp after tp on the same warm machine:
@@ -102,8 +100,8 @@
 #      then a fresh machine (the 8B's build in big; ~1,450 s with the installs and 1.'s 8b-torch):
 #        bash bench/acceptance_slots.sh $OUT 0,1:big
 #        bash bench/acceptance_slots.sh $OUT 0,1:two_nodes
-#        SLOTS_SECONDS=600 ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 1:tests_e
-#      (On 4x H200 tp and pp beside 1.'s tests_e and 8b-torch, then `0,1:gkd3a 2,3:gkd3b`; separate
+#        SLOTS_SECONDS=600 ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch"
+#      (On 4x H200 tp and pp beside 1.'s probe and 8b-torch, then `0,1:gkd3a 2,3:gkd3b`; separate
 #      and dp2 alone, each a call of its own; then big and two_nodes.) The separate sync's broadcast read
 #      0.41 of a raw NCCL broadcast of the 0.6B's 1.19 GB in session 32 (0.88 at the 8B's 16.4 GB
 #      alone): issue 30 asks 0.8. Its sender's host loop set the pace (packs 5.25 ms of an 8.0 ms
@@ -114,8 +112,8 @@
 #      lent: mega8b, mega8b_save, mega8b_resume one lease (~1,345 s); gkd4_colocate, gkd4_split and
 #      dp4 another (~1,610 s).
 #   Issues 30 and 34 close on one `dagrl/`: a change of `dagrl/` between their leases re-runs the
-#   rows before it. Not measured yet: whether sleeping without recomputation beats the awake engine
-#   at 64x8x512 (`bash bench/acceptance_slots.sh $OUT 0:side_64_awake`, ~480 s, carry .anchors).
+#   rows before it. (side_64_awake, session 36: asleep without recomputation 0.85x the awake
+#   engine's step at 64x8x512 on one H200, docs/perf.md.)
 # A group a deadline cuts: its rows say which files it did not start; run those with
 #   `files GROUP FILE...` (bench/acceptance_gpu.sh), e.g. 0:"files tests_c tests/backends/vllm/test_lora_megatron_gpu.py".
 #   Any change of `dagrl/` puts the whole record below (the CALL PLAN) back in front of the final
