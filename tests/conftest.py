@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+# Bytecode caches on, before anything of dagrl is imported: where PYTHONDONTWRITEBYTECODE is set (the
+# image of this project's machines sets it), every process of the session (this one, each Ray
+# worker, each `python -m dagrl.main` a test starts: ~130) would compile dagrl's 29k lines again,
+# ~0.35 s of CPU each on CI's cores (pip compiles site-packages; an editable install's sources it
+# does not). Measured with the compositions below, paired on the 2-core machine (config, objectives,
+# trainer and three e2e files): 329 s against 349 and 380 s.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -16,16 +26,27 @@ import dagrl.backends  # noqa: E402, F401
 import dagrl.nodes  # noqa: E402, F401
 import dagrl.objectives  # noqa: E402, F401
 
+_COMPOSED: dict[tuple[str, ...], object] = {}  # compose_config's configs by their overrides
+
 
 def compose_config(*overrides: str):
-    """The typed DagrlConfig that `python -m dagrl.main <overrides>` would run with."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    """The typed DagrlConfig that `python -m dagrl.main <overrides>` would run with.
 
-    from dagrl.main import CONF_DIR
+    Composed once a session for the same overrides (Hydra takes ~0.2 s of CI's CPU a composition,
+    and composition reads nothing but the overrides, conf/ and the schema); each call gets a copy
+    of its own to change."""
+    import copy
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+    key = tuple(overrides)
+    if key not in _COMPOSED:
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        from dagrl.main import CONF_DIR
+
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            _COMPOSED[key] = OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+    return copy.deepcopy(_COMPOSED[key])
 
 
 def validated_config(*overrides: str):

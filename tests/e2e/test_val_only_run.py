@@ -9,48 +9,43 @@ from tests.conftest import compose_config, main_in_process
 from tests.e2e.test_grpo_run import FAST, read_metrics
 
 
-def test_val_only_scores_the_resumed_weights_and_takes_no_step(ray_local, tmp_path):
-    """Two steps of GRPO, validated and saved at step 2; then val_only in the same directory
-    resumes step 2, syncs its weights to the rollout engine and validates once: the same figures
-    as the run's own validation after step 2, and no step 3 trained or saved."""
+def test_val_only_scores_the_model_it_starts_from_and_takes_no_step(ray_local, tmp_path):
+    """Without a checkpoint, val_only scores the model's own weights as val_before_train does at
+    step 0. Then two steps of GRPO, validated before and at step 2 and saved at step 2; val_only in
+    that directory resumes step 2, syncs its weights to the rollout engine and validates once: the
+    same figures as the run's own validation after step 2, and no step 3 trained or saved.
+
+    One test, three runs: the trained run's step-0 validation is the untrained model's."""
     from dagrl.main import run
 
-    common = [*FAST, "data.builtin_val_rows=16", f"trainer.default_local_dir={tmp_path}"]
-    run(
-        compose_config(
-            *common, "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.test_freq=2"
-        )
-    )
-    trained = read_metrics(tmp_path)[-1]
-    assert trained["step"] == 2 and "val/reward/mean" in trained
+    common = [*FAST, "data.builtin_val_rows=16"]
+    fresh = tmp_path / "fresh"
+    before = run(compose_config(*common, "trainer.val_only=true", f"trainer.default_local_dir={fresh}"))
+    assert read_metrics(fresh) == [{"step": 0, **before}]
 
-    last = run(compose_config(*common, "trainer.total_training_steps=4", "trainer.val_only=true"))
-    rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2, 2]  # one row more, at the resumed step
-    assert set(rows[-1]) == {"step"} | set(last)
-    assert all(k.startswith("val/") for k in last)
-    for key in ("val/reward/mean", "val/response_length/mean"):
-        assert last[key] == trained[key], key
-    assert not (tmp_path / "global_step_3").exists()
-
-
-def test_val_only_from_the_untrained_model_matches_validation_before_training(ray_local, tmp_path):
-    """Without a checkpoint: the model's own weights, as val_before_train scores them at step 0."""
-    from dagrl.main import run
-
-    common = [*FAST, "data.builtin_val_rows=16", "trainer.resume_mode=disable"]
-    before = run(compose_config(*common, "trainer.val_only=true", f"trainer.default_local_dir={tmp_path}/a"))
+    trained_dir = tmp_path / "trained"
+    common.append(f"trainer.default_local_dir={trained_dir}")
     run(
         compose_config(
             *common,
             "trainer.val_before_train=true",
-            "trainer.total_training_steps=1",
-            f"trainer.default_local_dir={tmp_path}/b",
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=2",
+            "trainer.test_freq=2",
         )
     )
-    step0 = read_metrics(tmp_path / "b")[0]
-    assert step0["step"] == 0 and read_metrics(tmp_path / "a") == [{"step": 0, **before}]
-    assert before["val/reward/mean"] == step0["val/reward/mean"]
+    step0, *_, trained = read_metrics(trained_dir)
+    assert step0["step"] == 0 and before["val/reward/mean"] == step0["val/reward/mean"]
+    assert trained["step"] == 2 and "val/reward/mean" in trained
+
+    last = run(compose_config(*common, "trainer.total_training_steps=4", "trainer.val_only=true"))
+    rows = read_metrics(trained_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 2]  # one row more, at the resumed step
+    assert set(rows[-1]) == {"step"} | set(last)
+    assert all(k.startswith("val/") for k in last)
+    for key in ("val/reward/mean", "val/response_length/mean"):
+        assert last[key] == trained[key], key
+    assert not (trained_dir / "global_step_3").exists()
 
 
 def test_val_only_without_validation_data_is_one_line_naming_the_fix(tmp_path, capsys):
