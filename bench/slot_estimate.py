@@ -123,9 +123,9 @@ FILES = {
     },
     # s29: the first of its two tests done ~130 s in, cut at 155 s; s19 151 s for both
     "tests_d": {"tests/e2e/test_dapo_gpu.py": 230},
-    # s35: its two tests 113 s in pytest on a warm machine (then in test_backend_gpu.py, the device
-    # run made twice; now once: ~90 s, not measured)
-    "tests_e": {"tests/backends/megatron/test_optimizer_gpu.py": 125},
+    # s36: its two tests 87 s in pytest on a warm machine, the group's call 102 s (s35: 113 s in
+    # test_backend_gpu.py, the device run made twice)
+    "tests_e": {"tests/backends/megatron/test_optimizer_gpu.py": 105},
     "tests_ppo": {
         "tests/backends/torch/test_critic_gpu.py": 140,  # s29; s19 ~80
         "tests/backends/megatron/test_critic_gpu.py": 132,  # s29; s19 107

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 
@@ -35,8 +36,6 @@ def compose_config(*overrides: str):
     Composed once a session for the same overrides (Hydra takes ~0.2 s of CI's CPU a composition,
     and composition reads nothing but the overrides, conf/ and the schema); each call gets a copy
     of its own to change."""
-    import copy
-
     key = tuple(overrides)
     if key not in _COMPOSED:
         from hydra import compose, initialize_config_dir
