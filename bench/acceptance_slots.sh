@@ -137,7 +137,7 @@
 #   optimizer against the device's, beside tests_c):
 #     SLOTS_SECONDS=320 bash bench/acceptance_slots.sh $OUT 0:tests_c+tests_e 1:docs_b 2:tests_d 3:tests_ppo
 #   The side-by-sides (issue 31's and issue 29's ratios against TRL) run alone, a call each, on a
-#   later lease (side_lora took 313-377 s with 8 steps a system):
+#   later lease (side_lora took 313-421 s with 8 steps a system):
 #     bash bench/acceptance_slots.sh $OUT 0:side_lora
 #     bash bench/acceptance_slots.sh $OUT 0:side
 #   On an H100 (nvidia-h100-x1; session 20's lease counted all of its held time): side_64 (~9

@@ -146,12 +146,12 @@ GROUPS = {
     # alone on the host (measured on fresh machines: cold figures)
     "side": Seconds(520, 520),  # s21 cut it at 405 s, TRL's part ~5.5 minutes; s28 434 s; s30 252 (warm)
     "side_64": Seconds(540, 540),  # ~9 minutes: TRL ~5, dagrl ~4; s23 (one H100) 484 s, s28 468, s30 477
-    "side_lora": Seconds(380, 380),  # s16 377 s; s15 336, s18 313
-    "side_algos": Seconds(480, 480),  # not timed on an H200 host: ~8 minutes; s15 (one H100) 377 s
+    "side_lora": Seconds(440, 440),  # s37 421 s (fresh machine); s16 377, s15 336, s18 313
+    "side_algos": Seconds(420, 420),  # s37 364 s (H200, warm caches); s15 (one H100) 377 s
     "side_dapo": Seconds(360, 360),  # not timed: ~6 minutes (DAPO's two rounds a step)
     "side_ppo": Seconds(300, 300),  # not timed: ~5 minutes
-    "side_awake": Seconds(420, 420),  # not timed: two dagrl runs at 32x8x256, ~3.5 minutes each
-    "side_64_awake": Seconds(480, 480),  # not timed: ~8 minutes
+    "side_awake": Seconds(340, 340),  # s37 287 s (H200, warm caches): two dagrl runs at 32x8x256
+    "side_64_awake": Seconds(480, 480),  # s36 451 s
     "spread": Seconds(500, 500),  # its budget, SPREAD_SECONDS (480) from its start, and its row; s30 474
     "memory": Seconds(560, 560),  # not timed as a group: its run's limit
     "throughput": Seconds(560, 560),  # not timed as a group: its two runs' limits, 280 s each
