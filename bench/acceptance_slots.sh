@@ -69,7 +69,7 @@
 #     Every command below passes it where it stands (tests/bench/test_acceptance_slots.py: in order,
 #     on one machine, fresh again where the text says "fresh machine").
 #
-# FIRST (after session 35: only one H200 lent, no 2x or 4x). Session 33 brought back the fixes held
+# FIRST (after session 37: only one H200 lent since session 33, no 2x or 4x). Session 33 brought back the fixes held
 # back in session 32 (a2db017: `git log --grep "Held back"`; CI green); sessions 33, 34 and 35 ran on
 # its `dagrl/` the whole one-GPU record that one H200 host holds: ray_probe, tests_a, tests_b1,
 # tests_b2, tests_c, tests_d, tests_ppo, handover (its 0.6B row), docs_a, calculator-vllm, docs_b
@@ -77,7 +77,8 @@
 # 8b-torch-lora, sample-vllm-rm and gkd-0.6b-1.7b all passed (docs/gpu_acceptance.md "Session 33",
 # "Session 34", "Session 35"; those hosts ran each group in ~0.6-0.9x its estimate). `dagrl/` stays
 # a2db017's until issues 30 and 34 pass on it: any change of `dagrl/` puts the whole record (the
-# CALL PLAN) back.
+# CALL PLAN) back. Sessions 36 and 37 ran the side-by-sides on it too (side, side_64, side_64_awake,
+# side_lora, side_algos, side_awake): none of them is left.
 # What is left, in this order, by the kind `status` lends:
 #   1. Of the one-GPU record: 8b-torch, only on a 2x or 4x host (its plan keeps 159.3 GiB on the host;
 #      a plan may take 90 % of it: one H200 machine's 126 GiB refuses it, rc 2, session 34). (tests_e,
