@@ -89,26 +89,27 @@
 #        SLOTS_SECONDS=600 ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch" 2,3:pp
 #   2. Issue 30 on the same `dagrl/` (the plan counts the communicators; its rows are to read within
 #      +-15 % of it; 1g-0.6b-colocate, the separate rows, dp2 and dp4 ask for the engine's log-probs,
-#      for the mismatch metric). On 2x H200, a fresh machine (pp after tp on the same warm machine:
-#      it compares with tp's one-GPU row; ~1,525 s with the installs):
-#        bash bench/acceptance_slots.sh $OUT 0,1:separate
+#      for the mismatch metric). `separate`'s rows passed on 2x H200 in session 37 (its broadcast:
+#      below). On 2x H200, a fresh machine (pp after tp on the same warm machine: it compares with
+#      tp's one-GPU row; ~1,565 s at the fresh estimates with the installs):
 #        bash bench/acceptance_slots.sh $OUT 0,1:tp
 #        bash bench/acceptance_slots.sh $OUT 0,1:pp
-#      then a fresh machine (~1,430 s with the installs):
+#        bash bench/acceptance_slots.sh $OUT 0,1:dp2
+#      then a fresh machine (~1,250 s with the installs):
 #        bash bench/acceptance_slots.sh $OUT 0,1:gkd3a
 #        bash bench/acceptance_slots.sh $OUT 0,1:gkd3b
-#        bash bench/acceptance_slots.sh $OUT 0,1:dp2
-#      then a fresh machine (the 8B's build in big; ~1,450 s with the installs and 1.'s 8b-torch):
-#        bash bench/acceptance_slots.sh $OUT 0,1:big
 #        bash bench/acceptance_slots.sh $OUT 0,1:two_nodes
+#      then a fresh machine (the 8B's build in big; ~1,100 s with the installs and 1.'s 8b-torch):
+#        bash bench/acceptance_slots.sh $OUT 0,1:big
 #        SLOTS_SECONDS=600 ROW_TIMEOUT=540 bash bench/acceptance_slots.sh $OUT 0:"matrix 8b-torch"
-#      (On 4x H200 tp and pp beside 1.'s probe and 8b-torch, then `0,1:gkd3a 2,3:gkd3b`; separate
-#      and dp2 alone, each a call of its own; then big and two_nodes.) The separate sync's broadcast read
-#      0.41 of a raw NCCL broadcast of the 0.6B's 1.19 GB in session 32 (0.88 at the 8B's 16.4 GB
-#      alone): issue 30 asks 0.8. Its sender's host loop set the pace (packs 5.25 ms of an 8.0 ms
-#      span); a2db017's sender packs from a recipe made once per plan (bench/pack_gpu.py on one
-#      H200: the 0.6B's packs 3.9 -> 2.3 ms of host a sync, bytes equal): `separate`'s rows on it
-#      say how far that got.
+#      (On 4x H200 tp and pp beside 1.'s probe and 8b-torch, then `0,1:gkd3a 2,3:gkd3b`; dp2 alone,
+#      a call of its own; then big and two_nodes.) The separate sync's broadcast read 0.41 of a raw
+#      NCCL broadcast of the 0.6B's 1.19 GB in session 32 and 0.53-0.62 on a2db017's recipe in
+#      session 37 (the whole sync 14-15 ms a step); issue 30 asks 0.8. The same path alone
+#      (bench/weight_broadcast_gpu.py, two 256 MiB buffers) read 0.90 at the 0.6B's bytes and 0.89
+#      at the 8B's in the same call: inside the run the wire takes 5.1-5.9 ms against the bench's
+#      3.5 (docs/gpu_acceptance.md "Session 37"). To find where: the rows' weight_sync/* parts
+#      beside the bench's, e.g. the engine's card busy between steps.
 #   3. Issue 34's 4-GPU groups (below, "The 4-GPU groups") on the same `dagrl/`, when a 4-GPU host is
 #      lent: mega8b, mega8b_save, mega8b_resume one lease (~1,345 s); gkd4_colocate, gkd4_split and
 #      dp4 another (~1,610 s).
